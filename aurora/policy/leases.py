@@ -1,0 +1,331 @@
+"""Per-prompt leases and the acceptance predicate (paper, "Per-prompt leases, not collective
+micro-batches").
+
+Theory of operation
+-------------------
+Work is a pool of prompts. Dispatch claims prompts from the pool as leases, one per prompt, for a
+given Actor and policy version ``v_j`` with expiry ``now + L``. ``L = k * median completion time``
+of recently settled leases (``k`` = 2.5, within the paper's 2-3x); before :attr:`LeaseConfig.
+min_samples` completions exist, ``L`` is :attr:`LeaseConfig.initial_s`. A lease ends exactly once:
+
+* **settled** - a result ``r`` arrived and the acceptance predicate admitted it:
+  ``t_r <= expiry_j and v_r == v_j and h_r == h(v_j)`` (:func:`admits`). This is the only
+  correctness check in the data plane.
+* **expired** - ``now > expiry`` (found by :meth:`LeaseBook.expire_due` on a tick, or by a late
+  result); the prompt goes back to the pool.
+* **released** - the holder left gracefully (preemption notice), or sent a result that the
+  predicate refused; the prompt goes back to the pool at once instead of waiting for expiry.
+
+Each prompt is in exactly one of: pool, leased (one live lease), done (one settled lease). So no
+prompt is lost and none is settled twice; :meth:`LeaseBook.check` asserts it. Returned prompts keep
+their original order number, so they are re-leased before newer prompts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+from statistics import median
+
+from aurora.policy._fsm import step
+
+
+class LeaseState(Enum):
+    CLAIMED = "claimed"
+    SETTLED = "settled"
+    EXPIRED = "expired"
+    RELEASED = "released"
+
+
+TRANSITIONS: dict[LeaseState, dict[str, LeaseState]] = {
+    LeaseState.CLAIMED: {
+        "settle": LeaseState.SETTLED,
+        "expire": LeaseState.EXPIRED,
+        "release": LeaseState.RELEASED,
+    },
+    LeaseState.SETTLED: {},
+    LeaseState.EXPIRED: {},
+    LeaseState.RELEASED: {},
+}
+"""Legal moves of one lease: a lease ends exactly once."""
+
+MACHINE = "lease"
+
+
+class Refusal(Enum):
+    """Why a result was not admitted."""
+
+    UNKNOWN_LEASE = "unknown lease"
+    WRONG_ACTOR = "result from an Actor that does not hold the lease"
+    DUPLICATE = "lease already settled"
+    LATE = "result after the lease expired"
+    WRONG_VERSION = "result generated on another policy version"
+    WRONG_HASH = "result generated on weights whose hash differs from h(v)"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Lease:
+    """One prompt leased to one Actor for one policy version."""
+
+    id: str
+    """Lease id, unique within a :class:`LeaseBook`."""
+    prompt: str
+    """Prompt id."""
+    actor: str
+    """Holder."""
+    version: int
+    """Policy version v_j the rollout must be generated on."""
+    weights_hash: str
+    """h(v_j): the weights hash the result must carry."""
+    claimed_at: float
+    """Claim time, seconds."""
+    expiry: float
+    """Expiry time, seconds: a result after it is late."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Verdict:
+    """Outcome of settling one result."""
+
+    lease: str
+    """The lease id the result named."""
+    refusal: Refusal | None
+    """None when admitted."""
+    prompt: str | None = None
+    """The prompt of the lease, when the lease is known."""
+    returned_to_pool: bool = False
+    """True when refusing the result sent the prompt back to the pool."""
+
+    @property
+    def admitted(self) -> bool:
+        return self.refusal is None
+
+
+def admits(lease: Lease, *, t_r: float, v_r: int, h_r: str) -> Refusal | None:
+    """The acceptance predicate: admit r for j iff t_r <= expiry_j, v_r = v_j, h_r = h(v_j)."""
+    if t_r > lease.expiry:
+        return Refusal.LATE
+    if v_r != lease.version:
+        return Refusal.WRONG_VERSION
+    if h_r != lease.weights_hash:
+        return Refusal.WRONG_HASH
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseConfig:
+    """Lease length policy."""
+
+    k: float = 2.5
+    """L = k x running median completion time; the paper uses 2-3x."""
+    initial_s: float = 600.0
+    """L (seconds) until min_samples completions are known: generous, since a first batch of a
+    large model on a slow Actor can take minutes and an early expiry wastes the whole batch."""
+    min_samples: int = 8
+    """Completions needed before the median is trusted."""
+    min_s: float = 1.0
+    """Lower bound on L (seconds), so that a burst of very fast completions cannot make leases
+    expire before a round trip over a WAN."""
+    window: int = 256
+    """Number of most recent completion times the median is taken over."""
+
+    def __post_init__(self) -> None:
+        if not (2.0 <= self.k <= 3.0):
+            raise ValueError(f"LeaseConfig.k must be within the paper's 2-3, got {self.k!r}")
+        for name in ("initial_s", "min_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"LeaseConfig.{name} must be positive seconds, got {value!r}")
+        if self.min_samples < 1 or self.window < self.min_samples:
+            raise ValueError(
+                f"LeaseConfig needs 1 <= min_samples <= window, got "
+                f"{self.min_samples}, {self.window}"
+            )
+
+
+class LeaseBook:
+    """The prompt pool and every lease; all lease transitions go through here."""
+
+    def __init__(self, config: LeaseConfig | None = None) -> None:
+        self.config = config or LeaseConfig()
+        self.leases: dict[str, Lease] = {}
+        self.states: dict[str, LeaseState] = {}
+        self.batch_of: dict[str, int] = {}  # prompt -> version of the batch it came in
+        self._order: dict[str, int] = {}  # prompt -> arrival number (pool priority)
+        self._pool: list[tuple[int, str]] = []  # heap of (arrival number, prompt)
+        self._in_pool: set[str] = set()
+        self.leased: dict[str, str] = {}  # prompt -> live lease id
+        self.done: dict[str, str] = {}  # prompt -> settled lease id
+        self.by_actor: dict[str, set[str]] = {}  # actor -> live lease ids
+        self._completions: deque[float] = deque(maxlen=self.config.window)
+        self._next_lease = 0
+
+    # -- pool -----------------------------------------------------------------------------
+    def add(self, prompts: Iterable[str], batch_version: int) -> None:
+        """Put new prompts into the pool. Raises ValueError for a prompt id seen before."""
+        prompts = list(prompts)
+        seen = set()
+        for p in prompts:
+            if p in self._order or p in seen:
+                raise ValueError(f"prompt id {p!r} was already submitted")
+            seen.add(p)
+        for p in prompts:
+            self._order[p] = len(self._order)
+            self.batch_of[p] = batch_version
+            self._push(p)
+
+    def _push(self, prompt: str) -> None:
+        heapq.heappush(self._pool, (self._order[prompt], prompt))
+        self._in_pool.add(prompt)
+
+    @property
+    def pool_size(self) -> int:
+        return len(self._in_pool)
+
+    def pool(self) -> list[str]:
+        """Prompts waiting for a lease, in the order they will be claimed."""
+        return [p for _, p in sorted(self._pool)]
+
+    # -- lease length ---------------------------------------------------------------------
+    def lease_length(self) -> float:
+        """L in seconds: k x median of recent completion times, or the initial length."""
+        if len(self._completions) < self.config.min_samples:
+            return self.config.initial_s
+        return max(self.config.min_s, self.config.k * median(self._completions))
+
+    # -- transitions ----------------------------------------------------------------------
+    def claim(
+        self, actor: str, count: int, *, version: int, weights_hash: str, now: float
+    ) -> list[Lease]:
+        """Lease up to ``count`` prompts from the head of the pool to ``actor``."""
+        if count < 0:
+            raise ValueError(f"lease count must be >= 0, got {count}")
+        length = self.lease_length()
+        out: list[Lease] = []
+        while self._pool and len(out) < count:
+            _, prompt = heapq.heappop(self._pool)
+            self._in_pool.discard(prompt)
+            self._next_lease += 1
+            lease = Lease(
+                id=f"L{self._next_lease}",
+                prompt=prompt,
+                actor=actor,
+                version=version,
+                weights_hash=weights_hash,
+                claimed_at=now,
+                expiry=now + length,
+            )
+            self.leases[lease.id] = lease
+            self.states[lease.id] = LeaseState.CLAIMED
+            self.leased[prompt] = lease.id
+            self.by_actor.setdefault(actor, set()).add(lease.id)
+            out.append(lease)
+        return out
+
+    def _end(self, lease_id: str, trigger: str) -> Lease:
+        new = step(MACHINE, TRANSITIONS, self.states[lease_id], trigger)
+        lease = self.leases[lease_id]
+        self.states[lease_id] = new
+        del self.leased[lease.prompt]
+        self.by_actor[lease.actor].discard(lease_id)
+        if new is LeaseState.SETTLED:
+            self.done[lease.prompt] = lease_id
+        else:
+            self._push(lease.prompt)
+        return lease
+
+    def expire_due(self, now: float) -> list[Lease]:
+        """Expire every live lease with ``expiry < now``; their prompts return to the pool."""
+        due = [
+            lid for lids in self.by_actor.values() for lid in lids if self.leases[lid].expiry < now
+        ]
+        return [self._end(lid, "expire") for lid in sorted(due, key=self._lease_number)]
+
+    def release_actor(self, actor: str) -> list[Lease]:
+        """Release every live lease of ``actor`` (graceful leave); prompts return to the pool."""
+        lids = sorted(self.by_actor.get(actor, ()), key=self._lease_number)
+        return [self._end(lid, "release") for lid in lids]
+
+    def live(self, actor: str) -> list[Lease]:
+        return [
+            self.leases[lid] for lid in sorted(self.by_actor.get(actor, ()), key=self._lease_number)
+        ]
+
+    @staticmethod
+    def _lease_number(lease_id: str) -> int:
+        return int(lease_id[1:])
+
+    def settle(
+        self, lease_id: str, *, actor: str, version: int, weights_hash: str, now: float
+    ) -> Verdict:
+        """Apply the acceptance predicate to a result and end the lease accordingly."""
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            return Verdict(lease=lease_id, refusal=Refusal.UNKNOWN_LEASE)
+        if actor != lease.actor:
+            # Not the holder: refuse, and leave the holder's lease alone.
+            return Verdict(lease=lease_id, refusal=Refusal.WRONG_ACTOR, prompt=lease.prompt)
+        state = self.states[lease_id]
+        if state is LeaseState.SETTLED:
+            return Verdict(lease=lease_id, refusal=Refusal.DUPLICATE, prompt=lease.prompt)
+        if state is not LeaseState.CLAIMED:
+            return Verdict(lease=lease_id, refusal=Refusal.LATE, prompt=lease.prompt)
+        refusal = admits(lease, t_r=now, v_r=version, h_r=weights_hash)
+        if refusal is Refusal.LATE:
+            self._end(lease_id, "expire")
+            return Verdict(
+                lease=lease_id, refusal=refusal, prompt=lease.prompt, returned_to_pool=True
+            )
+        if refusal is not None:
+            self._end(lease_id, "release")
+            return Verdict(
+                lease=lease_id, refusal=refusal, prompt=lease.prompt, returned_to_pool=True
+            )
+        self._end(lease_id, "settle")
+        self._completions.append(now - lease.claimed_at)
+        return Verdict(lease=lease_id, refusal=None, prompt=lease.prompt)
+
+    # -- invariants -----------------------------------------------------------------------
+    def check(self) -> None:
+        """Assert that every prompt is in exactly one place and every lease is consistent."""
+        assert set(self._order) == set(self.batch_of)
+        pool, leased, done = self._in_pool, set(self.leased), set(self.done)
+        assert not (pool & leased) and not (pool & done) and not (leased & done)
+        assert pool | leased | done == set(self._order), "a prompt was lost"
+        assert {p for _, p in self._pool} == pool
+        for prompt, lid in self.leased.items():
+            assert self.states[lid] is LeaseState.CLAIMED and self.leases[lid].prompt == prompt
+        for prompt, lid in self.done.items():
+            assert self.states[lid] is LeaseState.SETTLED and self.leases[lid].prompt == prompt
+        settled = [lid for lid, s in self.states.items() if s is LeaseState.SETTLED]
+        assert len(settled) == len(self.done), "a prompt was settled twice"
+        live = {lid for lids in self.by_actor.values() for lid in lids}
+        assert live == set(self.leased.values())
+
+    def _key(self) -> tuple[object, ...]:
+        return (
+            self.leases,
+            self.states,
+            self.batch_of,
+            self._order,
+            sorted(self._pool),
+            self.leased,
+            self.done,
+            self.by_actor,
+            list(self._completions),
+            self._next_lease,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LeaseBook):
+            return NotImplemented
+        return self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __iter__(self) -> Iterator[Lease]:
+        return iter(self.leases.values())

@@ -1,0 +1,839 @@
+"""The Job Ledger core: ``decide(state, event, *, now) -> (state, actions)``.
+
+Theory of operation
+-------------------
+Everything AuroraRL decides about scheduling, leases and versions happens in :func:`decide`. The
+simulator calls it with ``env.now``; the runtime calls it with its wall clock; neither makes a
+decision of its own. An event says what happened (an Actor joined, a delta was published or
+staged, a result arrived, time passed); the returned actions say what the drivers must do
+(commit a version on an Actor, hand it leases, exclude it, make it catch up, re-route it, fan a
+delta out). ``state`` is owned by the caller and updated in place for speed (the simulator runs
+10^4 Actors); :func:`decide` validates an event completely before it changes anything, so an
+event that raises ``ValueError`` (or its subclass ``IllegalTransition``) leaves the state exactly
+as it was.
+
+A step, as in algorithm 1 of the paper:
+
+1. ``DeltaPublished(v)``: the Trainer published D_v (and maybe a snapshot). The Ledger records
+   h(v) and sizes, and emits a :class:`Fanout` tree: Trainer -> one relay per remote region ->
+   that region's Actors.
+2. ``DeltaStaged(a, v)`` as Actors verify D_v while still generating on v-1.
+3. ``BatchRequested(v, prompts)``: for each live Actor, the version predicate
+   (:func:`aurora.policy.versions.eligibility`). Eligible Actors (and those needing
+   :class:`Commit`) share the batch by :func:`aurora.policy.allocation.split`; excluded Actors
+   get :class:`Exclude`, their estimate decays by alpha, and a :class:`CatchUp` plan.
+4. ``ResultArrived``: the acceptance predicate settles the lease (:class:`Accepted` or
+   :class:`Refused`); ``ThroughputObserved`` feeds the EMA estimate.
+5. ``Tick``: leases past expiry return their prompts to the pool. Whenever the pool is not empty
+   and some Actor is eligible for the current target, the pool is dispatched again, so survivors
+   pick up the prompts of a preempted Actor without anyone pausing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from aurora.policy import allocation
+from aurora.policy._fsm import IllegalTransition
+from aurora.policy.leases import LeaseBook, LeaseConfig, Refusal
+from aurora.policy.membership import TRAINER, ActorLife, advance, elect_relay, source_for
+from aurora.policy.staging import ActorVersions
+from aurora.policy.versions import CatchUpPlan, Eligibility, eligibility, plan_catch_up
+
+# ------------------------------------------------------------------------------------------
+# Configuration
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerConfig:
+    """Policy parameters of one job's Ledger."""
+
+    trainer_region: str
+    """Region of the Trainer: its Actors fetch directly, other regions through a relay."""
+    lease: LeaseConfig = field(default_factory=LeaseConfig)
+    """Lease length policy."""
+    ema_beta: float = allocation.DEFAULT_EMA_BETA
+    """EMA weight of a new throughput observation."""
+    exclusion_alpha: float = allocation.DEFAULT_EXCLUSION_ALPHA
+    """Estimate multiplier for an Actor excluded from a step."""
+    prior_tokens_per_s: float = allocation.DEFAULT_PRIOR_TOKENS_PER_S
+    """Estimate for new Actors when no live Actor has one."""
+    peer_relay_fallback: bool = False
+    """When a region loses its relay and none can be elected, fetch from another region's
+    standalone relay instead of the Trainer (saves Trainer egress, costs a second WAN hop)."""
+
+    def __post_init__(self) -> None:
+        if not self.trainer_region:
+            raise ValueError("LedgerConfig.trainer_region must be a non-empty region name")
+        if not (0 < self.ema_beta <= 1):
+            raise ValueError(f"LedgerConfig.ema_beta must be in (0, 1], got {self.ema_beta!r}")
+        if not (0 < self.exclusion_alpha <= 1):
+            raise ValueError(
+                f"LedgerConfig.exclusion_alpha must be in (0, 1], got {self.exclusion_alpha!r}"
+            )
+        if not (math.isfinite(self.prior_tokens_per_s) and self.prior_tokens_per_s > 0):
+            raise ValueError(
+                f"LedgerConfig.prior_tokens_per_s must be > 0, got {self.prior_tokens_per_s!r}"
+            )
+
+
+# ------------------------------------------------------------------------------------------
+# Events (what happened)
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ActorJoined:
+    """An Actor registered (new, or returning under the same id)."""
+
+    actor: str
+    region: str
+    active: int | None = None
+    """Version it already holds (None: no weights loaded)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ActorLeft:
+    """Graceful leave: its live leases return to the pool at once."""
+
+    actor: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ActorLost:
+    """Involuntary loss (preempted without notice, crashed, partitioned): leases expire."""
+
+    actor: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PreemptionNotice:
+    """The cloud announced a preemption at ``deadline`` (seconds): drain now."""
+
+    actor: str
+    deadline: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RelayJoined:
+    """A standalone relay process serves ``region``."""
+
+    relay: str
+    region: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RelayLost:
+    """A standalone relay disappeared."""
+
+    relay: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeltaPublished:
+    """The Trainer published version ``version`` in the Checkpoint Store."""
+
+    version: int
+    weights_hash: str
+    """h(version)."""
+    delta_bytes: int | None
+    """Size of D_version (None only for a first, snapshot-only version)."""
+    snapshot_bytes: int | None = None
+    """Size of a full snapshot of this version, if one was written."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeltaStaged:
+    """``actor`` received and verified D_version."""
+
+    actor: str
+    version: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VersionActivated:
+    """``actor`` applied its staged D_version onto version-1 at a safe point."""
+
+    actor: str
+    version: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CaughtUp:
+    """``actor`` finished a catch-up plan (verified snapshot and/or chain) up to ``version``."""
+
+    actor: str
+    version: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BatchRequested:
+    """The Trainer wants rollouts of ``prompts`` on policy ``version`` (the latest)."""
+
+    version: int
+    prompts: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResultArrived:
+    """A rollout for ``lease`` arrived, generated on ``version`` with hash ``weights_hash``."""
+
+    actor: str
+    lease: str
+    version: int
+    weights_hash: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ThroughputObserved:
+    """``actor`` generated ``tokens`` in ``seconds`` of its last batch."""
+
+    actor: str
+    tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Tick:
+    """Time passed: expire due leases."""
+
+
+Event = (
+    ActorJoined
+    | ActorLeft
+    | ActorLost
+    | PreemptionNotice
+    | RelayJoined
+    | RelayLost
+    | DeltaPublished
+    | DeltaStaged
+    | VersionActivated
+    | CaughtUp
+    | BatchRequested
+    | ResultArrived
+    | ThroughputObserved
+    | Tick
+)
+
+# ------------------------------------------------------------------------------------------
+# Actions (what the drivers must do)
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Commit:
+    """Activate staged D_version at the next end-of-batch safe point (sent via the relay tree)."""
+
+    actor: str
+    version: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Assign:
+    """Generate rollouts for ``prompts`` under ``leases`` on ``version`` before ``expiry``."""
+
+    actor: str
+    version: int
+    leases: tuple[str, ...]
+    prompts: tuple[str, ...]
+    expiry: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Exclude:
+    """``actor`` (active on ``active``) gets no work for step ``version``."""
+
+    actor: str
+    version: int
+    active: int | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CatchUp:
+    """Fetch and apply ``plan`` (snapshot and/or deltas) from the Store or a relay cache."""
+
+    actor: str
+    plan: CatchUpPlan
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Route:
+    """``actor`` now receives deltas from ``source`` (a relay id or ``"trainer"``)."""
+
+    actor: str
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FallBack:
+    """``actor``'s relay ``lost`` is gone: fetch from ``source`` (resume what is missing)."""
+
+    actor: str
+    source: str
+    lost: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RelayAssigned:
+    """``relay`` serves ``region`` from now on."""
+
+    region: str
+    relay: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Fanout:
+    """Push D_version along ``edges`` (source, destination), cut-through."""
+
+    version: int
+    edges: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Accepted:
+    """The result for ``lease`` was admitted into training."""
+
+    lease: str
+    actor: str
+    prompt: str
+    version: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Refused:
+    """The result for ``lease`` was refused for ``reason``."""
+
+    lease: str
+    actor: str
+    reason: Refusal
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Expired:
+    """``lease`` expired; ``prompt`` is back in the pool."""
+
+    lease: str
+    actor: str
+    prompt: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Released:
+    """``lease`` was released (graceful leave); ``prompt`` is back in the pool."""
+
+    lease: str
+    actor: str
+    prompt: str
+
+
+Action = (
+    Commit
+    | Assign
+    | Exclude
+    | CatchUp
+    | Route
+    | FallBack
+    | RelayAssigned
+    | Fanout
+    | Accepted
+    | Refused
+    | Expired
+    | Released
+)
+
+# ------------------------------------------------------------------------------------------
+# State
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ActorRecord:
+    id: str
+    region: str
+    life: ActorLife
+    versions: ActorVersions
+    source: str = TRAINER
+    estimate: float | None = None
+    commit_sent: int | None = None
+    catching_up_to: int | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.life in (ActorLife.CATCHING_UP, ActorLife.READY, ActorLife.DRAINING)
+
+    @property
+    def schedulable(self) -> bool:
+        return self.life in (ActorLife.CATCHING_UP, ActorLife.READY)
+
+
+@dataclass(frozen=True, slots=True)
+class VersionInfo:
+    weights_hash: str
+    delta_bytes: int | None
+    snapshot_bytes: int | None
+
+
+@dataclass
+class LedgerState:
+    """Everything the Ledger knows. Create with :func:`initial_state`."""
+
+    config: LedgerConfig
+    actors: dict[str, ActorRecord] = field(default_factory=dict)
+    relays: dict[str, str] = field(default_factory=dict)
+    """Live standalone relays: relay id -> region."""
+    region_relay: dict[str, str] = field(default_factory=dict)
+    """Region -> its current relay (standalone relay or seed Actor)."""
+    versions: dict[int, VersionInfo] = field(default_factory=dict)
+    latest: int | None = None
+    target: int | None = None
+    """Version the current batch is generated on."""
+    book: LeaseBook = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.book = LeaseBook(self.config.lease)
+
+
+def initial_state(config: LedgerConfig) -> LedgerState:
+    return LedgerState(config=config)
+
+
+# ------------------------------------------------------------------------------------------
+# decide
+# ------------------------------------------------------------------------------------------
+
+
+def decide(state: LedgerState, event: Event, *, now: float) -> tuple[LedgerState, list[Action]]:
+    """Apply one event at time ``now`` (seconds); return the state and the actions to carry out."""
+    if not (isinstance(now, int | float) and math.isfinite(now)):
+        raise ValueError(f"now must be a finite number of seconds, got {now!r}")
+    handler = _HANDLERS.get(type(event))
+    if handler is None:
+        raise ValueError(f"unknown event type {type(event).__name__}")
+    actions: list[Action] = []
+    handler(state, event, now, actions)
+    return state, actions
+
+
+def _actor(state: LedgerState, actor: str) -> ActorRecord:
+    rec = state.actors.get(actor)
+    if rec is None:
+        raise ValueError(f"unknown Actor id {actor!r}")
+    return rec
+
+
+def _check_version_arg(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int version, got {value!r}")
+
+
+def _on_joined(state: LedgerState, ev: ActorJoined, now: float, out: list[Action]) -> None:
+    if not ev.actor or ev.actor == TRAINER or ev.actor in state.relays:
+        raise ValueError(f"Actor id {ev.actor!r} is empty or taken by the Trainer or a relay")
+    if not ev.region:
+        raise ValueError(f"Actor {ev.actor!r}: region must be a non-empty name")
+    if ev.active is not None:
+        _check_version_arg("ActorJoined.active", ev.active)
+        if ev.active not in state.versions:
+            raise ValueError(
+                f"Actor {ev.actor!r} claims version {ev.active}, which was never published "
+                f"(latest is {state.latest})"
+            )
+    old = state.actors.get(ev.actor)
+    life = advance(old.life if old else ActorLife.NEW, "join")
+    rec = ActorRecord(
+        id=ev.actor,
+        region=ev.region,
+        life=life,
+        versions=ActorVersions(ev.active),
+        # A returning Actor keeps its (decayed) estimate: it earns its share back.
+        estimate=old.estimate if old else None,
+    )
+    state.actors[ev.actor] = rec
+    _reroute(state, rec.region, out, lost=None, announce=(rec.id,))
+    _plan_or_ready(state, rec, out)
+    _dispatch(state, now, out)
+
+
+def _plan_or_ready(state: LedgerState, rec: ActorRecord, out: list[Action]) -> None:
+    """Make a CATCHING_UP Actor READY when current, else send it a catch-up plan."""
+    latest = state.latest
+    active = rec.versions.active
+    if (
+        latest is None
+        or active == latest
+        or (active == latest - 1 and rec.versions.staged == latest)
+    ):
+        rec.catching_up_to = None
+        if rec.life is ActorLife.CATCHING_UP:
+            rec.life = advance(rec.life, "caught_up")
+        return
+    if rec.catching_up_to == latest:
+        return  # a plan to latest is already under way
+    plan = plan_catch_up(
+        active,
+        latest,
+        {v: i.delta_bytes for v, i in state.versions.items() if i.delta_bytes is not None},
+        {v: i.snapshot_bytes for v, i in state.versions.items() if i.snapshot_bytes is not None},
+    )
+    rec.catching_up_to = latest
+    out.append(CatchUp(actor=rec.id, plan=plan))
+
+
+def _leave(state: LedgerState, ev: ActorLeft | ActorLost, now: float, out: list[Action]) -> None:
+    rec = _actor(state, ev.actor)
+    life = advance(rec.life, "leave" if isinstance(ev, ActorLeft) else "lose")
+    if isinstance(ev, ActorLeft):
+        for lease in state.book.release_actor(rec.id):
+            out.append(Released(lease=lease.id, actor=rec.id, prompt=lease.prompt))
+    rec.life = life
+    rec.commit_sent = None
+    rec.catching_up_to = None
+    if state.region_relay.get(rec.region) == rec.id:
+        _reroute(state, rec.region, out, lost=rec.id)
+    _dispatch(state, now, out)
+
+
+def _on_notice(state: LedgerState, ev: PreemptionNotice, now: float, out: list[Action]) -> None:
+    rec = _actor(state, ev.actor)
+    if not math.isfinite(ev.deadline):
+        raise ValueError(f"PreemptionNotice.deadline must be finite seconds, got {ev.deadline!r}")
+    rec.life = advance(rec.life, "notice")
+    for lease in state.book.release_actor(rec.id):
+        out.append(Released(lease=lease.id, actor=rec.id, prompt=lease.prompt))
+    if state.region_relay.get(rec.region) == rec.id:
+        # Hand off relay duty inside the warning window, before the machine disappears.
+        _reroute(state, rec.region, out, lost=rec.id)
+    _dispatch(state, now, out)
+
+
+def _on_relay_joined(state: LedgerState, ev: RelayJoined, now: float, out: list[Action]) -> None:
+    if not ev.relay or ev.relay == TRAINER or ev.relay in state.actors or ev.relay in state.relays:
+        raise ValueError(f"relay id {ev.relay!r} is empty or already in use")
+    if not ev.region:
+        raise ValueError(f"relay {ev.relay!r}: region must be a non-empty name")
+    state.relays[ev.relay] = ev.region
+    _reroute(state, ev.region, out, lost=None)
+
+
+def _on_relay_lost(state: LedgerState, ev: RelayLost, now: float, out: list[Action]) -> None:
+    if ev.relay not in state.relays:
+        raise ValueError(f"unknown relay id {ev.relay!r}")
+    region = state.relays.pop(ev.relay)
+    _reroute(
+        state, region, out, lost=ev.relay if state.region_relay.get(region) == ev.relay else None
+    )
+
+
+def _reroute(
+    state: LedgerState,
+    region: str,
+    out: list[Action],
+    *,
+    lost: str | None,
+    announce: tuple[str, ...] = (),
+) -> None:
+    """Re-elect ``region``'s relay and re-route its Actors, emitting what changed."""
+    cfg = state.config
+    members = sorted(
+        (r for r in state.actors.values() if r.region == region and r.schedulable),
+        key=lambda r: r.id,
+    )
+    if region == cfg.trainer_region:
+        relay = None
+    else:
+        relay = elect_relay(
+            (rid for rid, reg in state.relays.items() if reg == region),
+            ((r.id, r.versions.active) for r in members),
+        )
+    old = state.region_relay.get(region)
+    if relay != old:
+        if relay is None:
+            del state.region_relay[region]
+        else:
+            state.region_relay[region] = relay
+            out.append(RelayAssigned(region=region, relay=relay))
+    peers = (
+        [rid for rid, reg in state.relays.items() if reg != region]
+        if cfg.peer_relay_fallback
+        else []
+    )
+    for rec in members:
+        src = source_for(
+            rec.id, region, trainer_region=cfg.trainer_region, region_relay=relay, peer_relays=peers
+        )
+        if src != rec.source or rec.id in announce:
+            rec.source = src
+            if lost is not None:
+                out.append(FallBack(actor=rec.id, source=src, lost=lost))
+            else:
+                out.append(Route(actor=rec.id, source=src))
+
+
+def _on_published(state: LedgerState, ev: DeltaPublished, now: float, out: list[Action]) -> None:
+    _check_version_arg("DeltaPublished.version", ev.version)
+    if not ev.weights_hash:
+        raise ValueError(f"DeltaPublished({ev.version}).weights_hash must be non-empty")
+    for name in ("delta_bytes", "snapshot_bytes"):
+        size = getattr(ev, name)
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+            raise ValueError(
+                f"DeltaPublished({ev.version}).{name} must be >= 0 bytes, got {size!r}"
+            )
+    if state.latest is None:
+        if ev.snapshot_bytes is None:
+            raise ValueError(f"the first published version ({ev.version}) needs a snapshot")
+    elif ev.version != state.latest + 1:
+        raise ValueError(
+            f"published version {ev.version} does not follow latest {state.latest}"
+            + (" (version going backwards)" if ev.version <= state.latest else " (gap)")
+        )
+    elif ev.delta_bytes is None:
+        raise ValueError(f"version {ev.version} after {state.latest} needs its delta (delta_bytes)")
+    state.versions[ev.version] = VersionInfo(ev.weights_hash, ev.delta_bytes, ev.snapshot_bytes)
+    state.latest = ev.version
+    if ev.delta_bytes is not None:
+        out.append(Fanout(version=ev.version, edges=_fanout_edges(state)))
+
+
+def _fanout_edges(state: LedgerState) -> tuple[tuple[str, str], ...]:
+    edges = {(TRAINER, relay) for relay in state.relays}
+    for rec in state.actors.values():
+        if rec.schedulable:
+            edges.add((rec.source, rec.id))
+    return tuple(sorted(edges))
+
+
+def _on_staged(state: LedgerState, ev: DeltaStaged, now: float, out: list[Action]) -> None:
+    rec = _actor(state, ev.actor)
+    _check_version_arg("DeltaStaged.version", ev.version)
+    if ev.version not in state.versions:
+        raise ValueError(f"Actor {ev.actor!r} staged unknown version {ev.version}")
+    if not rec.live:
+        raise IllegalTransition("actor lifecycle", rec.life, "stage")
+    rec.versions.stage(ev.version)
+    _dispatch(state, now, out)
+
+
+def _on_activated(state: LedgerState, ev: VersionActivated, now: float, out: list[Action]) -> None:
+    rec = _actor(state, ev.actor)
+    _check_version_arg("VersionActivated.version", ev.version)
+    if not rec.live:
+        raise IllegalTransition("actor lifecycle", rec.life, "activate")
+    rec.versions.activate(ev.version)
+    _after_version_change(state, rec, now, out)
+
+
+def _on_caught_up(state: LedgerState, ev: CaughtUp, now: float, out: list[Action]) -> None:
+    rec = _actor(state, ev.actor)
+    _check_version_arg("CaughtUp.version", ev.version)
+    if ev.version not in state.versions:
+        raise ValueError(f"Actor {ev.actor!r} caught up to unknown version {ev.version}")
+    if not rec.live:
+        raise IllegalTransition("actor lifecycle", rec.life, "catch_up")
+    rec.versions.catch_up(ev.version)
+    if rec.catching_up_to is not None and ev.version >= rec.catching_up_to:
+        rec.catching_up_to = None
+    _after_version_change(state, rec, now, out)
+
+
+def _after_version_change(
+    state: LedgerState, rec: ActorRecord, now: float, out: list[Action]
+) -> None:
+    if (
+        rec.commit_sent is not None
+        and rec.versions.active is not None
+        and rec.commit_sent <= rec.versions.active
+    ):
+        rec.commit_sent = None
+    if rec.life is ActorLife.CATCHING_UP:
+        _plan_or_ready(state, rec, out)
+    _dispatch(state, now, out)
+
+
+def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Action]) -> None:
+    _check_version_arg("BatchRequested.version", ev.version)
+    if ev.version != state.latest:
+        raise ValueError(
+            f"batch requested on version {ev.version}, latest published is {state.latest}"
+        )
+    if state.target is not None and ev.version < state.target:
+        raise ValueError(f"batch version {ev.version} goes backwards from {state.target}")
+    state.book.add(ev.prompts, ev.version)  # validates prompt ids before any change
+    state.target = ev.version
+    for rec in sorted(state.actors.values(), key=lambda r: r.id):
+        if not rec.schedulable:
+            continue
+        if _eligibility(rec, ev.version) is Eligibility.EXCLUDED:
+            out.append(Exclude(actor=rec.id, version=ev.version, active=rec.versions.active))
+            if rec.estimate is not None:
+                rec.estimate = allocation.exclusion_decay(
+                    rec.estimate, state.config.exclusion_alpha
+                )
+            if rec.life is ActorLife.READY:
+                rec.life = advance(rec.life, "fall_behind")
+            _plan_or_ready(state, rec, out)
+    _dispatch(state, now, out)
+
+
+def _eligibility(rec: ActorRecord, target: int) -> Eligibility:
+    if rec.versions.active is None:
+        return Eligibility.EXCLUDED
+    return eligibility(rec.versions.active, rec.versions.staged, target)
+
+
+def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
+    """Lease the pool to the Actors eligible for the current target, committing where needed."""
+    target = state.target
+    book = state.book
+    if target is None or book.pool_size == 0:
+        return
+    eligible: list[ActorRecord] = []
+    for rec in sorted(state.actors.values(), key=lambda r: r.id):
+        if not rec.schedulable:
+            continue
+        verdict = _eligibility(rec, target)
+        if verdict is Eligibility.EXCLUDED:
+            continue
+        eligible.append(rec)
+    if not eligible:
+        return
+    live = {r.id: r.estimate for r in state.actors.values() if r.live and r.estimate is not None}
+    prior = allocation.prior(live, state.config.prior_tokens_per_s)
+    estimates = {r.id: (r.estimate if r.estimate is not None else prior) for r in eligible}
+    shares = allocation.split(book.pool_size, estimates, estimates.keys())
+    weights_hash = state.versions[target].weights_hash
+    for rec in eligible:
+        n = shares[rec.id]
+        if n == 0:
+            continue
+        if _eligibility(rec, target) is Eligibility.NEEDS_COMMIT and rec.commit_sent != target:
+            out.append(Commit(actor=rec.id, version=target))
+            rec.commit_sent = target
+        leases = book.claim(rec.id, n, version=target, weights_hash=weights_hash, now=now)
+        out.append(
+            Assign(
+                actor=rec.id,
+                version=target,
+                leases=tuple(le.id for le in leases),
+                prompts=tuple(le.prompt for le in leases),
+                expiry=leases[0].expiry,
+            )
+        )
+    assert book.pool_size == 0
+
+
+def _on_result(state: LedgerState, ev: ResultArrived, now: float, out: list[Action]) -> None:
+    _actor(state, ev.actor)
+    verdict = state.book.settle(
+        ev.lease, actor=ev.actor, version=ev.version, weights_hash=ev.weights_hash, now=now
+    )
+    if verdict.refusal is None:
+        assert verdict.prompt is not None
+        out.append(
+            Accepted(lease=ev.lease, actor=ev.actor, prompt=verdict.prompt, version=ev.version)
+        )
+        return
+    out.append(Refused(lease=ev.lease, actor=ev.actor, reason=verdict.refusal))
+    if verdict.returned_to_pool:
+        _dispatch(state, now, out)
+
+
+def _on_throughput(
+    state: LedgerState, ev: ThroughputObserved, now: float, out: list[Action]
+) -> None:
+    rec = _actor(state, ev.actor)
+    if isinstance(ev.tokens, bool) or not isinstance(ev.tokens, int) or ev.tokens <= 0:
+        raise ValueError(f"ThroughputObserved.tokens must be a positive int, got {ev.tokens!r}")
+    if not (math.isfinite(ev.seconds) and ev.seconds > 0):
+        raise ValueError(f"ThroughputObserved.seconds must be > 0, got {ev.seconds!r}")
+    rec.estimate = allocation.ema_update(
+        rec.estimate, ev.tokens / ev.seconds, state.config.ema_beta
+    )
+
+
+def _on_tick(state: LedgerState, ev: Tick, now: float, out: list[Action]) -> None:
+    for lease in state.book.expire_due(now):
+        out.append(Expired(lease=lease.id, actor=lease.actor, prompt=lease.prompt))
+    _dispatch(state, now, out)
+
+
+_HANDLERS: dict[type, Any] = {
+    ActorJoined: _on_joined,
+    ActorLeft: _leave,
+    ActorLost: _leave,
+    PreemptionNotice: _on_notice,
+    RelayJoined: _on_relay_joined,
+    RelayLost: _on_relay_lost,
+    DeltaPublished: _on_published,
+    DeltaStaged: _on_staged,
+    VersionActivated: _on_activated,
+    CaughtUp: _on_caught_up,
+    BatchRequested: _on_batch,
+    ResultArrived: _on_result,
+    ThroughputObserved: _on_throughput,
+    Tick: _on_tick,
+}
+
+# ------------------------------------------------------------------------------------------
+# Trace records (golden traces, sim/runtime parity)
+# ------------------------------------------------------------------------------------------
+
+_EVENT_TYPES = {t.__name__: t for t in _HANDLERS}
+_ACTION_TYPES = {
+    t.__name__: t
+    for t in (
+        Commit,
+        Assign,
+        Exclude,
+        CatchUp,
+        Route,
+        FallBack,
+        RelayAssigned,
+        Fanout,
+        Accepted,
+        Refused,
+        Expired,
+        Released,
+    )
+}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, CatchUpPlan):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Refusal):
+        return value.name
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def to_record(obj: Event | Action) -> dict[str, Any]:
+    """A JSON-ready dict of an event or action: ``{"type": name, field: value, ...}``."""
+    rec: dict[str, Any] = {"type": type(obj).__name__}
+    for f in fields(obj):
+        rec[f.name] = _plain(getattr(obj, f.name))
+    return rec
+
+
+def event_from_record(rec: dict[str, Any]) -> Event:
+    """Inverse of :func:`to_record` for events; raises ValueError for an unknown type or field."""
+    rec = dict(rec)
+    name = rec.pop("type", None)
+    cls = _EVENT_TYPES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown event type {name!r}")
+    if cls is BatchRequested:
+        rec["prompts"] = tuple(rec.get("prompts", ()))
+    try:
+        return cls(**rec)  # type: ignore[no-any-return]
+    except TypeError as exc:
+        raise ValueError(f"bad {name} record: {exc}") from None
+
+
+def action_types() -> Iterable[str]:
+    return _ACTION_TYPES.keys()

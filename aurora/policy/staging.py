@@ -1,0 +1,115 @@
+"""Delta staging state machine of one Actor: receiving -> staged -> active (paper, "Relay-based
+fanout": staging is separate from activation).
+
+Theory of operation
+-------------------
+Each version ``v`` an Actor hears of moves through ``NONE -> RECEIVING -> STAGED -> ACTIVE``:
+segments of ``D_v`` are arriving (RECEIVING), the whole delta verified against its hash and held
+in memory or on disk (STAGED), applied to the live weights (ACTIVE). Two rules from DESIGN.md are
+enforced here and nowhere else:
+
+* stage ``D_v`` only once verified (``stage`` is the verified event) and only for a version newer
+  than the active one;
+* activate ``D_v`` only if the active version is its base ``v-1``.
+
+A join or catch-up moves the active version forward in one jump (:meth:`ActorVersions.catch_up`)
+after the data plane has verified a snapshot and/or a chain of deltas. Entries at or below the
+active version are dropped: they can never be activated again. Every method either completes or
+raises :class:`~aurora.policy._fsm.IllegalTransition` with the object unchanged.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from aurora.policy._fsm import IllegalTransition, step
+
+
+class DeltaState(Enum):
+    NONE = "none"
+    RECEIVING = "receiving"
+    STAGED = "staged"
+    ACTIVE = "active"
+
+
+TRANSITIONS: dict[DeltaState, dict[str, DeltaState]] = {
+    DeltaState.NONE: {"receive": DeltaState.RECEIVING, "stage": DeltaState.STAGED},
+    DeltaState.RECEIVING: {"stage": DeltaState.STAGED, "fail": DeltaState.NONE},
+    DeltaState.STAGED: {"activate": DeltaState.ACTIVE},
+    DeltaState.ACTIVE: {},
+}
+"""Legal moves of one version's delta on one Actor."""
+
+MACHINE = "delta staging"
+
+
+class ActorVersions:
+    """Active version and in-flight deltas of one Actor."""
+
+    __slots__ = ("active", "_deltas")
+
+    def __init__(self, active: int | None = None) -> None:
+        self.active: int | None = active
+        self._deltas: dict[int, DeltaState] = {}
+
+    def state(self, version: int) -> DeltaState:
+        if self.active is not None and version <= self.active:
+            return DeltaState.ACTIVE if version == self.active else DeltaState.NONE
+        return self._deltas.get(version, DeltaState.NONE)
+
+    @property
+    def staged(self) -> int | None:
+        """The lowest staged version above the active one (the next one it could activate)."""
+        staged = [v for v, s in self._deltas.items() if s is DeltaState.STAGED]
+        return min(staged) if staged else None
+
+    def _move(self, version: int, trigger: str) -> DeltaState:
+        if self.active is None or version <= self.active:
+            # Nothing to stage onto (no weights yet), or a version that is not newer: stale.
+            raise IllegalTransition(MACHINE, self.state(version), trigger)
+        return step(MACHINE, TRANSITIONS, self._deltas.get(version, DeltaState.NONE), trigger)
+
+    def receive(self, version: int) -> None:
+        self._deltas[version] = self._move(version, "receive")
+
+    def stage(self, version: int) -> None:
+        """``D_version`` was fully received and verified."""
+        self._deltas[version] = self._move(version, "stage")
+
+    def fail(self, version: int) -> None:
+        """Receiving ``D_version`` failed; it may be received again."""
+        self._move(version, "fail")
+        del self._deltas[version]
+
+    def activate(self, version: int) -> None:
+        """Apply staged ``D_version`` at a safe point: only onto its base ``version-1``."""
+        new = self._move(version, "activate")
+        if self.active != version - 1:
+            raise IllegalTransition(MACHINE, DeltaState.STAGED, f"activate onto base {self.active}")
+        assert new is DeltaState.ACTIVE
+        self._set_active(version)
+
+    def catch_up(self, version: int) -> None:
+        """Jump to ``version`` after a verified snapshot and/or delta chain was applied."""
+        if self.active is not None and version <= self.active:
+            raise IllegalTransition(MACHINE, self.state(version), "catch_up backwards")
+        self._set_active(version)
+
+    def _set_active(self, version: int) -> None:
+        self.active = version
+        self._deltas = {v: s for v, s in self._deltas.items() if v > version}
+
+    def copy(self) -> ActorVersions:
+        out = ActorVersions(self.active)
+        out._deltas = dict(self._deltas)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ActorVersions):
+            return NotImplemented
+        return self.active == other.active and self._deltas == other._deltas
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ActorVersions(active={self.active}, deltas={self._deltas})"

@@ -1,0 +1,55 @@
+"""The pure core does no I/O: no module in aurora/policy (or aurora/delta) imports a clock,
+an event loop, sockets, threads, unseeded randomness or simpy."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import aurora
+
+FORBIDDEN_POLICY = {"time", "asyncio", "socket", "threading", "random", "simpy", "datetime"}
+FORBIDDEN_DELTA = {"time", "asyncio", "socket", "threading", "simpy"}
+ROOT = pathlib.Path(aurora.__file__).parent
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_policy_modules_import_no_clock_io_threads_randomness_or_simpy():
+    files = sorted((ROOT / "policy").rglob("*.py"))
+    assert files, "aurora/policy has no modules"
+    bad = {str(f.relative_to(ROOT)): imported_modules(f) & FORBIDDEN_POLICY for f in files}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_delta_modules_import_no_clock_io_threads_or_simpy():
+    files = sorted((ROOT / "delta").rglob("*.py"))
+    if not files:
+        return
+    bad = {str(f.relative_to(ROOT)): imported_modules(f) & FORBIDDEN_DELTA for f in files}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_importing_the_policy_package_loads_no_event_loop_socket_or_simpy():
+    code = (
+        "import sys; before = set(sys.modules); import aurora.policy.ledger; "
+        "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
+        "print(sorted(new & {'asyncio', 'socket', 'simpy', 'selectors', 'threading', 'time'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_purity_check_catches_a_forbidden_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\nfrom time import monotonic\n")
+    assert imported_modules(bad) & FORBIDDEN_POLICY == {"time"}
