@@ -1,7 +1,10 @@
 """The ``aurora`` command.
 
-    aurora replay TRACE.json      replay a Ledger event trace through aurora.policy and print
-                                  every decision (the golden trace in tests/golden is one)
+aurora delta bench            encode a synthetic Qwen3-8B-layer step with every codec,
+                              verify bit-exact apply, print sizes against the paper's
+aurora delta inspect FILE     print a delta checkpoint's header and tensor table
+aurora replay TRACE.json      replay a Ledger event trace through aurora.policy and print
+                              every decision (the golden trace in tests/golden is one)
 """
 
 from __future__ import annotations
@@ -13,7 +16,13 @@ from collections.abc import Sequence
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from aurora.policy.ledger import LedgerConfig, decide, event_from_record, initial_state, to_record
+    from aurora.policy.ledger import (
+        LedgerConfig,
+        decide,
+        event_from_record,
+        initial_state,
+        to_record,
+    )
 
     try:
         with open(args.trace) as f:
@@ -33,8 +42,54 @@ def _replay(args: argparse.Namespace) -> int:
             rec = to_record(action)
             name = rec.pop("type")
             print(f"{'':>11}-> {name:<14} {rec}")
-    print(f"\n{len(rows)} events; pool={state.book.pool_size}, settled={len(state.book.done)}, "
-          f"live leases={len(state.book.leased)}")
+    print(
+        f"\n{len(rows)} events; pool={state.book.pool_size}, settled={len(state.book.done)}, "
+        f"live leases={len(state.book.leased)}"
+    )
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from aurora.delta.errors import DeltaError
+    from aurora.delta.format import read_delta_file
+
+    try:
+        d = read_delta_file(args.file)
+    except OSError as exc:
+        raise SystemExit(f"aurora delta inspect: cannot read {args.file}: {exc}") from None
+    except DeltaError as exc:
+        raise SystemExit(
+            f"aurora delta inspect: {args.file}: {type(exc).__name__}: {exc}"
+        ) from None
+    nnz = sum(t.nnz for t in d.tensors)
+    numel = sum(t.numel for t in d.tensors)
+    print(f"delta checkpoint {args.file}  ({d.size:,} bytes, verified)")
+    print(f"  model      {d.model}")
+    print(f"  version    v{d.version}  (base v{d.base})")
+    print(f"  h(v-1)     {d.base_hash}")
+    print(f"  id(D_v)    {d.id}")
+    print(f"  h(v)       {d.weights_hash}")
+    print(f"  segments   {len(d.leaves)} x {d.segment_size:,} B")
+    print(
+        f"  changed    {nnz:,} of {numel:,} elements in changed tensors, {len(d.tensors)} tensors, "
+        f"{d.size / max(nnz, 1):.3f} B per change"
+    )
+    print(
+        f"\n  {'tensor':<52} {'shape':>14} {'nnz':>11} {'density':>8} {'codec':>13} {'bytes':>11}"
+    )
+    for t in d.tensors:
+        shape = "x".join(map(str, t.shape))
+        print(
+            f"  {t.name:<52} {shape:>14} {t.nnz:>11,} {t.nnz / t.numel:>8.2%} {t.codec:>13} "
+            f"{t.nbytes:>11,}"
+        )
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from aurora.delta.bench import run_codec_bench
+
+    run_codec_bench(params=args.params, densities=args.density, out=args.out, seed=args.seed)
     return 0
 
 
@@ -45,6 +100,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="JSON list of {now, event} rows (tests/golden/ledger_trace.json)")
     p.add_argument("--trainer-region", default="us", help="the Trainer's region (default: us)")
     p.set_defaults(func=_replay)
+    delta = sub.add_parser("delta", help="delta checkpoints").add_subparsers(
+        dest="delta_cmd", required=True
+    )
+    p = delta.add_parser("inspect", help="print a delta checkpoint's header and tensor table")
+    p.add_argument("file")
+    p.set_defaults(func=_inspect)
+    p = delta.add_parser("bench", help="codec sizes on a synthetic Qwen3-8B-layer step")
+    p.add_argument(
+        "--params",
+        type=float,
+        default=50e6,
+        help="parameters in the synthetic step (default 50e6; 193e6 = one whole layer)",
+    )
+    p.add_argument(
+        "--density",
+        type=float,
+        nargs="+",
+        default=[0.01, 0.02],
+        help="share of bf16 weights changed by the step (default 0.01 0.02)",
+    )
+    p.add_argument(
+        "--out", default="results/delta_bench", help="folder for the CSV and a sample delta"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_bench)
     return parser
 
 

@@ -1,0 +1,119 @@
+"""``aurora delta bench``: every codec on a synthetic step shaped like Qwen3-8B layers.
+
+For each density, builds one Adam-like step (``synthetic``), writes it with each codec through
+the real file format (fused names, segments, trailer), reads it back, verifies and applies it,
+checks the result is bit-identical to the Trainer's bf16 weights, and reports bytes per changed
+weight beside the paper's numbers. Writes ``results/delta_bench/codecs.csv`` and one sample
+delta file you can ``aurora delta inspect``.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from aurora.delta import codecs, synthetic
+from aurora.delta.format import DeltaEncoder, apply_delta, read_delta, weights_hash, write_atomic
+
+PAPER_BYTES_PER_NNZ = {"naive": 414 / 202 * 3.08, "leb128": 3.08}
+"""Paper, Fig. 11: naive int32/64 414 MB vs LEB128 202 MB for one Qwen3-8B step. The per-change
+size of the paper's format at 2% density is 3.08 B (2 B value + 1.08 B LEB128 gap, see
+shared/notes/codec-measurements.md); the naive figure scales it by 414/202."""
+
+
+def _git_sha() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def shapes_for(params: float) -> dict[str, tuple[int, ...]]:
+    """Qwen3-8B layer tensors with the row count scaled so the total is about ``params``."""
+    full = synthetic.QWEN3_8B_LAYER
+    total = sum(int(np.prod(s)) for s in full.values())
+    scale = min(1.0, params / total)
+    out = {}
+    for name, shape in full.items():
+        if len(shape) == 2:
+            rows = max(8, int(round(shape[0] * scale / 8)) * 8)
+            out[name] = (rows, shape[1])
+        else:
+            out[name] = shape
+    return out
+
+
+def run_codec_bench(
+    *, params: float, densities: list[float], out: str, seed: int = 0
+) -> list[dict]:
+    shapes = shapes_for(params)
+    n = sum(int(np.prod(s)) for s in shapes.values())
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    sha = _git_sha()
+    print(f"synthetic Qwen3-8B-shaped step: {n / 1e6:.1f}M bf16 params, seed {seed}")
+    for target in densities:
+        lr = synthetic.lr_for_density(target, seed=seed)
+        old, new = synthetic.make_step(shapes, lr=lr, seed=seed)
+        h0 = weights_hash(old)
+        h_new = weights_hash(new)
+        nnz = sum(int(np.count_nonzero(old[k] != new[k])) for k in old)
+        print(f"\ndensity {nnz / n:.3%} ({nnz:,} changed)   lr={lr:.3g}")
+        print(
+            f"  {'codec':<14} {'bytes':>12} {'B/change':>9} {'vs leb128':>9} {'paper@2%':>8}"
+            "  bit-exact"
+        )
+        sizes = {}
+        for name in codecs.CODECS:
+            enc = DeltaEncoder(
+                old, new, model="synthetic-qwen3-8b", version=1, base_hash=h0, codec=name
+            )
+            data = b"".join(s.data for s in enc.segments())
+            d = read_delta(data, expected_hash=enc.weights_hash)
+            state = {k: v.copy() for k, v in old.items()}
+            apply_delta(d, state, active_version=0, active_hash=h0)
+            exact = weights_hash(state) == h_new
+            assert exact, f"{name} did not round-trip bit-exactly"
+            sizes[name] = len(data)
+            if name == codecs.DEFAULT_CODEC and target == densities[-1]:
+                write_atomic(outdir / "sample_v1.delta", [data])
+            rows.append(
+                {
+                    "codec": name,
+                    "params": n,
+                    "density": nnz / n,
+                    "nnz": nnz,
+                    "bytes": len(data),
+                    "bytes_per_nnz": len(data) / nnz,
+                    "bit_exact": exact,
+                    "seed": seed,
+                    "lr": lr,
+                    "git_sha": sha,
+                }
+            )
+        for name, size in sizes.items():
+            paper = PAPER_BYTES_PER_NNZ.get(name)
+            print(
+                f"  {name:<14} {size:>12,} {size / nnz:>9.3f} {size / sizes['leb128']:>9.2f} "
+                f"{(f'{paper:.2f}' if paper else '-'):>8}  yes"
+            )
+    with open(outdir / "codecs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(
+        f"\nwrote {outdir / 'codecs.csv'} and {outdir / 'sample_v1.delta'} "
+        f"(try: aurora delta inspect {os.path.join(out, 'sample_v1.delta')})"
+    )
+    return rows
