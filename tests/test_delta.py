@@ -427,3 +427,14 @@ def test_the_reassembler_only_ever_raises_delta_errors_on_garbage_segments(items
             ra.add(s)
     if ra.complete:
         assert ra.result().id == read_delta(_DATA["aurora"]).id
+
+
+def test_a_trailer_magic_right_before_the_end_is_refused_as_truncated(step):
+    old, new, h0 = step
+    data = encode_delta(old, new, model="m", version=1, base_hash=h0)
+    payload = data[: data.rfind(b"AURTRAIL")]
+    import struct
+
+    fake = payload + b"AURTRAIL" + struct.pack("<Q", len(payload)) + b"AURDELTA"
+    with pytest.raises(TruncatedError):
+        read_delta(fake)

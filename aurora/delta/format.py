@@ -425,12 +425,9 @@ def _parse_trailer(mv: memoryview) -> tuple[int, int, list[bytes], bytes, bytes]
     if end < len(MAGIC) or bytes(mv[end - len(MAGIC) :]) != MAGIC:
         raise TruncatedError("the file does not end with the trailer magic (truncated or corrupt)")
     fixed = len(TRAILER_MAGIC) + 16 + 2 * HASH_BYTES + len(MAGIC)
-    # payload length sits right after the trailer magic; find the trailer from the end by size
-    for_count = end - len(MAGIC) - 2 * HASH_BYTES
-    if for_count < fixed - len(MAGIC) - 2 * HASH_BYTES:
-        raise TruncatedError("too short for a trailer")
-    # scan: the trailer starts at payload_len; we need n to know where — read n from the candidates
     start = _find_trailer(mv)
+    if start + fixed > end:
+        raise TruncatedError("the trailer is shorter than its fixed part")
     payload_len, seg_size, n = struct.unpack_from("<QII", mv, start + len(TRAILER_MAGIC))
     need = start + fixed + n * HASH_BYTES
     if payload_len != start or need != end:
