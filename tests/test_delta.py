@@ -157,7 +157,9 @@ def test_codecs_handle_edge_indices_full_density_and_huge_gaps():
         idx = np.array(idx, dtype=np.int64)
         new = np.full(idx.size, 0x3F80, dtype=np.uint16)
         for c in codecs.CODECS.values():
-            got_idx, got = c.decode(c.encode(idx, new, old[idx], old), idx.size, numel, old, c.name)
+            got_idx, got = c.decode(
+                c.encode(idx, new, old[idx], numel), idx.size, numel, old, c.name
+            )
             assert got_idx.tolist() == idx.tolist() and got.tolist() == new.tolist(), c.name
 
 

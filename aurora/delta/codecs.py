@@ -185,15 +185,16 @@ class Codec:
     name: str
     needs_base: bool
     """True when decoding needs the receiver's current (base) weights."""
-    encode: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], list[bytes]]
-    """(idx, new values, old values at idx, old dense tensor) -> streams."""
+    encode: Callable[[np.ndarray, np.ndarray, np.ndarray, int], list[bytes]]
+    """(idx, new values, old values at idx, numel) -> streams. Encoders never need the dense
+    old tensor, so the writer only gathers the changed positions."""
     decode: Callable[[list[bytes], int, int, np.ndarray | None, str], tuple[np.ndarray, np.ndarray]]
     """(streams, nnz, numel, base dense tensor or None, what) -> (idx, new values)."""
     streams: int
     """Number of streams it writes."""
 
 
-def _enc_leb128(idx, new, old, old_dense):  # type: ignore[no-untyped-def]
+def _enc_leb128(idx, new, old, numel):  # type: ignore[no-untyped-def]
     return [leb128.encode(gaps_of(idx)), new.astype("<u2").tobytes()]
 
 
@@ -205,7 +206,7 @@ def _dec_leb128(streams, nnz, numel, base, what):  # type: ignore[no-untyped-def
     return _indices_from_gaps(gaps, numel, what), _arr(streams[1], np.uint16, nnz, what).copy()
 
 
-def _enc_aurora(idx, new, old, old_dense):  # type: ignore[no-untyped-def]
+def _enc_aurora(idx, new, old, numel):  # type: ignore[no-untyped-def]
     return encode_index(idx) + encode_split_values(new)
 
 
@@ -213,7 +214,7 @@ def _dec_aurora(streams, nnz, numel, base, what):  # type: ignore[no-untyped-def
     return decode_index(streams[:3], nnz, numel, what), decode_split_values(streams[3:], nnz, what)
 
 
-def _enc_aurora_base(idx, new, old, old_dense):  # type: ignore[no-untyped-def]
+def _enc_aurora_base(idx, new, old, numel):  # type: ignore[no-untyped-def]
     return encode_index(idx) + encode_ulp_values(new, old)
 
 
@@ -223,8 +224,8 @@ def _dec_aurora_base(streams, nnz, numel, base, what):  # type: ignore[no-untype
     return idx, decode_ulp_values(streams[3:], nnz, base[idx], what)
 
 
-def _enc_naive(idx, new, old, old_dense):  # type: ignore[no-untyped-def]
-    wide = old_dense.size >= 2**31
+def _enc_naive(idx, new, old, numel):  # type: ignore[no-untyped-def]
+    wide = numel >= 2**31
     return [idx.astype("<i8" if wide else "<i4").tobytes(), new.astype("<u2").tobytes()]
 
 
@@ -235,7 +236,7 @@ def _dec_naive(streams, nnz, numel, base, what):  # type: ignore[no-untyped-def]
     return idx, _arr(streams[1], np.uint16, nnz, what).copy()
 
 
-def _enc_downcast(idx, new, old, old_dense):  # type: ignore[no-untyped-def]
+def _enc_downcast(idx, new, old, numel):  # type: ignore[no-untyped-def]
     gaps = gaps_of(idx)
     top = int(gaps.max()) if gaps.size else 0
     dt = next(d for d in ("<u1", "<u2", "<u4", "<u8") if top < 2 ** (8 * np.dtype(d).itemsize))
@@ -252,8 +253,8 @@ def _dec_downcast(streams, nnz, numel, base, what):  # type: ignore[no-untyped-d
     return _indices_from_gaps(gaps.astype(np.int64), numel, what), vals
 
 
-def _enc_xor(idx, new, old, old_dense):  # type: ignore[no-untyped-def]
-    x = np.zeros(old_dense.size, dtype="<u2")
+def _enc_xor(idx, new, old, numel):  # type: ignore[no-untyped-def]
+    x = np.zeros(numel, dtype="<u2")
     x[idx] = new ^ old
     return [_zc(x)]
 

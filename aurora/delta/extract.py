@@ -132,12 +132,6 @@ def gather_fused(
     )
 
 
-def dense_fused(tensor: FusedTensor, state: Mapping[str, np.ndarray]) -> np.ndarray:
-    """The whole tensor in engine layout (a copy for fused tensors, a view otherwise)."""
-    flats = [state[p.name].reshape(-1).view(np.uint16) for p in tensor.parts]
-    return flats[0] if len(flats) == 1 else np.concatenate(flats)
-
-
 def scatter_fused(
     tensor: FusedTensor, state: Mapping[str, np.ndarray], idx: np.ndarray, bits: np.ndarray
 ) -> None:

@@ -49,7 +49,6 @@ from aurora.delta.errors import (
 from aurora.delta.extract import (
     FusedTensor,
     changed_fused,
-    dense_fused,
     fused_layout,
     gather_fused,
     scatter_fused,
@@ -199,15 +198,15 @@ def encode_tensor(
     tensor: FusedTensor,
     idx: np.ndarray,
     new: np.ndarray,
-    old_dense: np.ndarray,
+    old: np.ndarray,
     codec: str,
 ) -> TensorDelta:
-    """Encode one tensor's change; tiny ones fall back to ``leb128`` when that is smaller."""
+    """Encode one tensor's change (``old``: the base bits at ``idx``); tiny ones fall back to
+    ``leb128`` when that is smaller."""
     chosen = codecs.get(codec)
-    old = old_dense[idx]
-    streams = chosen.encode(idx, new, old, old_dense)
+    streams = chosen.encode(idx, new, old, tensor.numel)
     if idx.size < SMALL_TENSOR_NNZ and chosen.name in ("aurora", "aurora-base"):
-        alt = codecs.CODECS["leb128"].encode(idx, new, old, old_dense)
+        alt = codecs.CODECS["leb128"].encode(idx, new, old, tensor.numel)
         if sum(map(len, alt)) < sum(map(len, streams)):
             chosen, streams = codecs.CODECS["leb128"], alt
     return TensorDelta(
@@ -275,7 +274,7 @@ class DeltaEncoder:
             idx, new = changed_fused(t, self.old, self.new)
             if idx.size == 0:
                 continue
-            td = encode_tensor(t, idx, new, dense_fused(t, self.old), self.codec)
+            td = encode_tensor(t, idx, new, gather_fused(t, self.old, idx), self.codec)
             self.tensors.append(td)
             rec = _record_bytes(td)
             table.append(
