@@ -419,12 +419,12 @@ def parse_header(buf: bytes | memoryview) -> tuple[dict, int]:  # type: ignore[t
     return head, 14 + n
 
 
-def _parse_trailer(mv: memoryview) -> tuple[int, int, list[bytes], bytes, bytes]:
+def _parse_trailer(mv: memoryview, segment_size: int) -> tuple[int, int, list[bytes], bytes, bytes]:
     end = len(mv)
     if end < len(MAGIC) or bytes(mv[end - len(MAGIC) :]) != MAGIC:
         raise TruncatedError("the file does not end with the trailer magic (truncated or corrupt)")
     fixed = len(TRAILER_MAGIC) + 16 + 2 * HASH_BYTES + len(MAGIC)
-    start = _find_trailer(mv)
+    start = _find_trailer(mv, segment_size)
     if start + fixed > end:
         raise TruncatedError("the trailer is shorter than its fixed part")
     payload_len, seg_size, n = struct.unpack_from("<QII", mv, start + len(TRAILER_MAGIC))
@@ -445,16 +445,22 @@ def _parse_trailer(mv: memoryview) -> tuple[int, int, list[bytes], bytes, bytes]
     )
 
 
-def _find_trailer(mv: memoryview) -> int:
-    """Trailer start: the last TRAILER_MAGIC whose declared payload length equals its position."""
-    data = bytes(mv)
-    pos = data.rfind(TRAILER_MAGIC)
+def _find_trailer(mv: memoryview, segment_size: int) -> int:
+    """Trailer start: the last TRAILER_MAGIC whose declared payload length equals its position.
+
+    Only the tail that could hold a trailer is searched (and copied): a file of ``len`` bytes has
+    at most ``ceil(len / segment_size)`` segments, each listed with a 32-byte hash.
+    """
+    fixed = len(TRAILER_MAGIC) + 16 + 2 * HASH_BYTES + len(MAGIC)
+    lo = max(0, len(mv) - fixed - HASH_BYTES * (len(mv) // segment_size + 1))
+    tail = bytes(mv[lo:])
+    pos = tail.rfind(TRAILER_MAGIC)
     while pos >= 0:
-        if pos + len(TRAILER_MAGIC) + 8 <= len(data):
-            (plen,) = struct.unpack_from("<Q", data, pos + len(TRAILER_MAGIC))
-            if plen == pos:
-                return pos
-        pos = data.rfind(TRAILER_MAGIC, 0, pos)
+        if pos + len(TRAILER_MAGIC) + 8 <= len(tail):
+            (plen,) = struct.unpack_from("<Q", tail, pos + len(TRAILER_MAGIC))
+            if plen == lo + pos:
+                return lo + pos
+        pos = tail.rfind(TRAILER_MAGIC, 0, pos)
     raise CorruptError("no trailer found (truncated or corrupt)")
 
 
@@ -467,7 +473,7 @@ def read_delta(
     """Parse and verify a whole delta file; raise a :class:`DeltaError` subclass on any defect."""
     mv = memoryview(data)
     head, pos = parse_header(mv)
-    payload_len, seg_size, leaves, delta_id, h_v = _parse_trailer(mv)
+    payload_len, seg_size, leaves, delta_id, h_v = _parse_trailer(mv, head["segment_size"])
     if seg_size != head["segment_size"]:
         raise CorruptError(f"trailer segment size {seg_size} != header {head['segment_size']}")
     expect_n = -(-payload_len // seg_size)
@@ -661,7 +667,7 @@ def segments_of(data: bytes) -> list[Segment]:
     """Cut a verified delta file back into its segments (a relay cache or the store serving)."""
     d = read_delta(data)
     key = H(data[: parse_header(data)[1]]).hex()[:32]
-    payload_len = _find_trailer(memoryview(data))
+    payload_len = _find_trailer(memoryview(data), d.segment_size)
     out = []
     for i in range(len(d.leaves)):
         chunk = data[i * d.segment_size : min((i + 1) * d.segment_size, payload_len)]
