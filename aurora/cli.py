@@ -1,5 +1,7 @@
 """The ``aurora`` command.
 
+aurora sim --topology T.yaml  simulate a deployment (SimPy, traces, the real policy core) for
+                              one or more strategies and print a summary table
 aurora delta bench            encode a synthetic Qwen3-8B-layer step with every codec,
                               verify bit-exact apply, print sizes against the paper's
 aurora delta inspect FILE     print a delta checkpoint's header and tensor table
@@ -93,6 +95,93 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sim(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from aurora.topology import load_topology
+    from sim.config import Fault, SimConfig, strategy
+    from sim.model import Simulation
+    from sim.output import write_result
+    from sim.traces import load_traces
+
+    try:
+        topology = load_topology(args.topology)
+        traces = load_traces(args.traces) if args.traces else load_traces()
+        strategies = [strategy(name.strip()) for name in args.strategy.split(",") if name.strip()]
+        faults = tuple(_parse_fault(f, Fault) for f in args.fault)
+        configs = [
+            SimConfig(
+                topology=topology,
+                traces=traces,
+                strategy=s,
+                steps=args.steps,
+                seed=args.seed,
+                workload=args.workload,
+                faults=faults,
+                spot_hazard_per_hour=args.spot_hazard,
+                record_trace=args.actors_trace,
+            )
+            for s in strategies
+        ]
+    except ValueError as exc:
+        raise SystemExit(f"aurora sim: {exc}") from None
+    print(
+        f"{topology.name}: {topology.trainer.model} on {topology.trainer.gpus} x "
+        f"{topology.trainer.gpu}, {sum(g.count for g in topology.actors)} Actors, "
+        f"{args.steps} steps, workload {args.workload}, seed {args.seed}"
+    )
+    header = (
+        f"{'strategy':<18} {'step time s':>11} {'tokens/s':>10} {'WAN GB/step':>11} "
+        f"{'expired':>7} {'sim h':>6}  output"
+    )
+    lines = []
+    for cfg in configs:
+        bar = tqdm(total=cfg.steps, desc=cfg.strategy.name, unit="step", leave=False)
+        sim = Simulation(cfg, progress=lambda _step, bar=bar: bar.update(1))
+        try:
+            result = sim.run()
+        except ValueError as exc:
+            raise SystemExit(f"aurora sim: {cfg.strategy.name}: {exc}") from None
+        finally:
+            bar.close()
+        out = write_result(
+            result, cfg, f"{args.out}/{topology.name}-{cfg.strategy.name}-s{cfg.seed}"
+        )
+        s = result.summary(warmup=min(2, cfg.steps - 1))
+        lines.append(
+            f"{cfg.strategy.name:<18} {s['step_time_s']:>11.1f} {s['tokens_per_s']:>10,.0f} "
+            f"{s['wan_gb_per_step']:>11.3f} {s['expired_leases']:>7} "
+            f"{s['sim_time_s'] / 3600:>6.2f}  {out}"
+        )
+    print(header)
+    print("\n".join(lines))
+    print("(means over steps after the first two; rows per step in each output folder)")
+    return 0
+
+
+def _parse_fault(text: str, fault_cls: type) -> object:
+    """``KIND:TARGET@step=N`` or ``KIND:TARGET@t=SECONDS`` (``join:ID:REGION:GPU@...``)."""
+    try:
+        what, when = text.split("@", 1)
+        key, value = when.split("=", 1)
+        parts = what.split(":")
+        kwargs: dict[str, object] = {"kind": parts[0], "target": parts[1] if len(parts) > 1 else ""}
+        if parts[0] == "join":
+            kwargs["region"], kwargs["gpu"] = parts[2], parts[3]
+        if key == "step":
+            kwargs["at_step"] = int(value)
+        elif key == "t":
+            kwargs["at_s"] = float(value)
+        else:
+            raise ValueError(key)
+    except (ValueError, IndexError):
+        raise ValueError(
+            f"--fault {text!r}: expected KIND:TARGET@step=N or KIND:TARGET@t=SECONDS "
+            "(join:ID:REGION:GPU@step=N for a join)"
+        ) from None
+    return fault_cls(**kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aurora", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -100,6 +189,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="JSON list of {now, event} rows (tests/golden/ledger_trace.json)")
     p.add_argument("--trainer-region", default="us", help="the Trainer's region (default: us)")
     p.set_defaults(func=_replay)
+    p = sub.add_parser("sim", help="simulate a deployment and print a summary table")
+    p.add_argument("--topology", required=True, help="topology YAML (examples/geo.yaml)")
+    p.add_argument(
+        "--strategy",
+        default="aurora,prime-full,ideal-singledc",
+        help="comma-separated strategies (aurora, aurora-leb128, aurora-naive, aurora-1stream, "
+        "aurora-norelay, aurora-uniform, aurora-nocut, prime-full, prime-async2, prime-async4, "
+        "prime-multistream, ideal-singledc)",
+    )
+    p.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workload", default="gsm8k", help="workload in the traces (default gsm8k)")
+    p.add_argument("--traces", default=None, help="trace YAML (default: sim/traces/paper.yaml)")
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        help="membership event, repeatable: preempt:ca-a100-1@step=6, "
+        "join:new-1:ca:A100@step=14, trainer_crash@t=500, region_loss:ca@step=3",
+    )
+    p.add_argument(
+        "--spot-hazard", type=float, default=0.0, help="preemptions per hour per spot Actor"
+    )
+    p.add_argument(
+        "--no-trace",
+        dest="actors_trace",
+        action="store_false",
+        help="skip the event trace and timeline (large deployments)",
+    )
+    p.add_argument("--out", default="results/sim", help="output folder (default results/sim)")
+    p.set_defaults(func=_sim)
     delta = sub.add_parser("delta", help="delta checkpoints").add_subparsers(
         dest="delta_cmd", required=True
     )

@@ -41,7 +41,7 @@ from aurora.policy._fsm import IllegalTransition
 from aurora.policy.leases import LeaseBook, LeaseConfig, Refusal
 from aurora.policy.membership import TRAINER, ActorLife, advance, elect_relay, source_for
 from aurora.policy.staging import ActorVersions
-from aurora.policy.versions import CatchUpPlan, Eligibility, eligibility, plan_catch_up
+from aurora.policy.versions import CatchUpPlan, Eligibility, plan_catch_up
 
 # ------------------------------------------------------------------------------------------
 # Configuration
@@ -62,6 +62,13 @@ class LedgerConfig:
     """Estimate multiplier for an Actor excluded from a step."""
     prior_tokens_per_s: float = allocation.DEFAULT_PRIOR_TOKENS_PER_S
     """Estimate for new Actors when no live Actor has one."""
+    max_lag: int = 1
+    """Lag bound: batch k is generated on version k-1-max_lag or newer. 1 is AuroraRL's one-step
+    async; 2 and 4 model PrimeRL-Async2/4, whose Actors keep generating on older weights while a
+    dense broadcast runs."""
+    relays: bool = True
+    """Route remote regions through one relay each; ``False`` makes every Actor fetch from the
+    Trainer (the no-relay ablation and the PrimeRL baselines)."""
     peer_relay_fallback: bool = False
     """When a region loses its relay and none can be elected, fetch from another region's
     standalone relay instead of the Trainer (saves Trainer egress, costs a second WAN hop)."""
@@ -75,6 +82,8 @@ class LedgerConfig:
             raise ValueError(
                 f"LedgerConfig.exclusion_alpha must be in (0, 1], got {self.exclusion_alpha!r}"
             )
+        if isinstance(self.max_lag, bool) or not isinstance(self.max_lag, int) or self.max_lag < 1:
+            raise ValueError(f"LedgerConfig.max_lag must be an int >= 1, got {self.max_lag!r}")
         if not (math.isfinite(self.prior_tokens_per_s) and self.prior_tokens_per_s > 0):
             raise ValueError(
                 f"LedgerConfig.prior_tokens_per_s must be > 0, got {self.prior_tokens_per_s!r}"
@@ -391,6 +400,8 @@ class LedgerState:
     latest: int | None = None
     target: int | None = None
     """Version the current batch is generated on."""
+    hold_until: float | None = None
+    """Until when dispatch keeps the shares of Actors still staging the target (s)."""
     book: LeaseBook = field(init=False)
 
     def __post_init__(self) -> None:
@@ -453,9 +464,45 @@ def _on_joined(state: LedgerState, ev: ActorJoined, now: float, out: list[Action
         estimate=old.estimate if old else None,
     )
     state.actors[ev.actor] = rec
-    _reroute(state, rec.region, out, lost=None, announce=(rec.id,))
+    if old is not None and old.region != rec.region:
+        _reroute(state, old.region, out, lost=None)  # it no longer relays for its old region
+    if not _route_joiner(state, rec, out):
+        _reroute(state, rec.region, out, lost=None, announce=(rec.id,))
     _plan_or_ready(state, rec, out)
     _dispatch(state, now, out)
+
+
+def _route_joiner(state: LedgerState, rec: ActorRecord, out: list[Action]) -> bool:
+    """Route a joining Actor when its region's relay stays the same, without visiting the
+    region's other Actors (joins of 10^4 Actors stay linear). False when a re-election may be
+    needed; :func:`_reroute` then decides."""
+    cfg = state.config
+    region = rec.region
+    if region == cfg.trainer_region or not cfg.relays:
+        relay = None
+    elif any(reg == region for reg in state.relays.values()):
+        relay = state.region_relay.get(region)  # a standalone relay outranks every Actor
+        if relay is None or relay not in state.relays:
+            return False
+    else:
+        relay = state.region_relay.get(region)
+        current = state.actors.get(relay) if relay is not None else None
+        if current is None or not current.schedulable or current.id == rec.id:
+            return False
+        mine = rec.versions.active if rec.versions.active is not None else -1
+        theirs = current.versions.active if current.versions.active is not None else -1
+        if (-mine, rec.id) < (-theirs, current.id):
+            return False  # the joiner would be elected
+    peers = (
+        [rid for rid, reg in state.relays.items() if reg != region]
+        if cfg.peer_relay_fallback
+        else []
+    )
+    rec.source = source_for(
+        rec.id, region, trainer_region=cfg.trainer_region, region_relay=relay, peer_relays=peers
+    )
+    out.append(Route(actor=rec.id, source=rec.source))
+    return True
 
 
 def _plan_or_ready(state: LedgerState, rec: ActorRecord, out: list[Action]) -> None:
@@ -542,7 +589,7 @@ def _reroute(
         (r for r in state.actors.values() if r.region == region and r.schedulable),
         key=lambda r: r.id,
     )
-    if region == cfg.trainer_region:
+    if region == cfg.trainer_region or not cfg.relays:
         relay = None
     else:
         relay = elect_relay(
@@ -600,7 +647,7 @@ def _on_published(state: LedgerState, ev: DeltaPublished, now: float, out: list[
 
 
 def _fanout_edges(state: LedgerState) -> tuple[tuple[str, str], ...]:
-    edges = {(TRAINER, relay) for relay in state.relays}
+    edges = {(TRAINER, relay) for relay in state.relays} if state.config.relays else set()
     for rec in state.actors.values():
         if rec.schedulable:
             edges.add((rec.source, rec.id))
@@ -615,7 +662,22 @@ def _on_staged(state: LedgerState, ev: DeltaStaged, now: float, out: list[Action
     if not rec.live:
         raise IllegalTransition("actor lifecycle", rec.life, "stage")
     rec.versions.stage(ev.version)
-    _dispatch(state, now, out)
+    _dispatch_if_eligible(state, rec, now, out)
+
+
+def _dispatch_if_eligible(
+    state: LedgerState, rec: ActorRecord, now: float, out: list[Action]
+) -> None:
+    """Dispatch after ``rec`` changed version: only ``rec``'s eligibility changed, so only when
+    it can now take work (keeps 10^4 Actors staging one after another linear, not quadratic)."""
+    target = state.target
+    if (
+        target is not None
+        and state.book.pool_size
+        and rec.schedulable
+        and _eligibility(rec, target) is not Eligibility.EXCLUDED
+    ):
+        _dispatch(state, now, out)
 
 
 def _on_activated(state: LedgerState, ev: VersionActivated, now: float, out: list[Action]) -> None:
@@ -651,19 +713,26 @@ def _after_version_change(
         rec.commit_sent = None
     if rec.life is ActorLife.CATCHING_UP:
         _plan_or_ready(state, rec, out)
-    _dispatch(state, now, out)
+    _dispatch_if_eligible(state, rec, now, out)
 
 
 def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Action]) -> None:
     _check_version_arg("BatchRequested.version", ev.version)
-    if ev.version != state.latest:
+    # Batch k may be generated on k-1-max_lag or newer, and the Trainer cannot have published
+    # beyond k-1 when batch k is requested, so a valid batch is never older than latest-max_lag.
+    # Which version within that range is the orchestrator's choice (aurora.policy.pacing).
+    lag = state.config.max_lag
+    latest = state.latest
+    if latest is None or not (latest - lag <= ev.version <= latest):
+        allowed = f" (max_lag {lag} allows {latest - lag}..{latest})" if latest is not None else ""
         raise ValueError(
-            f"batch requested on version {ev.version}, latest published is {state.latest}"
+            f"batch requested on version {ev.version}, latest published is {latest}{allowed}"
         )
     if state.target is not None and ev.version < state.target:
         raise ValueError(f"batch version {ev.version} goes backwards from {state.target}")
     state.book.add(ev.prompts, ev.version)  # validates prompt ids before any change
     state.target = ev.version
+    state.hold_until = now + state.book.lease_length()
     for rec in sorted(state.actors.values(), key=lambda r: r.id):
         if not rec.schedulable:
             continue
@@ -680,34 +749,66 @@ def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Acti
 
 
 def _eligibility(rec: ActorRecord, target: int) -> Eligibility:
-    if rec.versions.active is None:
+    """:func:`aurora.policy.versions.eligibility` without re-validating the Ledger's own state
+    (it runs for every Actor on every dispatch)."""
+    active = rec.versions.active
+    if active is None:
         return Eligibility.EXCLUDED
-    return eligibility(rec.versions.active, rec.versions.staged, target)
+    if active == target:
+        return Eligibility.ELIGIBLE
+    if active == target - 1 and rec.versions.is_staged(target):
+        return Eligibility.NEEDS_COMMIT
+    return Eligibility.EXCLUDED
 
 
 def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
-    """Lease the pool to the Actors eligible for the current target, committing where needed."""
+    """Lease the pool to the Actors eligible for the current target, committing where needed.
+
+    Shares are computed over every *expected* Actor (READY or CATCHING_UP), and an eligible
+    Actor takes only its share less what it already holds. While the batch is young
+    (``now <= hold_until``) the shares of Actors still staging or catching up stay in the pool
+    for them, so the first Actor to finish staging does not take the whole batch; after that,
+    or when nobody is behind, dispatch is work-conserving and empties the pool.
+    """
     target = state.target
     book = state.book
     if target is None or book.pool_size == 0:
         return
+    expected: list[ActorRecord] = []
     eligible: list[ActorRecord] = []
     for rec in sorted(state.actors.values(), key=lambda r: r.id):
         if not rec.schedulable:
             continue
-        verdict = _eligibility(rec, target)
-        if verdict is Eligibility.EXCLUDED:
-            continue
-        eligible.append(rec)
+        expected.append(rec)
+        if _eligibility(rec, target) is not Eligibility.EXCLUDED:
+            eligible.append(rec)
     if not eligible:
         return
     live = {r.id: r.estimate for r in state.actors.values() if r.live and r.estimate is not None}
     prior = allocation.prior(live, state.config.prior_tokens_per_s)
-    estimates = {r.id: (r.estimate if r.estimate is not None else prior) for r in eligible}
-    shares = allocation.split(book.pool_size, estimates, estimates.keys())
+
+    def estimate(rec: ActorRecord) -> float:
+        return rec.estimate if rec.estimate is not None else prior
+
+    holding = len(expected) > len(eligible) and state.hold_until is not None
+    holding = holding and now <= state.hold_until  # type: ignore[operator]
+    held = {r.id: len(book.by_actor.get(r.id, ())) for r in expected}
+    est = {r.id: estimate(r) for r in expected}
+    shares = allocation.split(book.pool_size + sum(held.values()), est, est.keys())
+    left = book.pool_size
+    wants: dict[str, int] = {}
+    for rec in eligible:
+        wants[rec.id] = n = min(max(shares[rec.id] - held[rec.id], 0), left)
+        left -= n
+    if left and not holding:
+        # Nobody to hold for: the rest (shares of Actors that hold more than their share, or
+        # of Actors too late to wait for) goes to the eligible ones, in proportion.
+        est = {r.id: estimate(r) for r in eligible}
+        for actor, n in allocation.split(left, est, est.keys()).items():
+            wants[actor] += n
     weights_hash = state.versions[target].weights_hash
     for rec in eligible:
-        n = shares[rec.id]
+        n = wants[rec.id]
         if n == 0:
             continue
         if _eligibility(rec, target) is Eligibility.NEEDS_COMMIT and rec.commit_sent != target:
@@ -723,7 +824,7 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
                 expiry=leases[0].expiry,
             )
         )
-    assert book.pool_size == 0
+    assert holding or book.pool_size == 0
 
 
 def _on_result(state: LedgerState, ev: ResultArrived, now: float, out: list[Action]) -> None:
@@ -736,6 +837,8 @@ def _on_result(state: LedgerState, ev: ResultArrived, now: float, out: list[Acti
         out.append(
             Accepted(lease=ev.lease, actor=ev.actor, prompt=verdict.prompt, version=ev.version)
         )
+        if state.book.pool_size and not state.book.by_actor.get(ev.actor):
+            _dispatch(state, now, out)  # an idle Actor takes more of a held-back pool
         return
     out.append(Refused(lease=ev.lease, actor=ev.actor, reason=verdict.refusal))
     if verdict.returned_to_pool:

@@ -63,6 +63,13 @@ class ActorVersions:
         staged = [v for v, s in self._deltas.items() if s is DeltaState.STAGED]
         return min(staged) if staged else None
 
+    def is_staged(self, version: int) -> bool:
+        return self._deltas.get(version) is DeltaState.STAGED
+
+    def staged_versions(self) -> list[int]:
+        """Every staged version above the active one, ascending."""
+        return sorted(v for v, s in self._deltas.items() if s is DeltaState.STAGED)
+
     def _move(self, version: int, trigger: str) -> DeltaState:
         if self.active is None or version <= self.active:
             # Nothing to stage onto (no weights yet), or a version that is not newer: stale.

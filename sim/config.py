@@ -1,0 +1,210 @@
+"""Simulator configuration: strategies, fault schedules and the run config.
+
+All frozen ``@dataclass(kw_only=True)``; building one has no side effects. A strategy changes only
+how policy updates travel (payload, codec, streams, relays, lag, allocation feedback); the
+Trainer, Actors and traces stay the same, as in the paper's baselines (§6.1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from aurora.policy.leases import LeaseConfig
+from aurora.topology import Topology
+from sim.traces import Traces
+
+PAYLOADS = ("delta", "dense")
+FAULT_KINDS = (
+    "preempt",
+    "preempt_notice",
+    "leave",
+    "join",
+    "region_loss",
+    "relay_fail",
+    "trainer_crash",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Strategy:
+    """How policy updates get from the Trainer to the Actors."""
+
+    name: str
+    """Name in result rows and on the command line."""
+    payload: str
+    """``delta`` (sparse delta checkpoint per step) or ``dense`` (full bf16 weights per step)."""
+    codec: str = "aurora"
+    """Delta codec, whose size comes from the traces' ``codec_bytes_vs_leb128``."""
+    streams: int = 4
+    """Parallel TCP streams per transfer (S)."""
+    relays: bool = True
+    """One relay per remote region forwards cut-through; ``False``: every Actor pulls from the
+    Trainer over the WAN."""
+    proportional: bool = True
+    """Split batches by measured throughput (``False``: no throughput feedback, equal shares)."""
+    max_lag: int = 1
+    """Lag bound: batch k may be generated on version k-1-max_lag or newer."""
+    cut_through: bool = True
+    """Transfer overlaps extraction and relays forward segments as they arrive (``False``: send
+    after extraction ends, relays store and forward)."""
+    rdma: bool = False
+    """Ideal-SingleDC: every transfer runs at the RDMA fabric rate, no WAN, no extraction."""
+    staging_grace_s: float = 10.0
+    """Seconds a ready batch waits for Actors still staging its version (``inf``: wait always)."""
+
+    def __post_init__(self) -> None:
+        if self.payload not in PAYLOADS:
+            raise ValueError(f"payload must be one of {PAYLOADS}, got {self.payload!r}")
+        if self.streams < 1:
+            raise ValueError(f"streams must be >= 1, got {self.streams}")
+        if self.max_lag < 1:
+            raise ValueError(f"max_lag must be >= 1, got {self.max_lag}")
+        if not self.staging_grace_s >= 0:
+            raise ValueError(f"staging_grace_s must be >= 0, got {self.staging_grace_s}")
+
+
+_AURORA = Strategy(name="aurora", payload="delta")
+_PRIME = Strategy(
+    name="prime-full",
+    payload="dense",
+    streams=1,
+    # PrimeRL's decentralized deployments spread checkpoints through HTTP relay servers
+    # (shardcast): one WAN crossing per region, store-and-forward. The paper's ~200 s per
+    # 15.6 GB broadcast (§6.3) is one crossing of its 0.5-1 Gbps link, not eight.
+    relays=True,
+    cut_through=False,
+    staging_grace_s=math.inf,
+)
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        _AURORA,
+        # Ablations: one part of AuroraRL removed at a time.
+        replace(_AURORA, name="aurora-leb128", codec="leb128"),
+        replace(_AURORA, name="aurora-naive", codec="naive"),
+        replace(_AURORA, name="aurora-1stream", streams=1),
+        replace(_AURORA, name="aurora-norelay", relays=False),
+        replace(_AURORA, name="aurora-uniform", proportional=False),
+        replace(_AURORA, name="aurora-nocut", cut_through=False),
+        # The paper's baselines (§6.1).
+        _PRIME,
+        replace(_PRIME, name="prime-async2", max_lag=2),
+        replace(_PRIME, name="prime-async4", max_lag=4),
+        replace(_PRIME, name="prime-multistream", streams=4),
+        replace(_PRIME, name="ideal-singledc", rdma=True),
+    )
+}
+"""Named strategies. ``aurora`` uses our default codec; ``aurora-leb128`` is the paper's
+encoding."""
+
+
+def strategy(name: str) -> Strategy:
+    if name not in STRATEGIES:
+        raise ValueError(
+            f"strategy: unknown strategy {name!r} (expected one of {list(STRATEGIES)})"
+        )
+    return STRATEGIES[name]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fault:
+    """One scheduled membership event."""
+
+    kind: str
+    """preempt (no notice), preempt_notice, leave (graceful), join, region_loss, relay_fail,
+    trainer_crash."""
+    target: str = ""
+    """Actor id (preempt, preempt_notice, leave), new Actor id (join), region (region_loss),
+    relay id (relay_fail, an Actor id for a seed relay); empty for trainer_crash."""
+    at_s: float | None = None
+    """Simulated time (s) of the event; exactly one of ``at_s`` and ``at_step`` is set."""
+    at_step: int | None = None
+    """The event happens when batch ``at_step`` is requested."""
+    notice_s: float = 30.0
+    """Warning before a ``preempt_notice`` takes the machine (s)."""
+    region: str = ""
+    """Region of a joining Actor."""
+    gpu: str = ""
+    """GPU type of a joining Actor."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"kind must be one of {FAULT_KINDS}, got {self.kind!r}")
+        if (self.at_s is None) == (self.at_step is None):
+            raise ValueError(f"fault {self.kind}: set exactly one of at_s and at_step")
+        if self.kind != "trainer_crash" and not self.target:
+            raise ValueError(f"fault {self.kind}: target is required")
+        if self.kind == "join" and not (self.region and self.gpu):
+            raise ValueError(f"fault join {self.target!r}: region and gpu are required")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    """One simulated run."""
+
+    topology: Topology
+    """The deployment."""
+    traces: Traces
+    """Recorded inputs."""
+    strategy: Strategy
+    """How policy updates travel."""
+    steps: int
+    """Training steps (versions published after v0)."""
+    seed: int = 0
+    """Seed of every random draw (throughput noise, link fluctuation, spot hazard)."""
+    workload: str = "gsm8k"
+    """Workload name in the traces (tokens per rollout)."""
+    batch_rollouts: int | None = None
+    """Rollouts per step (B); None: the traces' rollouts_per_actor times the initial Actors."""
+    rollouts_per_lease: int = 16
+    """Rollouts per lease: one prompt and its GRPO group of completions."""
+    segment_bytes: int = 4 << 20
+    """Segment size of a delta (bytes); the first segment must arrive before a relay forwards."""
+    snapshot_interval: int = 50
+    """The Trainer writes a full snapshot every this many versions (joins start from one)."""
+    lease: LeaseConfig = field(default_factory=LeaseConfig)
+    """Lease length policy."""
+    faults: tuple[Fault, ...] = ()
+    """Scheduled membership events."""
+    spot_hazard_per_hour: float = 0.0
+    """Preemption rate of each spot Actor (1/h, exponential inter-arrival)."""
+    spot_notice_s: float | None = 30.0
+    """Warning of a hazard preemption (s); None: preempted without notice."""
+    spot_return_s: float | None = None
+    """A preempted spot Actor rejoins (fresh machine, from a snapshot) after this many seconds;
+    None: it does not return."""
+    record_trace: bool = True
+    """Keep the human-readable event trace (turn off for 10^4 Actors)."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.rollouts_per_lease < 1:
+            raise ValueError(f"rollouts_per_lease must be >= 1, got {self.rollouts_per_lease}")
+        if self.batch_rollouts is not None and self.batch_rollouts % self.rollouts_per_lease:
+            raise ValueError(
+                f"batch_rollouts ({self.batch_rollouts}) must be a multiple of "
+                f"rollouts_per_lease ({self.rollouts_per_lease})"
+            )
+        if self.segment_bytes < 1 or self.snapshot_interval < 1:
+            raise ValueError("segment_bytes and snapshot_interval must be >= 1")
+        if self.spot_hazard_per_hour < 0:
+            raise ValueError(f"spot_hazard_per_hour must be >= 0, got {self.spot_hazard_per_hour}")
+        # Everything the run will look up must exist: fail before simulating, naming the field.
+        model = self.topology.trainer.model
+        m = self.traces.model(model, where="trainer.model")
+        if self.topology.trainer.gpu not in m.train_tokens_per_s_per_gpu:
+            raise ValueError(
+                f"trainer.gpu: no training throughput of {self.topology.trainer.gpu!r} "
+                f"on {model!r} in traces"
+            )
+        for i, group in enumerate(self.topology.actors):
+            self.traces.gpu(group.gpu, model, where=f"actors[{i}].gpu")
+        for f in self.faults:
+            if f.kind == "join":
+                self.traces.gpu(f.gpu, model, where=f"faults join {f.target}.gpu")
+        self.traces.workload(self.workload)
+        if self.strategy.payload == "delta":
+            self.traces.delta_bytes(model, self.strategy.codec)

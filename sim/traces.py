@@ -1,0 +1,176 @@
+"""Recorded inputs of the simulator: model sizes, GPU throughputs, workloads, protocol constants.
+
+Theory of operation
+-------------------
+The simulator computes nothing it could measure: every time it charges comes from a trace
+(generation throughput of a GPU type on a model, training throughput, extraction time, bytes of
+a delta or a dense checkpoint) or from the link model (``sim.network``). A trace file is YAML in
+which every number is a ``{value: ..., source: ...}`` pair: ``source`` names the section of the
+paper the number comes from, a measurement of ours, or says ``assumed:`` with the reason. Only
+*inputs* go into traces; the paper's *results* (step times, speedups, tokens/s) must come out of
+the model, and ``docs/SIMULATOR.md`` lists which inputs are assumed.
+
+Loading checks keys, types and that every number has a source; a bad file raises ``ValueError``
+naming the file and field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from aurora.topology import build
+
+TRACES_DIR = Path(__file__).parent / "traces"
+PAPER = TRACES_DIR / "paper.yaml"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quantity:
+    """One recorded number and where it comes from."""
+
+    value: float
+    """The number, in the unit its field names."""
+    source: str
+    """Section of the paper, a measurement of ours, or ``assumed: <reason>``."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.value) and self.value >= 0):
+            raise ValueError(f"value must be a finite number >= 0, got {self.value!r}")
+        if not self.source.strip():
+            raise ValueError("source must say where the number comes from")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelTrace:
+    """Sizes and Trainer-side costs of one model."""
+
+    params: Quantity
+    """Parameters (count)."""
+    dense_bytes: Quantity
+    """Bytes of one dense bf16 checkpoint (what PrimeRL-style baselines broadcast)."""
+    delta_bytes_leb128: Quantity
+    """Bytes of one step's delta checkpoint in the paper's LEB128 encoding."""
+    extract_s: Quantity
+    """Seconds to scan the weights and encode the delta on the Trainer (CPU)."""
+    train_tokens_per_s_per_gpu: dict[str, Quantity]
+    """Training throughput per GPU type (tokens/s per GPU), forward + backward + reference."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuTrace:
+    """Generation throughput of one GPU type running one Actor."""
+
+    tokens_per_s: dict[str, Quantity]
+    """Generated tokens/s per model id at the Actor's batch size."""
+    cv: Quantity
+    """Coefficient of variation of a batch's throughput (lognormal noise per batch)."""
+    drift_per_hour: Quantity
+    """Relative throughput change per hour of simulated time (e.g. thermal throttling)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadTrace:
+    """One RL task."""
+
+    tokens_per_rollout: Quantity
+    """Mean tokens per rollout (prompt + response) processed by generation and training."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Constants:
+    """Protocol and system constants."""
+
+    rollouts_per_actor: Quantity
+    """Rollouts per Actor per step (the batch B is this times the number of Actors)."""
+    codec_bytes_vs_leb128: dict[str, Quantity]
+    """Size of each codec's delta relative to ``leb128`` (1.0 for leb128 itself)."""
+    rdma_gbps: Quantity
+    """Fabric rate of the Ideal-SingleDC baseline (Gbit/s)."""
+    tcp_window_bytes: Quantity
+    """Largest TCP window one stream reaches (bytes): the socket buffer limit."""
+    mss_bytes: Quantity
+    """TCP maximum segment size (bytes), for the Mathis loss limit."""
+    apply_bytes_per_s: Quantity
+    """Rate at which an Actor decodes and applies a delta (bytes of payload per second)."""
+    dense_load_bytes_per_s: Quantity
+    """Rate at which an Actor loads a dense checkpoint into its engine (bytes/s)."""
+    trainer_restart_s: Quantity
+    """Seconds from a Trainer crash until it trains again (reschedule, reload, warm-up)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Traces:
+    """Everything the simulator charges time or bytes from."""
+
+    models: dict[str, ModelTrace]
+    """Per model id."""
+    gpus: dict[str, GpuTrace]
+    """Per GPU type."""
+    workloads: dict[str, WorkloadTrace]
+    """Per task (dataset) name."""
+    constants: Constants
+    """Protocol and system constants."""
+
+    def model(self, name: str, *, where: str = "model") -> ModelTrace:
+        if name not in self.models:
+            raise ValueError(f"{where}: unknown model {name!r} (traces have {sorted(self.models)})")
+        return self.models[name]
+
+    def gpu(self, name: str, model: str, *, where: str = "gpu") -> GpuTrace:
+        if name not in self.gpus:
+            raise ValueError(
+                f"{where}: unknown GPU type {name!r} (traces have {sorted(self.gpus)})"
+            )
+        if model not in self.gpus[name].tokens_per_s:
+            raise ValueError(f"{where}: no throughput of GPU {name!r} on model {model!r} in traces")
+        return self.gpus[name]
+
+    def workload(self, name: str) -> WorkloadTrace:
+        if name not in self.workloads:
+            raise ValueError(
+                f"workload: unknown workload {name!r} (traces have {sorted(self.workloads)})"
+            )
+        return self.workloads[name]
+
+    def delta_bytes(self, model: str, codec: str) -> float:
+        ratio = self.constants.codec_bytes_vs_leb128.get(codec)
+        if ratio is None:
+            raise ValueError(
+                f"codec: no size ratio for {codec!r} in traces "
+                f"(have {sorted(self.constants.codec_bytes_vs_leb128)})"
+            )
+        return self.model(model).delta_bytes_leb128.value * ratio.value
+
+    def sources(self) -> list[tuple[str, float, str]]:
+        """Every number as (field path, value, source): what ``docs/SIMULATOR.md`` tabulates."""
+        out: list[tuple[str, float, str]] = []
+
+        def walk(obj: Any, path: str) -> None:
+            if isinstance(obj, Quantity):
+                out.append((path, obj.value, obj.source))
+            elif isinstance(obj, dict):
+                for k in sorted(obj):
+                    walk(obj[k], f"{path}.{k}" if path else k)
+            elif hasattr(obj, "__dataclass_fields__"):
+                for k in obj.__dataclass_fields__:
+                    walk(getattr(obj, k), f"{path}.{k}" if path else k)
+
+        walk(self, "")
+        return out
+
+
+def load_traces(path: str | Path = PAPER) -> Traces:
+    """Read a trace file; a bad file raises ``ValueError`` naming the file and field."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read trace file: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    return build(Traces, data, source=str(path))
