@@ -675,7 +675,7 @@ def _dispatch_if_eligible(
         target is not None
         and state.book.pool_size
         and rec.schedulable
-        and _eligibility(rec, target) is not Eligibility.EXCLUDED
+        and _eligibility(rec, target, state.latest) is not Eligibility.EXCLUDED
     ):
         _dispatch(state, now, out)
 
@@ -736,7 +736,7 @@ def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Acti
     for rec in sorted(state.actors.values(), key=lambda r: r.id):
         if not rec.schedulable:
             continue
-        if _eligibility(rec, ev.version) is Eligibility.EXCLUDED:
+        if _eligibility(rec, ev.version, state.latest) is Eligibility.EXCLUDED:
             out.append(Exclude(actor=rec.id, version=ev.version, active=rec.versions.active))
             if rec.estimate is not None:
                 rec.estimate = allocation.exclusion_decay(
@@ -748,13 +748,13 @@ def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Acti
     _dispatch(state, now, out)
 
 
-def _eligibility(rec: ActorRecord, target: int) -> Eligibility:
+def _eligibility(rec: ActorRecord, target: int, latest: int | None) -> Eligibility:
     """:func:`aurora.policy.versions.eligibility` without re-validating the Ledger's own state
     (it runs for every Actor on every dispatch)."""
     active = rec.versions.active
     if active is None:
         return Eligibility.EXCLUDED
-    if active == target:
+    if active == target or (latest is not None and target < active <= latest):
         return Eligibility.ELIGIBLE
     if active == target - 1 and rec.versions.is_staged(target):
         return Eligibility.NEEDS_COMMIT
@@ -780,7 +780,7 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
         if not rec.schedulable:
             continue
         expected.append(rec)
-        if _eligibility(rec, target) is not Eligibility.EXCLUDED:
+        if _eligibility(rec, target, state.latest) is not Eligibility.EXCLUDED:
             eligible.append(rec)
     if not eligible:
         return
@@ -806,19 +806,24 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
         est = {r.id: estimate(r) for r in eligible}
         for actor, n in allocation.split(left, est, est.keys()).items():
             wants[actor] += n
-    weights_hash = state.versions[target].weights_hash
     for rec in eligible:
         n = wants[rec.id]
         if n == 0:
             continue
-        if _eligibility(rec, target) is Eligibility.NEEDS_COMMIT and rec.commit_sent != target:
+        if (
+            _eligibility(rec, target, state.latest) is Eligibility.NEEDS_COMMIT
+            and rec.commit_sent != target
+        ):
             out.append(Commit(actor=rec.id, version=target))
             rec.commit_sent = target
-        leases = book.claim(rec.id, n, version=target, weights_hash=weights_hash, now=now)
+        # An Actor already past the target works on its own (newer) version.
+        version = max(target, rec.versions.active or 0)
+        weights_hash = state.versions[version].weights_hash
+        leases = book.claim(rec.id, n, version=version, weights_hash=weights_hash, now=now)
         out.append(
             Assign(
                 actor=rec.id,
-                version=target,
+                version=version,
                 leases=tuple(le.id for le in leases),
                 prompts=tuple(le.prompt for le in leases),
                 expiry=leases[0].expiry,

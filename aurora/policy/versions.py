@@ -39,13 +39,20 @@ def _check_version(name: str, value: int) -> None:
         raise ValueError(f"{name} must be a non-negative int version, got {value!r}")
 
 
-def eligibility(active: int, staged: int | None, target: int) -> Eligibility:
-    """The version predicate: may an Actor on ``active`` with ``staged`` work on ``target``?"""
+def eligibility(
+    active: int, staged: int | None, target: int, latest: int | None = None
+) -> Eligibility:
+    """The version predicate: may an Actor on ``active`` with ``staged`` work on ``target``?
+
+    With a lag bound above one, a batch's target can trail the latest version; an Actor that
+    already holds a newer published version (``target < active <= latest``, e.g. after catching
+    up) is eligible and generates on its own version, which is fresher and so within the bound.
+    """
     _check_version("active", active)
     _check_version("target", target)
     if staged is not None:
         _check_version("staged", staged)
-    if active == target:
+    if active == target or (latest is not None and target < active <= latest):
         return Eligibility.ELIGIBLE
     if active == target - 1 and staged == target:
         return Eligibility.NEEDS_COMMIT
