@@ -100,7 +100,7 @@ def _sim(args: argparse.Namespace) -> int:
 
     from aurora.topology import load_topology
     from sim.config import Fault, SimConfig, strategy
-    from sim.model import Simulation
+    from sim.model import Simulation, SimulationStalled
     from sim.output import write_result
     from sim.traces import load_traces
 
@@ -140,7 +140,7 @@ def _sim(args: argparse.Namespace) -> int:
         sim = Simulation(cfg, progress=lambda _step, bar=bar: bar.update(1))
         try:
             result = sim.run()
-        except ValueError as exc:
+        except (ValueError, SimulationStalled) as exc:
             raise SystemExit(f"aurora sim: {cfg.strategy.name}: {exc}") from None
         finally:
             bar.close()

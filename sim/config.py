@@ -175,6 +175,9 @@ class SimConfig:
     spot_return_s: float | None = None
     """A preempted spot Actor rejoins (fresh machine, from a snapshot) after this many seconds;
     None: it does not return."""
+    stall_after_s: float = 86_400.0
+    """Stop with :class:`sim.model.SimulationStalled` when no step completes for this many
+    simulated seconds (a deployment that cannot make progress, e.g. every Actor churning)."""
     record_trace: bool = True
     """Keep the human-readable event trace (turn off for 10^4 Actors)."""
 

@@ -66,6 +66,7 @@ from aurora.policy.ledger import (
     Fanout,
     LedgerConfig,
     PreemptionNotice,
+    RelayAssigned,
     RelayJoined,
     RelayLost,
     ResultArrived,
@@ -173,6 +174,10 @@ class Result:
             "expired_leases": sum(r["expired"] for r in self.rows),
             "sim_time_s": self.sim_time,
         }
+
+
+class SimulationStalled(RuntimeError):
+    """Nothing is left that could ever finish the run (e.g. every Actor is gone)."""
 
 
 class Simulation:
@@ -347,6 +352,7 @@ class Simulation:
                 assert f.at_step is not None
                 self._faults_at_step.setdefault(f.at_step, []).append(f)
         self._try_request()
+        self._watchdog(0)
         # The cyclic garbage collector would rescan the Ledger's whole lease history (10^5-10^6
         # long-lived objects) again and again: measured at 60% of a 10^4-Actor run. The model
         # makes few reference cycles (a flow and its transfer), so it runs without it.
@@ -354,6 +360,10 @@ class Simulation:
         gc.disable()
         try:
             self.env.run(until=self.finished)
+        except RuntimeError as exc:
+            if "No scheduled events left" not in str(exc):
+                raise
+            raise SimulationStalled(self._stall_report()) from None
         finally:
             if was_enabled:
                 gc.enable()
@@ -365,6 +375,26 @@ class Simulation:
             decisions=self.decisions,
             events=next(self.env._eid),  # SimPy's running event id: events scheduled so far
             sim_time=self.env.now,
+        )
+
+    def _watchdog(self, steps_seen: int) -> None:
+        def check() -> None:
+            if self.trained == steps_seen and not self.finished.triggered:
+                raise SimulationStalled(
+                    f"no step completed in {self.cfg.stall_after_s:.0f} simulated seconds; "
+                    + self._stall_report()
+                )
+            self._watchdog(self.trained)
+
+        self._later(self.cfg.stall_after_s, check)
+
+    def _stall_report(self) -> str:
+        live = sorted(a.id for a in self.actors.values() if a.live)
+        return (
+            f"the run stalled at t={self.env.now:.1f} s after {self.trained} of "
+            f"{self.cfg.steps} steps: batch {self.next_batch} not yet requested, "
+            f"{self.ledger.book.pool_size} prompts in the pool, latest version "
+            f"{self.ledger.latest}, live Actors {live or 'none'}"
         )
 
     # ------------------------------------------------------------------------------------
@@ -390,6 +420,8 @@ class Simulation:
             self._catch_up(self.actors[action.actor], action.plan)
         elif isinstance(action, Route):
             self.actors[action.actor].source = action.source
+        elif isinstance(action, RelayAssigned):
+            self._log(action.region, f"relay is {action.relay}")
         elif isinstance(action, Fanout):
             self._fanout(action.version, action.edges)
         else:
@@ -774,17 +806,13 @@ class Simulation:
             left = transfer.flow.remaining
             del actor.inbound[v]
             self._send(v, action.source, [actor.id], size=left)
-        # A forward the lost source had scheduled but not started is owed by the new source.
+        # Forwards the lost source had scheduled but not started (or was holding back until it
+        # had the whole version) are owed by the new source.
         latest = self.ledger.latest
-        if (
-            latest is not None
-            and actor.active is not None
-            and latest > actor.active
-            and latest not in actor.held
-            and latest not in actor.inbound
-            and latest > 0
-        ):
-            self._send(latest, action.source, [actor.id])
+        if latest is not None and actor.active is not None:
+            for v in range(actor.active + 1, latest + 1):
+                if v not in actor.held and v not in actor.inbound:
+                    self._send(v, action.source, [actor.id])
 
     def _drop_node(self, node: Node) -> None:
         """``node`` is gone: stop everything it receives and sends."""
