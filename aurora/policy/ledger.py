@@ -419,7 +419,7 @@ def initial_state(config: LedgerConfig) -> LedgerState:
 
 def decide(state: LedgerState, event: Event, *, now: float) -> tuple[LedgerState, list[Action]]:
     """Apply one event at time ``now`` (seconds); return the state and the actions to carry out."""
-    if not (isinstance(now, int | float) and math.isfinite(now)):
+    if not (type(now) is float or isinstance(now, int | float)) or not math.isfinite(now):
         raise ValueError(f"now must be a finite number of seconds, got {now!r}")
     handler = _HANDLERS.get(type(event))
     if handler is None:
