@@ -15,7 +15,8 @@ The roles:
 * **Trainer** trains step ``k`` once batch ``k`` is complete (every prompt's result accepted) and
   version ``k-1`` exists, for ``tokens(k) / (tokens/s per GPU x GPUs)`` seconds; then publishes
   ``D_k``. With a delta strategy it extracts for ``extract_s`` and, cut-through, announces ``D_k``
-  when extraction starts, so segments leave while it is still scanning. Every
+  when extraction starts, so segments leave while it is still scanning; the next step starts
+  when extraction ends (it reads the weights that step would change). Every
   ``snapshot_interval`` versions a full snapshot also goes to the Checkpoint Store.
 * **Orchestrator** (the Trainer's batch loop) requests batch ``k`` when batch ``k-1`` is complete
   and the lag bound allows a version (:func:`aurora.policy.pacing.batch_version`).
@@ -266,6 +267,10 @@ class Simulation:
         self._carried_at_last_row = [0.0] * len(self.resources)
         self._faults_at_step: dict[int, list[Fault]] = {}
         self._requesting = 0
+        self._on_hold: Callable[[str], None] | None = None
+        self._train_after_extract = False
+        self._extract_until = 0.0
+        self._extract_rate = math.inf
 
     # ------------------------------------------------------------------------------------
     # Plumbing
@@ -328,29 +333,7 @@ class Simulation:
     # ------------------------------------------------------------------------------------
 
     def run(self) -> Result:
-        cfg, topo = self.cfg, self.cfg.topology
-        snapshot = int(self.dense_bytes)
-        self.feed(
-            DeltaPublished(
-                version=0, weights_hash=weights_hash(0), delta_bytes=None, snapshot_bytes=snapshot
-            )
-        )
-        self._published_at[0] = 0.0
-        if cfg.strategy.relays:
-            for relay in topo.relays:
-                self.relays[relay.id] = Node(
-                    relay.id, relay.region, Resource(f"relay:{relay.id}", relay.nic_gbps * GBPS)
-                )
-                self.relays[relay.id].held.add(0)
-                self.feed(RelayJoined(relay=relay.id, region=relay.region))
-        for actor_id, group in topo.actor_ids():
-            self._new_actor(actor_id, group.region, group.gpu, group.nic_gbps, group.spot, 0)
-        for f in cfg.faults:
-            if f.at_s is not None:
-                self._later(f.at_s, lambda f=f: self._fault(f))
-            else:
-                assert f.at_step is not None
-                self._faults_at_step.setdefault(f.at_step, []).append(f)
+        self._setup()
         self._try_request()
         self._watchdog(0)
         # The cyclic garbage collector would rescan the Ledger's whole lease history (10^5-10^6
@@ -376,6 +359,54 @@ class Simulation:
             events=next(self.env._eid),  # SimPy's running event id: events scheduled so far
             sim_time=self.env.now,
         )
+
+    def measure_fanout(self) -> float:
+        """Seconds for one published version (no extraction: the bytes are ready) to reach
+        every Actor through the strategy's transfer path: the paper's per-step transfer cost
+        (Fig. 11, Fig. 14). Includes the TCP model, relays and the last hop; excludes apply."""
+        self._setup()
+        waiting = {a.id for a in self.actors.values()}
+        done = self.env.event()
+
+        def held(actor: str) -> None:
+            waiting.discard(actor)
+            if not waiting and not done.triggered:
+                done.succeed()
+
+        self._on_hold = held
+        self._extract_until, self._extract_rate = -math.inf, math.inf
+        self.feed(
+            DeltaPublished(
+                version=1, weights_hash=weights_hash(1), delta_bytes=int(self.version_bytes)
+            )
+        )
+        self.env.run(until=done)
+        return self.env.now
+
+    def _setup(self) -> None:
+        cfg, topo = self.cfg, self.cfg.topology
+        snapshot = int(self.dense_bytes)
+        self.feed(
+            DeltaPublished(
+                version=0, weights_hash=weights_hash(0), delta_bytes=None, snapshot_bytes=snapshot
+            )
+        )
+        self._published_at[0] = 0.0
+        if cfg.strategy.relays:
+            for relay in topo.relays:
+                self.relays[relay.id] = Node(
+                    relay.id, relay.region, Resource(f"relay:{relay.id}", relay.nic_gbps * GBPS)
+                )
+                self.relays[relay.id].held.add(0)
+                self.feed(RelayJoined(relay=relay.id, region=relay.region))
+        for actor_id, group in topo.actor_ids():
+            self._new_actor(actor_id, group.region, group.gpu, group.nic_gbps, group.spot, 0)
+        for f in cfg.faults:
+            if f.at_s is not None:
+                self._later(f.at_s, lambda f=f: self._fault(f))
+            else:
+                assert f.at_step is not None
+                self._faults_at_step.setdefault(f.at_step, []).append(f)
 
     def _watchdog(self, steps_seen: int) -> None:
         def check() -> None:
@@ -502,6 +533,13 @@ class Simulation:
         k = self.trained + 1
         if self.training or self.crashed or k > self.cfg.steps or k not in self.batch_done:
             return
+        if self.env.now < self._extract_until:
+            # The extractor reads the bf16 weights the next optimizer step would change, so the
+            # Trainer waits for it (the paper's residual gap to Ideal-SingleDC, §6.2).
+            if not self._train_after_extract:
+                self._train_after_extract = True
+                self._later(self._extract_until - self.env.now, self._resume_after_extract)
+            return
         topo = self.cfg.topology
         rate = self.model.train_tokens_per_s_per_gpu[topo.trainer.gpu].value * topo.trainer.gpus
         duration = self.prompts_per_batch * self.tokens_per_lease / rate
@@ -519,6 +557,10 @@ class Simulation:
             self._try_train()
 
         self._later(duration, done)
+
+    def _resume_after_extract(self) -> None:
+        self._train_after_extract = False
+        self._try_train()
 
     def _publish(self, v: int) -> None:
         strat = self.cfg.strategy
@@ -781,6 +823,8 @@ class Simulation:
             for fn in node.waiters.pop(v, []):
                 fn()
             if isinstance(node, ActorSim):
+                if self._on_hold is not None:
+                    self._on_hold(member)
                 self._staged(node, v)
 
     def _staged(self, actor: ActorSim, v: int) -> None:

@@ -92,7 +92,8 @@ def test_tiny_run_follows_the_exact_event_trace():
     # one-way), cut-through with a 1 s extraction at 1 MB/s: the first 0.1 MB segment leaves
     # at 12.1 s, the last byte at 13.01 s (extraction ends at 13.0, then 0.1 MB at 10 MB/s),
     # and lands 10 ms later. The relay forwards as segments arrive: its Actor holds v1 one
-    # segment (0.1 MB at 1 GB/s) after the relay. Apply takes 1 MB / 100 MB/s = 10 ms.
+    # segment (0.1 MB at 1 GB/s) after the relay. Apply takes 1 MB / 100 MB/s = 10 ms. The
+    # next training step waits for extraction (12 + 1 s).
     result = simulate(tiny_config())
     assert result.trace == [
         (0, "ca-a100-0", "join on v0"),
@@ -108,7 +109,7 @@ def test_tiny_run_follows_the_exact_event_trace():
         (2.0, "ca-a100-1", "assign 2 on v0"),
         (4.0, "trainer", "batch 2 complete"),
         (12.0, "trainer", "publish v1"),
-        (12.0, "trainer", "train step 2"),
+        (13.0, "trainer", "train step 2"),
         (13.02, "ca-a100-0", "received v1 from trainer"),
         (13.0201, "ca-a100-1", "received v1 from ca-a100-0"),
         (13.0201, "trainer", "request batch 3 on v1"),
@@ -119,11 +120,11 @@ def test_tiny_run_follows_the_exact_event_trace():
         (13.0301, "ca-a100-1", "activate v1"),
         (13.0301, "ca-a100-0", "activate v1"),
         (15.0301, "trainer", "batch 3 complete"),
-        (22.0, "trainer", "publish v2"),
-        (22.0, "trainer", "train step 3"),
-        (23.02, "ca-a100-0", "received v2 from trainer"),
-        (23.0201, "ca-a100-1", "received v2 from ca-a100-0"),
-        (32.0, "trainer", "publish v3"),
+        (23.0, "trainer", "publish v2"),
+        (24.0, "trainer", "train step 3"),
+        (24.02, "ca-a100-0", "received v2 from trainer"),
+        (24.0201, "ca-a100-1", "received v2 from ca-a100-0"),
+        (34.0, "trainer", "publish v3"),
     ]
 
 

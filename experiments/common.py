@@ -1,0 +1,110 @@
+"""Plumbing shared by the experiments: result rows that skip existing points, paper-vs-ours
+tables, figures.
+
+An experiment is a function returning a list of *points* (identifying columns plus a config) and
+a ``main()`` that runs the points not yet in ``results/<name>/rows.csv``, appends their rows
+(identifying columns, resolved config, seed, git SHA, metrics), draws ``results/<name>/<name>.png``
+from the whole CSV and prints the paper's numbers beside ours. CLI parsing happens only under
+``__main__``; re-running a sweep computes only the missing rows (cleanrl / nanochat habits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm import tqdm
+
+from sim.config import SimConfig
+from sim.output import config_columns, git_sha
+
+RESULTS = Path(os.environ.get("AURORA_RESULTS", "results"))
+"""Root of all result folders (``AURORA_RESULTS`` overrides it, e.g. for tests)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Point:
+    """One run of an experiment."""
+
+    key: dict[str, Any]
+    """Columns that identify the point (model, strategy, bandwidth, ...): a row with the same
+    values in ``rows.csv`` means the point is done."""
+    config: SimConfig
+    """What to simulate."""
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--full", action="store_true", help="paper scale (slower)")
+    p.add_argument("--out", default=None, help="results root (default results/)")
+    return p
+
+
+def run_points(
+    name: str,
+    points: Sequence[Point],
+    measure: Callable[[SimConfig], dict[str, float]],
+    *,
+    root: Path | None = None,
+) -> pd.DataFrame:
+    """Run the points missing from ``<root>/<name>/rows.csv``; return every row."""
+    out = (root or RESULTS) / name
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "rows.csv"
+    old = pd.read_csv(path) if path.exists() else pd.DataFrame()
+    done = set()
+    if not old.empty:
+        keys = list(points[0].key) if points else []
+        if all(k in old.columns for k in keys):
+            done = {tuple(str(v) for v in row) for row in old[keys].itertuples(index=False)}
+    todo = [p for p in points if tuple(str(v) for v in p.key.values()) not in done]
+    sha = git_sha()
+    new = []
+    for point in tqdm(todo, desc=name, unit="run", leave=False):
+        metrics = measure(point.config)
+        new.append(point.key | metrics | config_columns(point.config) | {"git_sha": sha})
+    rows = pd.concat([old, pd.DataFrame(new)], ignore_index=True) if new else old
+    if new:
+        tmp = path.with_suffix(".csv.tmp")
+        rows.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    return rows
+
+
+def compare(rows: Sequence[tuple[str, float, float]], unit: str = "") -> str:
+    """A table of (claim, paper, ours) with the ratio ours/paper."""
+    lines = [f"{'claim':<58} {'paper':>10} {'ours':>10} {'ours/paper':>10}"]
+    for claim, paper, ours in rows:
+        ratio = ours / paper if paper else math.nan
+        lines.append(f"{claim:<58} {paper:>10.3g} {ours:>10.3g} {ratio:>10.2f}")
+    return "\n".join(lines) + (f"\n(units: {unit})" if unit else "")
+
+
+def one(rows: pd.DataFrame, column: str, **where: Any) -> float:
+    """The single value of ``column`` in the row matching ``where``."""
+    sel = rows
+    for k, v in where.items():
+        sel = sel[sel[k] == v]
+    if len(sel) != 1:
+        raise KeyError(f"{len(sel)} rows match {where}")
+    return float(sel[column].iloc[0])
+
+
+def compare_ranges(rows: Sequence[tuple[str, float, float, float]]) -> str:
+    """A table of (claim, paper low, paper high, ours) saying whether ours falls in the range."""
+    lines = [f"{'claim':<58} {'paper':>13} {'ours':>9}  verdict"]
+    for claim, low, high, ours in rows:
+        paper = f"{low:.3g}-{high:.3g}" if low != high else f"{low:.3g}"
+        if low <= ours <= high:
+            verdict = "within"
+        else:
+            edge = low if ours < low else high
+            verdict = f"{'below' if ours < low else 'above'} by {abs(ours / edge - 1):.0%}"
+        lines.append(f"{claim:<58} {paper:>13} {ours:>9.3g}  {verdict}")
+    return "\n".join(lines)
