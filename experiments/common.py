@@ -108,3 +108,43 @@ def compare_ranges(rows: Sequence[tuple[str, float, float, float]]) -> str:
             verdict = f"{'below' if ours < low else 'above'} by {abs(ours / edge - 1):.0%}"
         lines.append(f"{claim:<58} {paper:>13} {ours:>9.3g}  {verdict}")
     return "\n".join(lines)
+
+
+def geo_topology(
+    *,
+    model: str,
+    trainer_gpus: int,
+    trainer_region: str = "us",
+    actors: Sequence[tuple[str, str, int]],
+    links: Sequence[dict[str, Any]] = (),
+    relays: Sequence[str] = (),
+    name: str = "geo",
+) -> dict[str, Any]:
+    """A topology dict: ``actors`` as (region, gpu, count); links default to the paper's
+    US-Canada cross-cloud link for every region without one."""
+    regions = sorted({trainer_region} | {r for r, _, _ in actors} | set(relays))
+    have = {frozenset((lk["a"], lk["b"])) for lk in links}
+    links = list(links)
+    for r in regions:
+        if r != trainer_region and frozenset((trainer_region, r)) not in have:
+            links.append(dict(US_CANADA_LINK, a=trainer_region, b=r))
+    return {
+        "name": name,
+        "trainer": {"region": trainer_region, "model": model, "gpus": trainer_gpus},
+        "regions": [{"name": r} for r in regions],
+        "links": links,
+        "actors": [
+            {"region": r, "gpu": g, "count": n, "name": f"{r}-{g.lower()}"} for r, g, n in actors
+        ],
+        "relays": [{"region": r} for r in relays],
+    }
+
+
+US_CANADA_LINK: dict[str, Any] = {
+    "gbps": 1.0,
+    "rtt_ms": 40,
+    "loss": 1e-6,
+    "fluctuation": {"low_gbps": 0.5, "high_gbps": 1.0, "period_s": 10},
+}
+"""The paper's default link (§6.1: 0.5-1 Gbit/s cross-cloud); RTT and loss assumed as in
+``examples/geo.yaml``."""

@@ -121,7 +121,8 @@ class Fault:
     at_s: float | None = None
     """Simulated time (s) of the event; exactly one of ``at_s`` and ``at_step`` is set."""
     at_step: int | None = None
-    """The event happens when batch ``at_step`` is requested."""
+    """The event happens right after batch ``at_step`` is handed out (a lost Actor loses the
+    leases it just got, as a preempted Actor's rollouts abort in the paper's Fig. 13)."""
     notice_s: float = 30.0
     """Warning before a ``preempt_notice`` takes the machine (s)."""
     region: str = ""

@@ -521,13 +521,14 @@ class Simulation:
         self._ready_since = None
         self._waiting = set()
         self.next_batch = k + 1
-        for fault in self._faults_at_step.pop(k, []):
-            self._fault(fault)
         self.batch_target[k] = w
         self._log("trainer", f"request batch {k} on v{w}")
         self._requesting = k
         prompts = tuple(f"s{k}-{i}" for i in range(self.prompts_per_batch))
         self.feed(BatchRequested(version=w, prompts=prompts))
+        # Step faults strike once the batch is handed out, so a lost Actor loses its leases.
+        for fault in self._faults_at_step.pop(k, []):
+            self._fault(fault)
 
     def _try_train(self) -> None:
         k = self.trained + 1

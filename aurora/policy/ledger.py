@@ -764,8 +764,9 @@ def _eligibility(rec: ActorRecord, target: int, latest: int | None) -> Eligibili
 def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
     """Lease the pool to the Actors eligible for the current target, committing where needed.
 
-    Shares are computed over every *expected* Actor (READY or CATCHING_UP), and an eligible
-    Actor takes only its share less what it already holds. While the batch is young
+    Shares are computed over every *expected* Actor (eligible, or one version behind with the
+    delta presumably on its way), and an eligible Actor takes only its share less what it
+    already holds. While the batch is young
     (``now <= hold_until``) the shares of Actors still staging or catching up stay in the pool
     for them, so the first Actor to finish staging does not take the whole batch; after that,
     or when nobody is behind, dispatch is work-conserving and empties the pool.
@@ -779,9 +780,13 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
     for rec in sorted(state.actors.values(), key=lambda r: r.id):
         if not rec.schedulable:
             continue
-        expected.append(rec)
         if _eligibility(rec, target, state.latest) is not Eligibility.EXCLUDED:
             eligible.append(rec)
+            expected.append(rec)
+        elif rec.versions.active == target - 1:
+            # One version behind: its delta is on the way, worth holding a share for. Actors
+            # further behind (a long catch-up, a fresh join) are not waited for.
+            expected.append(rec)
     if not eligible:
         return
     live = {r.id: r.estimate for r in state.actors.values() if r.live and r.estimate is not None}
