@@ -148,3 +148,53 @@ US_CANADA_LINK: dict[str, Any] = {
 }
 """The paper's default link (§6.1: 0.5-1 Gbit/s cross-cloud); RTT and loss assumed as in
 ``examples/geo.yaml``."""
+
+
+def summary_measure(cfg: SimConfig) -> dict[str, float]:
+    """Mean tokens/s, step time and WAN GB per step after two warm-up steps."""
+    from sim.model import simulate
+
+    s = simulate(cfg).summary(warmup=2)
+    return {k: s[k] for k in ("tokens_per_s", "step_time_s", "wan_gb_per_step")}
+
+
+def bar_figure(
+    rows: pd.DataFrame,
+    *,
+    x: str,
+    hue: str,
+    value: str,
+    ylabel: str,
+    title: str,
+    path: Path,
+    paper: dict[tuple[Any, Any], float] | None = None,
+) -> None:
+    """Grouped bars of ``value`` by ``x`` and ``hue``; paper values as black crosses."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    xs = list(dict.fromkeys(rows[x]))
+    hues = list(dict.fromkeys(rows[hue]))
+    width = 0.8 / len(hues)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(xs) * len(hues) / 2), 4))
+    for i, h in enumerate(hues):
+        sub = rows[rows[hue] == h].set_index(x)
+        vals = [float(sub.loc[v, value]) if v in sub.index else np.nan for v in xs]
+        pos = np.arange(len(xs)) + i * width
+        ax.bar(pos, vals, width, label=str(h))
+        for j, v in enumerate(xs):
+            if paper and (v, h) in paper:
+                ax.scatter([pos[j]], [paper[(v, h)]], marker="x", color="black", zorder=5)
+    if paper:
+        ax.scatter([], [], marker="x", color="black", label="paper")
+    ax.set_xticks(np.arange(len(xs)) + width * (len(hues) - 1) / 2, [str(v) for v in xs])
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)

@@ -139,7 +139,9 @@ class ActorSim(Node):
     queue: deque[tuple[int, tuple[str, ...]]] = field(default_factory=deque)
     pending_commit: int | None = None
     plan: CatchUpPlan | None = None
-    plan_fetching: bool = False
+    pulling: set[int] = field(default_factory=set)
+    """Versions (deltas, or a snapshot) being pulled from the Checkpoint Store; a revised
+    catch-up plan (the target moved on) does not pull them again."""
     source: str = TRAINER
 
 
@@ -902,7 +904,7 @@ class Simulation:
             actor.live, actor.busy, actor.epoch = True, False, actor.epoch + 1
             actor.held, actor.inbound, actor.waiters = set(), {}, {}
             actor.queue.clear()
-            actor.pending_commit, actor.plan, actor.plan_fetching = None, None, False
+            actor.pending_commit, actor.plan, actor.pulling = None, None, set()
         actor.active = active
         if active is not None:
             actor.held.add(active)
@@ -932,7 +934,7 @@ class Simulation:
         if not actor.live or actor.busy:
             return
         plan = actor.plan
-        if plan is not None and not actor.plan_fetching and self._plan_ready(actor, plan):
+        if plan is not None and self._plan_ready(actor, plan):
             self._apply_plan(actor, plan)
             return
         while actor.queue:
@@ -990,13 +992,13 @@ class Simulation:
             + (f" from snapshot v{plan.snapshot}" if plan.snapshot is not None else "")
             + f" + {len(plan.deltas)} deltas",
         )
-        wanted = [v for v in plan.deltas if v not in actor.held and v not in actor.inbound]
+
+        def missing(v: int) -> bool:
+            return v not in actor.held and v not in actor.inbound and v not in actor.pulling
+
+        wanted = [v for v in plan.deltas if missing(v)]
         size = sum(self.version_bytes for _ in wanted)
-        if (
-            plan.snapshot is not None
-            and plan.snapshot not in actor.held
-            and plan.snapshot not in actor.inbound
-        ):
+        if plan.snapshot is not None and missing(plan.snapshot):
             size += self.dense_bytes
             wanted.append(plan.snapshot)
         if not wanted:
@@ -1004,14 +1006,14 @@ class Simulation:
             return
         # Pull from the Checkpoint Store in the Trainer's region: a request round trip first.
         path, cap, latency = self._path(TRAINER, actor)
-        actor.plan_fetching = True
+        actor.pulling.update(wanted)
         epoch = actor.epoch
         start = self.env.now
 
         def fetched(_f: Flow) -> None:
             if epoch != actor.epoch:
                 return
-            actor.plan_fetching = False
+            actor.pulling.difference_update(wanted)
             actor.held.update(wanted)
             self._span("transfer", f"store->{actor.id}", "catch-up", plan.target, start)
             self._kick(actor)
@@ -1138,7 +1140,7 @@ class Simulation:
         actor.epoch += 1
         actor.busy = False
         actor.queue.clear()
-        actor.plan, actor.plan_fetching, actor.pending_commit = None, False, None
+        actor.plan, actor.pulling, actor.pending_commit = None, set(), None
         self._drop_node(actor)
         self._waiting.discard(actor.id)
         self._log(actor.id, "left" if graceful else "lost")

@@ -1,0 +1,93 @@
+"""Table 6: end-to-end throughput with and without relays, Trainer in Canada and eight Actors in
+Australia (Qwen3-8B, 4 x H100 Trainer, A100 Actors).
+
+Without a relay every Actor pulls each delta across the Pacific from the Trainer, sharing the
+Trainer's WAN path; with one, the delta crosses once and a seed Actor forwards it cut-through.
+The Canada-Australia path is assumed: 1 Gbit/s, 200 ms RTT, loss 1e-5 (the paper states none).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from aurora.topology import topology_from_dict
+from experiments.common import (
+    RESULTS,
+    Point,
+    bar_figure,
+    compare,
+    geo_topology,
+    one,
+    parser,
+    run_points,
+    summary_measure,
+)
+from sim.config import SimConfig, strategy
+from sim.traces import load_traces
+
+NAME = "relay"
+PAPER_GAIN_PCT = {"gsm8k": 4.4, "deepscaler": 13.9}
+LINK = {"a": "ca", "b": "au", "gbps": 1.0, "rtt_ms": 200, "loss": 1e-5}
+
+
+def points(full: bool = False, steps: int | None = None) -> list[Point]:
+    steps = steps or (60 if full else 15)
+    topo = topology_from_dict(
+        geo_topology(
+            model="qwen3-8b",
+            trainer_gpus=4,
+            trainer_region="ca",
+            actors=[("au", "A100", 8)],
+            links=[LINK],
+            name="canada-australia",
+        ),
+        source=NAME,
+    )
+    return [
+        Point(
+            key={"workload": w, "relay": label, "steps": steps},
+            config=SimConfig(
+                topology=topo,
+                traces=load_traces(),
+                strategy=strategy(name),
+                steps=steps,
+                workload=w,
+                record_trace=False,
+            ),
+        )
+        for w in PAPER_GAIN_PCT
+        for label, name in (("no relay", "aurora-norelay"), ("relay", "aurora"))
+    ]
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    root = Path(args.out) if args.out else RESULTS
+    pts = points(args.full)
+    rows = run_points(NAME, pts, summary_measure, root=root)
+    rows = rows[rows["steps"] == pts[0].key["steps"]]
+    bar_figure(
+        rows,
+        x="workload",
+        hue="relay",
+        value="tokens_per_s",
+        ylabel="throughput (tokens/s)",
+        title="Table 6: Canada-Australia, Qwen3-8B",
+        path=root / NAME / f"{NAME}.png",
+    )
+    table = []
+    for w, paper in PAPER_GAIN_PCT.items():
+        on = one(rows, "tokens_per_s", workload=w, relay="relay")
+        off = one(rows, "tokens_per_s", workload=w, relay="no relay")
+        table.append((f"relay over no relay, {w} (%)", paper, 100 * (on / off - 1)))
+    print(compare(table))
+    wan = rows.groupby("relay")["wan_gb_per_step"].mean()
+    print(f"WAN GB per step: {wan.round(3).to_dict()}")
+    print(f"rows: {root / NAME / 'rows.csv'}  figure: {root / NAME / (NAME + '.png')}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
