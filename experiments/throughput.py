@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
-from aurora.topology import topology_from_dict  # noqa: E402
+from aurora.topology import Topology, topology_from_dict  # noqa: E402
 from experiments.common import (  # noqa: E402
     RESULTS,
     Point,
@@ -46,17 +46,21 @@ STRATEGIES = (
 )
 
 
+def deployment(model: str, gpus: int, actors: int) -> Topology:
+    """``examples/geo.yaml`` with the model, Trainer GPUs and Actor count of §6.1."""
+    base = yaml.safe_load(GEO.read_text())
+    base["trainer"] = dict(base["trainer"], model=model, gpus=gpus)
+    base["actors"] = [dict(base["actors"][0], count=actors)]
+    return topology_from_dict(base, source=str(GEO))
+
+
 def points(full: bool = False, steps: int | None = None) -> list[Point]:
     steps = steps or (100 if full else 12)
     workloads = ("gsm8k", "math", "deepscaler") if full else ("gsm8k",)
-    base = yaml.safe_load(GEO.read_text())
     traces = load_traces()
     out = []
     for model, (gpus, actors) in MODELS.items():
-        topo = dict(base)
-        topo["trainer"] = dict(base["trainer"], model=model, gpus=gpus)
-        topo["actors"] = [dict(base["actors"][0], count=actors)]
-        topology = topology_from_dict(topo, source=str(GEO))
+        topology = deployment(model, gpus, actors)
         for workload in workloads:
             for name in STRATEGIES:
                 cfg = SimConfig(

@@ -100,6 +100,11 @@ STRATEGIES: dict[str, Strategy] = {
 encoding."""
 
 
+def replace_strategy(base: Strategy, **changes: object) -> Strategy:
+    """A variant of ``base`` (e.g. another stream count), validated like any strategy."""
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
 def strategy(name: str) -> Strategy:
     if name not in STRATEGIES:
         raise ValueError(

@@ -1,0 +1,96 @@
+"""Table 8: tokens per dollar, AuroraRL on commodity GPUs vs Ideal-SingleDC on an RDMA cluster.
+
+As in §6.9: 1 x H100 ~ 2 x A100 on this workload, so AuroraRL's 4 x H100 + 8 x A100 (Qwen3-8B)
+compares with one 8 x H100 RDMA block and 6 x H100 + 12 x A100 (Qwen3-14B) rounds up to two.
+Throughput is simulated (means after warm-up) on the paper's default deployment; Ideal-SingleDC
+is the same job with the transfer at RDMA cost. Prices are inputs, each with its source.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.common import (
+    RESULTS,
+    Point,
+    bar_figure,
+    compare,
+    one,
+    parser,
+    run_points,
+    summary_measure,
+)
+from experiments.throughput import MODELS, deployment
+from sim.config import SimConfig, strategy
+from sim.traces import load_traces
+
+NAME = "cost"
+PRICES_PER_GPU_HOUR = {
+    "H100 RDMA": (39.0 / 16, "paper §1/Table 1: $39/h for 16 x H100 with RDMA (Hyperbolic)"),
+    "H100": (31.0 / 16, "paper §1/Table 1: $31/h for 16 x H100 on commodity Ethernet (Hyperbolic)"),
+    "A100": (1.29, "assumed: on-demand A100 list price of a GPU cloud (the paper gives none)"),
+}
+RDMA_BLOCKS = {"qwen3-8b": 1, "qwen3-14b": 2}
+PAPER_GAIN = {"qwen3-8b": 1.21, "qwen3-14b": 1.59}
+
+
+def dollars_per_hour(model: str, system: str) -> float:
+    gpus, actors = MODELS[model]
+    if system == "ideal-singledc":
+        return RDMA_BLOCKS[model] * 8 * PRICES_PER_GPU_HOUR["H100 RDMA"][0]
+    return gpus * PRICES_PER_GPU_HOUR["H100"][0] + actors * PRICES_PER_GPU_HOUR["A100"][0]
+
+
+def points(full: bool = False, steps: int | None = None) -> list[Point]:
+    steps = steps or (60 if full else 12)
+    return [
+        Point(
+            key={"model": model, "system": name, "steps": steps},
+            config=SimConfig(
+                topology=deployment(model, *MODELS[model]),
+                traces=load_traces(),
+                strategy=strategy(name),
+                steps=steps,
+                record_trace=False,
+            ),
+        )
+        for model in RDMA_BLOCKS
+        for name in ("aurora-leb128", "ideal-singledc")
+    ]
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    root = Path(args.out) if args.out else RESULTS
+    pts = points(args.full)
+    rows = run_points(NAME, pts, summary_measure, root=root)
+    rows = rows[rows["steps"] == pts[0].key["steps"]].copy()
+    rows["dollars_per_hour"] = [
+        dollars_per_hour(m, s) for m, s in zip(rows.model, rows.system, strict=True)
+    ]
+    rows["tokens_per_dollar"] = rows["tokens_per_s"] * 3600 / rows["dollars_per_hour"]
+    bar_figure(
+        rows,
+        x="model",
+        hue="system",
+        value="tokens_per_dollar",
+        ylabel="tokens per dollar",
+        title="Table 8: cost-efficiency",
+        path=root / NAME / f"{NAME}.png",
+    )
+    table = []
+    for model, paper in PAPER_GAIN.items():
+        a = one(rows, "tokens_per_dollar", model=model, system="aurora-leb128")
+        i = one(rows, "tokens_per_dollar", model=model, system="ideal-singledc")
+        table.append((f"tokens/$ AuroraRL over Ideal-SingleDC, {model} (x)", paper, a / i))
+    print(compare(table))
+    for name, (price, source) in PRICES_PER_GPU_HOUR.items():
+        print(f"  price {name}: ${price:.3f}/GPU-h  ({source})")
+    print(f"rows: {root / NAME / 'rows.csv'}  figure: {root / NAME / (NAME + '.png')}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Fig. 12: end-to-end throughput gain of four parallel TCP streams over one, with sparse deltas
+in place (Qwen3-8B and Qwen3-14B, the paper's default US-Canada deployment)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.common import (
+    RESULTS,
+    Point,
+    bar_figure,
+    compare,
+    one,
+    parser,
+    run_points,
+    summary_measure,
+)
+from experiments.throughput import MODELS, deployment
+from sim.config import SimConfig, replace_strategy, strategy
+from sim.traces import load_traces
+
+NAME = "streaming"
+PAPER_GAIN_PCT = {
+    ("qwen3-8b", "gsm8k"): 8.2,
+    ("qwen3-8b", "deepscaler"): 11.7,
+    ("qwen3-14b", "gsm8k"): 12.4,
+    ("qwen3-14b", "deepscaler"): 16.3,
+}
+
+
+def points(full: bool = False, steps: int | None = None) -> list[Point]:
+    steps = steps or (60 if full else 12)
+    out = []
+    for model, workload in PAPER_GAIN_PCT:
+        for streams in (1, 4):
+            strat = replace_strategy(
+                strategy("aurora-leb128"), streams=streams, name=f"aurora-leb128-s{streams}"
+            )
+            cfg = SimConfig(
+                topology=deployment(model, *MODELS[model]),
+                traces=load_traces(),
+                strategy=strat,
+                steps=steps,
+                workload=workload,
+                record_trace=False,
+            )
+            out.append(
+                Point(
+                    key={"model": model, "workload": workload, "streams": streams, "steps": steps},
+                    config=cfg,
+                )
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    root = Path(args.out) if args.out else RESULTS
+    pts = points(args.full)
+    rows = run_points(NAME, pts, summary_measure, root=root)
+    rows = rows[rows["steps"] == pts[0].key["steps"]].copy()
+    rows["case"] = rows["model"] + " " + rows["workload"]
+    rows["S"] = rows["streams"].map(lambda s: f"S={s}")
+    bar_figure(
+        rows,
+        x="case",
+        hue="S",
+        value="tokens_per_s",
+        ylabel="throughput (tokens/s)",
+        title="Fig. 12: one vs four TCP streams",
+        path=root / NAME / f"{NAME}.png",
+    )
+    table = []
+    for (model, workload), paper in PAPER_GAIN_PCT.items():
+        four = one(rows, "tokens_per_s", model=model, workload=workload, streams=4)
+        single = one(rows, "tokens_per_s", model=model, workload=workload, streams=1)
+        table.append(
+            (f"4 streams over 1, {model} {workload} (%)", paper, 100 * (four / single - 1))
+        )
+    print(compare(table))
+    print(f"rows: {root / NAME / 'rows.csv'}  figure: {root / NAME / (NAME + '.png')}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
