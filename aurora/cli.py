@@ -135,6 +135,7 @@ def _sim(args: argparse.Namespace) -> int:
         f"{'expired':>7} {'sim h':>6}  output"
     )
     lines = []
+    results = []
     for cfg in configs:
         bar = tqdm(total=cfg.steps, desc=cfg.strategy.name, unit="step", leave=False)
         sim = Simulation(cfg, progress=lambda _step, bar=bar: bar.update(1))
@@ -147,16 +148,47 @@ def _sim(args: argparse.Namespace) -> int:
         out = write_result(
             result, cfg, f"{args.out}/{topology.name}-{cfg.strategy.name}-s{cfg.seed}"
         )
+        results.append((cfg.strategy.name, result))
         s = result.summary(warmup=min(2, cfg.steps - 1))
         lines.append(
             f"{cfg.strategy.name:<18} {s['step_time_s']:>11.1f} {s['tokens_per_s']:>10,.0f} "
             f"{s['wan_gb_per_step']:>11.3f} {s['expired_leases']:>7} "
             f"{s['sim_time_s'] / 3600:>6.2f}  {out}"
         )
+    figure = _sim_figure(results, f"{args.out}/{topology.name}.png")
     print(header)
     print("\n".join(lines))
+    print(f"figure: {figure}")
     print("(means over steps after the first two; rows per step in each output folder)")
     return 0
+
+
+def _sim_figure(results: list[tuple[str, object]], path: str) -> str:
+    """Tokens/s per step and cumulative WAN bytes, one line per strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for name, result in results:
+        rows = result.rows  # type: ignore[attr-defined]
+        steps = [r["step"] for r in rows]
+        a.plot(steps, [r["tokens_per_s"] for r in rows], marker=".", label=name)
+        wan, total = [], 0.0
+        for r in rows:
+            total += r["wan_bytes"] / 1e9
+            wan.append(total)
+        b.plot([r["time_s"] / 3600 for r in rows], wan, label=name)
+    a.set(xlabel="training step", ylabel="throughput (tokens/s)", title="throughput per step")
+    b.set(xlabel="simulated time (h)", ylabel="WAN traffic (GB, cumulative)", title="WAN bytes")
+    for ax in (a, b):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
 
 
 def _parse_fault(text: str, fault_cls: type) -> object:

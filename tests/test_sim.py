@@ -429,6 +429,7 @@ def test_aurora_sim_command_prints_a_table_and_writes_rows(tmp_path, capsys):
     assert "aurora " in out and "prime-full" in out
     import pandas as pd
 
+    assert (tmp_path / "us-canada.png").stat().st_size > 10_000
     rows = pd.read_csv(tmp_path / "us-canada-aurora-s0" / "steps.csv")
     assert list(rows["step"]) == [1, 2, 3]
     assert {"git_sha", "seed", "strategy", "tokens_per_s", "wan_bytes"} <= set(rows.columns)
