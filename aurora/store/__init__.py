@@ -1,4 +1,4 @@
-"""The Checkpoint Store: full snapshots plus the chain of delta checkpoints (aurora.store.checkpoint)."""
+"""The Checkpoint Store: full snapshots plus the delta chain (see aurora.store.checkpoint)."""
 
 from aurora.store.checkpoint import (
     CheckpointStore,
