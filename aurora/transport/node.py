@@ -1,0 +1,462 @@
+"""A data-plane node: source (Trainer), relay, or receiver (Actor) of delta checkpoints.
+
+Theory of operation
+-------------------
+Every node can *serve* (accept authenticated subscribers) and *subscribe* (to an upstream
+source, with a list of fallbacks). The Trainer only serves; a relay does both; an Actor only
+subscribes. A subscription is ``S`` TCP connections to the source, each authenticated
+(:mod:`aurora.transport.wire`), with socket buffers and congestion control set per socket.
+
+* **Striping.** A source sends each segment of ``D_v`` on the next live connection of each
+  subscriber, round-robin, so a stall on one stream delays only its segments.
+* **Verify, then forward.** A receiver checks every segment (its leaf hash; once the trailer is
+  in, the trailer's hash list and Merkle root) with :class:`aurora.delta.format.Reassembler`
+  before doing anything with it. A relay forwards each verified segment to its own subscribers
+  the moment it has it (cut-through), and caches it to serve catch-up and re-fetches.
+* **Nothing lost.** A receiver that makes no progress on an incomplete version for ``stall_s``
+  (a stream broke, a segment was refused as corrupt, the relay vanished) sends ``FETCH`` with the
+  segments it holds, and the source sends the rest; if every connection to the source is gone it
+  subscribes to the next source in its list (a peer relay, or the Trainer) and fetches there.
+* **Staging.** A complete version is verified whole (``Reassembler.result``) and then staged
+  only if its base is the receiver's active version or a version it has staged (same hash); a
+  delta on a foreign base is refused with the reason, never half-staged.
+* **Commit** travels the same tree after the data: a relay forwards ``COMMIT(v)`` only once it
+  holds ``D_v`` whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from aurora.delta.errors import DeltaError
+from aurora.delta.format import Delta, Reassembler, Segment
+from aurora.transport import wire
+from aurora.transport.wire import AuthError, ProtocolError
+
+log = logging.getLogger("aurora.transport")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransportConfig:
+    """Data-plane settings shared by every node of a job."""
+
+    secret: bytes
+    """The job's shared secret; every connection proves knowledge of it (HMAC-SHA256)."""
+    streams: int = 4
+    """Parallel TCP connections per subscription (S)."""
+    buffer_bytes: int = 8 << 20
+    """SO_SNDBUF / SO_RCVBUF asked for on every socket (bytes)."""
+    congestion: str | None = None
+    """TCP congestion control per socket (e.g. ``bbr``, ``cubic``); None keeps the default."""
+    stall_s: float = 0.5
+    """Seconds without progress on an incomplete version before re-fetching what is missing."""
+    connect_timeout_s: float = 5.0
+    """Seconds to connect and authenticate before trying the next source."""
+    ssl_server: ssl.SSLContext | None = None
+    """TLS for served connections (optional; authentication does not depend on it)."""
+    ssl_client: ssl.SSLContext | None = None
+    """TLS for outgoing connections."""
+
+    def __post_init__(self) -> None:
+        if len(self.secret) < 16:
+            raise ValueError("TransportConfig.secret must be at least 16 bytes")
+        if self.streams < 1:
+            raise ValueError(f"TransportConfig.streams must be >= 1, got {self.streams}")
+        if not self.stall_s > 0:
+            raise ValueError(f"TransportConfig.stall_s must be > 0, got {self.stall_s}")
+
+
+class _Stream:
+    """One connection's writer, fed through a queue so that senders never block each other."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.queue: asyncio.Queue[list[bytes] | None] = asyncio.Queue()
+        self.alive = True
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while (pieces := await self.queue.get()) is not None:
+                self.writer.writelines(pieces)
+                await self.writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.alive = False
+
+    def send(self, pieces: list[bytes]) -> None:
+        if self.alive:
+            self.queue.put_nowait(pieces)
+
+    def abort(self) -> None:
+        self.alive = False
+        self.writer.transport.abort()
+        self.task.cancel()
+
+
+@dataclass
+class _Subscriber:
+    id: str
+    streams: list[_Stream] = field(default_factory=list)
+    subscribed: bool = False
+    rr: int = 0
+
+    def live(self) -> list[_Stream]:
+        return [s for s in self.streams if s.alive]
+
+    def send_segment(self, version: int, seg: Segment) -> None:
+        live = self.live()
+        if live:
+            self.rr = (self.rr + 1) % len(live)
+            live[self.rr].send(wire.segment_frame(version, seg))
+
+    def send_control(self, msg: dict) -> None:
+        live = self.live()
+        if live:
+            live[0].send([wire.control(msg)])
+
+
+@dataclass
+class _Version:
+    reassembler: Reassembler
+    segments: dict[int, Segment] = field(default_factory=dict)
+    """Verified segments by seq (the trailer under its seq too)."""
+    delta: Delta | None = None
+    commit_pending: bool = False
+    progress: float = field(default_factory=time.monotonic)
+
+
+class Node:
+    """One participant of the data plane (see the module docstring)."""
+
+    def __init__(
+        self,
+        node_id: str,
+        config: TransportConfig,
+        *,
+        sources: Iterable[tuple[str, int]] = (),
+        active: tuple[int, str] | None = None,
+        on_staged: Callable[[Delta], None] | None = None,
+    ) -> None:
+        self.id = node_id
+        self.config = config
+        self.sources = list(sources)
+        self.active = active
+        """(version, weights hash) of the weights this node runs; None for a pure relay."""
+        self.on_staged = on_staged
+        self.versions: dict[int, _Version] = {}
+        self.staged: dict[int, Delta] = {}
+        self.refused: dict[int, str] = {}
+        self.committed: set[int] = set()
+        self.corrupt_segments = 0
+        self.subscribers: dict[str, _Subscriber] = {}
+        self._server: asyncio.base_events.Server | None = None
+        self._upstream: list[_Stream] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._source_index = -1
+        self._changed = asyncio.Event()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def serve(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Accept subscribers; returns the port."""
+        self._server = await asyncio.start_server(
+            self._handle, host, port, ssl=self.config.ssl_server, limit=wire.MAX_FRAME
+        )
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def subscribe(self) -> None:
+        """Subscribe to the first reachable source (then the next ones on failure)."""
+        if not self.sources:
+            raise ValueError(f"node {self.id}: no source to subscribe to")
+        await self._fall_back()
+        self._spawn(self._watchdog())
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        for s in self._upstream:
+            s.abort()
+        for sub in self.subscribers.values():
+            for s in sub.streams:
+                s.abort()
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+
+    def _spawn(self, coro) -> asyncio.Task:  # type: ignore[no-untyped-def]
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- source side -----------------------------------------------------------------------------
+
+    async def publish(self, version: int, segments: Iterable[Segment]) -> None:
+        """Publish ``D_version`` segment by segment as they are produced (cut-through)."""
+        for seg in segments:
+            self._accept(version, seg, trusted=True)
+            await asyncio.sleep(0)  # let the writers run while the producer works
+
+    async def commit(self, version: int) -> None:
+        """Send ``COMMIT(version)`` down the tree (after the data)."""
+        self.committed.add(version)
+        for sub in self.subscribers.values():
+            if sub.subscribed:
+                sub.send_control({"op": "commit", "version": version})
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        try:
+            hello = await asyncio.wait_for(
+                wire.server_handshake(reader, writer, secret=self.config.secret),
+                self.config.connect_timeout_s,
+            )
+        except (
+            AuthError,
+            ProtocolError,
+            asyncio.IncompleteReadError,
+            TimeoutError,
+            KeyError,
+            TypeError,
+            ValueError,
+        ) as exc:
+            reason = exc if str(exc) else type(exc).__name__
+            log.warning("%s: refused connection from %s: %s", self.id, peer, reason)
+            writer.transport.abort()
+            return
+        wire.tune_socket(
+            writer, buffer_bytes=self.config.buffer_bytes, congestion=self.config.congestion
+        )
+        sub = self.subscribers.setdefault(hello["id"], _Subscriber(hello["id"]))
+        stream = _Stream(writer)
+        sub.streams.append(stream)
+        try:
+            while True:
+                kind, body = await wire.read_frame(reader)
+                if kind != wire.CONTROL:
+                    raise ProtocolError(f"a subscriber may only send control frames, got {kind}")
+                self._on_request(sub, wire.parse_control(body))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            stream.abort()
+
+    def _on_request(self, sub: _Subscriber, msg: dict) -> None:
+        op = msg["op"]
+        if op == "subscribe":
+            sub.subscribed = True
+            for v in sorted(self.versions):
+                if v >= int(msg.get("from", 0)):
+                    self._send_missing(sub, v, ())
+                    if v in self.committed:
+                        sub.send_control({"op": "commit", "version": v})
+        elif op == "fetch":
+            self._send_missing(sub, int(msg["version"]), msg.get("have", ()))
+        else:
+            raise ProtocolError(f"unknown request {op!r}")
+
+    def _send_missing(self, sub: _Subscriber, version: int, have: Iterable[int]) -> None:
+        st = self.versions.get(version)
+        if st is None:
+            return
+        held = set(have)
+        for seq in sorted(st.segments):
+            if seq not in held:
+                sub.send_segment(version, st.segments[seq])
+
+    # -- receiver side ---------------------------------------------------------------------------
+
+    async def _fall_back(self) -> None:
+        """Connect to the next source that answers, subscribe, and fetch what is missing."""
+        for s in self._upstream:
+            s.abort()
+        self._upstream = []
+        errors = []
+        for _ in range(len(self.sources)):
+            self._source_index = (self._source_index + 1) % len(self.sources)
+            host, port = self.sources[self._source_index]
+            try:
+                streams = await asyncio.wait_for(
+                    self._connect(host, port), self.config.connect_timeout_s
+                )
+            except AuthError:
+                raise
+            except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
+                errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+                continue
+            self._upstream = streams
+            log.info("%s: subscribed to %s:%d with %d streams", self.id, host, port, len(streams))
+            incomplete = [v for v, st in self.versions.items() if st.delta is None]
+            start = self.active[0] + 1 if self.active is not None else 0
+            first = min(incomplete) if incomplete else max([start, *(v + 1 for v in self.versions)])
+            streams[0].send([wire.control({"op": "subscribe", "from": first})])
+            for v, st in self.versions.items():
+                if st.delta is None:
+                    streams[0].send(
+                        [wire.control({"op": "fetch", "version": v, "have": sorted(st.segments)})]
+                    )
+            return
+        raise ConnectionError(f"node {self.id}: no source reachable ({'; '.join(errors)})")
+
+    async def _connect(self, host: str, port: int) -> list[_Stream]:
+        streams = []
+        for i in range(self.config.streams):
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=self.config.ssl_client, limit=wire.MAX_FRAME
+            )
+            try:
+                await wire.client_handshake(
+                    reader,
+                    writer,
+                    secret=self.config.secret,
+                    hello={"id": self.id, "stream": i, "streams": self.config.streams},
+                )
+            except BaseException:
+                writer.transport.abort()
+                for s in streams:
+                    s.abort()
+                raise
+            wire.tune_socket(
+                writer, buffer_bytes=self.config.buffer_bytes, congestion=self.config.congestion
+            )
+            stream = _Stream(writer)
+            streams.append(stream)
+            self._spawn(self._read_upstream(reader, stream))
+        return streams
+
+    async def _read_upstream(self, reader: asyncio.StreamReader, stream: _Stream) -> None:
+        try:
+            while True:
+                kind, body = await wire.read_frame(reader)
+                if kind == wire.SEGMENT:
+                    version, seg = wire.parse_segment(body)
+                    self._accept(version, seg, trusted=False)
+                elif kind == wire.CONTROL:
+                    msg = wire.parse_control(body)
+                    if msg["op"] == "commit":
+                        self._on_commit(int(msg["version"]))
+                else:
+                    raise ProtocolError(f"unexpected frame type {kind} from the source")
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            log.info("%s: upstream stream closed (%s)", self.id, type(exc).__name__)
+        finally:
+            stream.alive = False
+
+    def _accept(self, version: int, seg: Segment, *, trusted: bool) -> None:
+        st = self.versions.get(version)
+        if st is None:
+            st = self.versions[version] = _Version(Reassembler(key=seg.key))
+        if st.delta is not None or seg.seq in st.segments:
+            return  # complete already, or a duplicate
+        try:
+            complete = st.reassembler.add(seg)
+        except DeltaError as exc:
+            # Refused before anyone sees it; the watchdog fetches it again.
+            self.corrupt_segments += 1
+            log.warning("%s: refused segment %d of v%d: %s", self.id, seg.seq, version, exc)
+            st.segments = {
+                s: x for s, x in st.segments.items() if s not in st.reassembler.missing()
+            }
+            return
+        st.segments[seg.seq] = seg
+        st.progress = time.monotonic()
+        for sub in self.subscribers.values():
+            if sub.subscribed:
+                sub.send_segment(version, seg)  # cut-through: forward the moment it is verified
+        if complete:
+            self._complete(version, st, trusted)
+
+    def _complete(self, version: int, st: _Version, trusted: bool) -> None:
+        try:
+            delta = st.reassembler.result()
+        except DeltaError as exc:
+            self.refused[version] = f"D_{version} does not verify: {exc}"
+            log.warning("%s: %s", self.id, self.refused[version])
+            return
+        if delta.version != version:
+            self.refused[version] = f"announced as v{version} but the file says v{delta.version}"
+            return
+        st.delta = delta
+        if st.commit_pending:
+            self._on_commit(version)
+        if self.active is not None and not trusted:
+            known = {self.active[0]: self.active[1]} | {
+                d.version: d.weights_hash for d in self.staged.values()
+            }
+            if known.get(delta.base) != delta.base_hash:
+                self.refused[version] = (
+                    f"D_{version} is based on v{delta.base} (h={delta.base_hash[:12]}..), which "
+                    f"this node does not hold (active v{self.active[0]}); not staged"
+                )
+                log.warning("%s: %s", self.id, self.refused[version])
+                self._changed.set()
+                return
+            self.staged[version] = delta
+            if self.on_staged is not None:
+                self.on_staged(delta)
+        self._changed.set()
+
+    def _on_commit(self, version: int) -> None:
+        st = self.versions.get(version)
+        if st is None or st.delta is None:
+            if st is not None:
+                st.commit_pending = True
+            else:
+                self.versions[version] = _Version(Reassembler())
+                self.versions[version].commit_pending = True
+            return
+        self.committed.add(version)
+        for sub in self.subscribers.values():
+            if sub.subscribed:
+                sub.send_control({"op": "commit", "version": version})
+        self._changed.set()
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.stall_s / 2)
+            now = time.monotonic()
+            stalled = [
+                v
+                for v, st in self.versions.items()
+                if st.delta is None
+                and now - st.progress > self.config.stall_s
+                and v not in self.refused
+            ]
+            if not stalled:
+                continue
+            live = [s for s in self._upstream if s.alive]
+            if not live:
+                log.warning("%s: lost every stream to its source; falling back", self.id)
+                try:
+                    await self._fall_back()
+                except ConnectionError as exc:
+                    log.warning("%s: %s", self.id, exc)
+                continue
+            for v in stalled:
+                st = self.versions[v]
+                st.progress = now
+                live[0].send(
+                    [wire.control({"op": "fetch", "version": v, "have": sorted(st.segments)})]
+                )
+
+    # -- waiting (tests, runtime) -------------------------------------------------------------
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float) -> None:
+        """Wait until ``predicate()`` holds (checked whenever a version completes)."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"node {self.id}: condition not met within {timeout} s")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(left, 0.1))

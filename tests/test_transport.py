@@ -1,0 +1,254 @@
+"""The data plane on loopback: striping, relays, broken streams, lost relays, corruption, wrong
+bases, wrong secrets. Every Actor ends with a verified delta or a clear refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+import pytest
+
+from aurora.delta.format import DeltaEncoder, Segment, apply_delta, weights_hash
+from aurora.transport import Node, TransportConfig, wire
+from aurora.transport.wire import AuthError
+
+SECRET = b"job-secret-0123456789abcdef"
+CFG = TransportConfig(secret=SECRET, streams=3, stall_s=0.2)
+
+
+def _step(seed: int = 0, version: int = 1):
+    """v0 weights, v1 weights and D_1 as segments (about 40 of 4 KiB)."""
+    rng = np.random.default_rng(seed)
+    old = {
+        "model.layers.0.mlp.down_proj.weight": rng.integers(0, 2**16, (256, 512), dtype=np.uint16)
+    }
+    new = {k: v.copy() for k, v in old.items()}
+    flat = new["model.layers.0.mlp.down_proj.weight"].reshape(-1)
+    flat[rng.choice(flat.size, 40_000, replace=False)] ^= 0x0001
+    h0 = weights_hash(old)
+    enc = DeltaEncoder(old, new, model="toy", version=version, base_hash=h0, segment_size=4096)
+    segments = list(enc.segments())
+    return old, new, h0, segments
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+async def _tree(n_actors: int, *, relay: bool = True, h0: str, cfg: TransportConfig = CFG):
+    trainer = Node("trainer", cfg)
+    tport = await trainer.serve()
+    nodes = [trainer]
+    sources = [("127.0.0.1", tport)]
+    r = None
+    if relay:
+        r = Node("relay-ca", cfg, sources=sources)
+        rport = await r.serve()
+        await r.subscribe()
+        nodes.append(r)
+        sources = [("127.0.0.1", rport), ("127.0.0.1", tport)]
+    actors = []
+    for i in range(n_actors):
+        a = Node(f"ca-{i}", cfg, sources=sources, active=(0, h0))
+        await a.subscribe()
+        actors.append(a)
+    nodes += actors
+    await asyncio.sleep(0.05)  # subscriptions registered
+    return trainer, r, actors, nodes
+
+
+def test_a_delta_reaches_every_actor_through_a_relay_and_applies_bit_exactly():
+    old, new, h0, segments = _step()
+
+    async def main():
+        trainer, relay, actors, nodes = await _tree(4, h0=h0)
+        await trainer.publish(1, segments)
+        await trainer.commit(1)
+        for a in actors:
+            await a.wait_for(lambda a=a: 1 in a.staged and 1 in a.committed, 10)
+        sent_by_trainer = {sub: len(s.streams) for sub, s in trainer.subscribers.items()}
+        for n in nodes:
+            await n.close()
+        return actors, sent_by_trainer
+
+    actors, subs = run(main())
+    assert set(subs) == {"relay-ca"}  # the Trainer sends each byte once, to the relay
+    for a in actors:
+        state = {k: v.copy() for k, v in old.items()}
+        apply_delta(a.staged[1], state, active_version=0, active_hash=h0)
+        assert weights_hash(state) == weights_hash(new)
+
+
+def test_a_stream_killed_mid_transfer_is_recovered_by_fetching_the_rest():
+    _, _, h0, segments = _step()
+
+    async def main():
+        trainer, _, (actor,), nodes = await _tree(1, relay=False, h0=h0)
+        await trainer.publish(1, segments[:10])
+        await actor.wait_for(lambda: len(actor.versions.get(1).segments) >= 5, 5)
+        actor._upstream[1].abort()  # one of the S connections dies
+        await trainer.publish(1, segments[10:])
+        await actor.wait_for(lambda: 1 in actor.staged, 10)
+        for n in nodes:
+            await n.close()
+        return actor
+
+    actor = run(main())
+    assert actor.staged[1].version == 1 and not actor.refused
+
+
+def test_actors_fall_back_to_the_trainer_when_their_relay_dies_mid_transfer():
+    _, _, h0, segments = _step()
+
+    async def main():
+        trainer, relay, actors, nodes = await _tree(3, h0=h0)
+        await trainer.publish(1, segments[:15])
+        await actors[0].wait_for(lambda: 1 in actors[0].versions, 5)
+        await relay.close()  # the relay vanishes with the delta half forwarded
+        await trainer.publish(1, segments[15:])
+        for a in actors:
+            await a.wait_for(lambda a=a: 1 in a.staged, 10)
+        for n in nodes:
+            await n.close()
+        return trainer, actors
+
+    trainer, actors = run(main())
+    assert all(1 in a.staged for a in actors)
+    assert {"ca-0", "ca-1", "ca-2"} <= set(trainer.subscribers)  # they came to the Trainer
+
+
+def test_a_corrupted_segment_is_refused_and_fetched_again():
+    _, _, h0, segments = _step()
+
+    async def main():
+        trainer, relay, (actor,), nodes = await _tree(1, h0=h0)
+        sub = relay.subscribers["ca-0"]
+        real = sub.send_segment
+        flipped = []
+
+        def corrupting(version, seg):  # the relay flips a byte the first time it forwards seq 7
+            if seg.seq == 7 and not flipped:
+                flipped.append(seg.seq)
+                bad = bytearray(seg.data)
+                bad[100] ^= 0xFF
+                seg = Segment(seg.key, seg.seq, seg.offset, bytes(bad), seg.checksum)
+            real(version, seg)
+
+        sub.send_segment = corrupting
+        await trainer.publish(1, segments)
+        await actor.wait_for(lambda: 1 in actor.staged, 10)
+        for n in nodes:
+            await n.close()
+        return actor, flipped
+
+    actor, flipped = run(main())
+    assert flipped == [7]
+    assert actor.corrupt_segments == 1  # refused on arrival ...
+    assert 1 in actor.staged and not actor.refused  # ... fetched again, verified whole
+
+
+def test_a_delta_on_the_wrong_base_is_refused_with_the_reason_and_not_staged():
+    _, _, _, segments = _step()
+
+    async def main():
+        trainer, _, (actor,), nodes = await _tree(1, relay=False, h0="0" * 32)
+        await trainer.publish(1, segments)
+        await actor.wait_for(lambda: 1 in actor.refused, 10)
+        for n in nodes:
+            await n.close()
+        return actor
+
+    actor = run(main())
+    assert 1 not in actor.staged
+    assert "based on v0" in actor.refused[1] and "not staged" in actor.refused[1]
+
+
+def test_a_peer_with_the_wrong_secret_is_disconnected_and_gets_nothing(caplog):
+    _, _, h0, segments = _step()
+
+    async def main():
+        trainer = Node("trainer", CFG)
+        port = await trainer.serve()
+        await trainer.publish(1, segments)
+        intruder = Node(
+            "intruder",
+            TransportConfig(secret=b"not-the-secret-xxxxxx"),
+            sources=[("127.0.0.1", port)],
+            active=(0, h0),
+        )
+        with pytest.raises(AuthError, match="does not know the job's secret"):
+            await intruder.subscribe()
+        # A client that skips the server check and sends a forged proof is refused too.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            wire.frame(
+                wire.HELLO, __import__("msgpack").packb({"id": "forger", "nonce": b"x" * 32})
+            )
+        )
+        await writer.drain()
+        await wire.read_frame(reader)
+        writer.write(wire.frame(wire.AUTH, b"\0" * 32))
+        await writer.drain()
+        with pytest.raises(asyncio.IncompleteReadError):
+            await wire.read_frame(reader)
+        writer.close()
+        await asyncio.sleep(0.05)
+        await trainer.close()
+        await intruder.close()
+        return trainer, intruder
+
+    with caplog.at_level(logging.WARNING, logger="aurora.transport"):
+        trainer, intruder = run(main())
+    assert "forger" not in trainer.subscribers and "intruder" not in trainer.subscribers
+    assert not intruder.versions
+    assert "peer 'forger' failed authentication (wrong secret)" in caplog.text
+
+
+def test_a_late_subscriber_gets_the_cached_chain_from_its_relay():
+    _, _, h0, segments = _step()
+
+    async def main():
+        trainer, relay, _, nodes = await _tree(0, h0=h0)
+        await trainer.publish(1, segments)
+        await trainer.commit(1)
+        await relay.wait_for(lambda: 1 in relay.committed, 10)
+        late = Node(
+            "ca-late",
+            CFG,
+            sources=[("127.0.0.1", relay._server.sockets[0].getsockname()[1])],
+            active=(0, h0),
+        )
+        await late.subscribe()
+        await late.wait_for(lambda: 1 in late.staged and 1 in late.committed, 10)
+        for n in nodes + [late]:
+            await n.close()
+        return late
+
+    assert 1 in run(main()).staged
+
+
+def test_a_segment_lost_in_flight_is_fetched_again_after_the_stall_time():
+    _, _, h0, segments = _step()
+
+    async def main():
+        trainer, _, (actor,), nodes = await _tree(1, relay=False, h0=h0)
+        sub = trainer.subscribers["ca-0"]
+        real = sub.send_segment
+        dropped = []
+
+        def lossy(version, seg):  # the first copy of seq 3 never arrives (a stream broke)
+            if seg.seq == 3 and not dropped:
+                dropped.append(seg.seq)
+                return
+            real(version, seg)
+
+        sub.send_segment = lossy
+        await trainer.publish(1, segments)
+        await actor.wait_for(lambda: 1 in actor.staged, 10)
+        for n in nodes:
+            await n.close()
+        return actor, dropped
+
+    actor, dropped = run(main())
+    assert dropped == [3] and 1 in actor.staged
