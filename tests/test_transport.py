@@ -252,3 +252,51 @@ def test_a_segment_lost_in_flight_is_fetched_again_after_the_stall_time():
 
     actor, dropped = run(main())
     assert dropped == [3] and 1 in actor.staged
+
+
+def test_the_data_plane_runs_over_tls_when_configured(tmp_path):
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a self-signed certificate")
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(cafile=str(cert))
+    client.check_hostname = False
+    cfg = TransportConfig(secret=SECRET, streams=2, ssl_server=server, ssl_client=client)
+    _, _, h0, segments = _step()
+
+    async def main():
+        trainer, _, (actor,), nodes = await _tree(1, relay=False, h0=h0, cfg=cfg)
+        await trainer.publish(1, segments)
+        await actor.wait_for(lambda: 1 in actor.staged, 10)
+        tls = actor._upstream[0].writer.get_extra_info("ssl_object")
+        for n in nodes:
+            await n.close()
+        return actor, tls
+
+    actor, tls = run(main())
+    assert 1 in actor.staged and tls is not None and tls.version().startswith("TLS")
