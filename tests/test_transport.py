@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -181,11 +182,7 @@ def test_a_peer_with_the_wrong_secret_is_disconnected_and_gets_nothing(caplog):
             await intruder.subscribe()
         # A client that skips the server check and sends a forged proof is refused too.
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(
-            wire.frame(
-                wire.HELLO, __import__("msgpack").packb({"id": "forger", "nonce": b"x" * 32})
-            )
-        )
+        writer.write(wire.frame(wire.HELLO, msgpack.packb({"id": "forger", "nonce": b"x" * 32})))
         await writer.drain()
         await wire.read_frame(reader)
         writer.write(wire.frame(wire.AUTH, b"\0" * 32))
