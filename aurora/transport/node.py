@@ -141,6 +141,8 @@ class _Version:
     delta: Delta | None = None
     commit_pending: bool = False
     progress: float = field(default_factory=time.monotonic)
+    received_at: float | None = None
+    """When the last segment arrived verified (monotonic s), before the whole-file parse."""
 
 
 class Node:
@@ -388,6 +390,7 @@ class Node:
             if sub.subscribed:
                 sub.send_segment(version, seg)  # cut-through: forward the moment it is verified
         if complete:
+            st.received_at = time.monotonic()
             self._complete(version, st, trusted)
 
     def _complete(self, version: int, st: _Version, trusted: bool) -> None:
