@@ -58,7 +58,40 @@ async def receive(host: str, port: int, mb: float, streams: int) -> None:
     await node.close()
 
 
+async def relay(host: str, port: int, streams: int, listen: int, n: int) -> None:
+    node = Node("relay", TransportConfig(secret=SECRET, streams=streams), sources=[(host, port)])
+    await node.serve("0.0.0.0", listen)
+    print("ready", flush=True)
+    while sum(1 for s in node.subscribers.values() if s.subscribed) < n:
+        await asyncio.sleep(0.01)
+    print(json.dumps({"start_wall": time.time()}), flush=True)
+    await node.subscribe()
+    await asyncio.sleep(3600)
+
+
+async def receive_wall(host: str, port: int, mb: float, streams: int, name: str) -> None:
+    segs, h0 = segments(mb)
+    node = Node(
+        name,
+        TransportConfig(secret=SECRET, streams=streams),
+        sources=[(host, port)],
+        active=(0, h0),
+    )
+    await node.subscribe()
+    await node.wait_for(lambda: 1 in node.staged, 600)
+    print(json.dumps({"staged_wall": time.time()}), flush=True)
+    await node.close()
+
+
 if __name__ == "__main__":
     role, host, port, mb, streams = sys.argv[1:6]
-    fn = serve if role == "serve" else receive
-    asyncio.run(fn(host, int(port), float(mb), int(streams)))
+    if role == "serve":
+        asyncio.run(serve(host, int(port), float(mb), int(streams)))
+    elif role == "receive":
+        asyncio.run(receive(host, int(port), float(mb), int(streams)))
+    elif role == "relay":
+        asyncio.run(relay(host, int(port), int(streams), int(sys.argv[6]), int(sys.argv[7])))
+    elif role == "receive-wall":
+        asyncio.run(receive_wall(host, int(port), float(mb), int(streams), sys.argv[6]))
+    else:
+        raise SystemExit(f"unknown role {role!r}")

@@ -86,3 +86,81 @@ def test_goodput_over_an_htb_bottleneck(namespaces_usable, benchmark, rate_mbit,
             f"{staged:.0%} to staged (target S=4 >= 90%)"
         )
     assert all(r["bytes"] > 0 for r in results.values())
+
+
+@pytest.mark.benchmark(group="netns")
+def test_fanout_through_a_relay_crosses_the_bottleneck_once(namespaces_usable, benchmark):
+    """Trainer -> relay -> 4 Actors, the relay and Actors behind a 100 Mbit/s bottleneck."""
+    mb, streams, actors = 25, 4, 4
+    out = {}
+    with EmulatedLink(rate_mbit=100) as link:
+
+        def run() -> None:
+            out["single"] = transfer(link, mb, streams)["staged_s"]
+            trainer = link.popen(
+                link.sender,
+                [sys.executable, PEER, "serve", link.sender_ip, "7000", str(mb), str(streams)],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
+            procs = [trainer]
+            try:
+                assert trainer.stdout.readline().strip() == "ready"
+                relay = link.popen(
+                    link.receiver,
+                    [
+                        sys.executable,
+                        PEER,
+                        "relay",
+                        link.sender_ip,
+                        "7000",
+                        str(mb),
+                        str(streams),
+                        "7001",
+                        str(actors),
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    cwd=ROOT,
+                )
+                procs.append(relay)
+                assert relay.stdout.readline().strip() == "ready"
+                before = link.bottleneck_bytes()
+                receivers = [
+                    link.popen(
+                        link.receiver,
+                        [
+                            sys.executable,
+                            PEER,
+                            "receive-wall",
+                            link.receiver_ip,
+                            "7001",
+                            str(mb),
+                            str(streams),
+                            f"actor-{i}",
+                        ],
+                        stdout=subprocess.PIPE,
+                        text=True,
+                        cwd=ROOT,
+                    )
+                    for i in range(actors)
+                ]
+                procs += receivers
+                start = json.loads(relay.stdout.readline())["start_wall"]
+                ends = [json.loads(r.stdout.readline())["staged_wall"] for r in receivers]
+                out["fanout"] = max(ends) - start
+                out["wan_bytes"] = link.bottleneck_bytes() - before
+            finally:
+                for p in procs:
+                    p.kill()
+                    p.wait()
+
+        benchmark.pedantic(run, rounds=1, iterations=1)
+    size = mb * 1e6
+    print(
+        f"\nfanout to {actors} Actors: {out['fanout']:.2f} s vs one direct transfer "
+        f"{out['single']:.2f} s ({out['fanout'] / out['single']:.2f} x, target <= 1.15); "
+        f"bottleneck carried {out['wan_bytes'] / size:.2f} x the delta (target: once)"
+    )
+    assert out["wan_bytes"] < 1.5 * size  # each byte crosses the bottleneck once, plus headers

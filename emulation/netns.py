@@ -167,6 +167,15 @@ class EmulatedLink:
         for ns in (self.sender, self.router, self.receiver):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
+    def bottleneck_bytes(self) -> int:
+        """Bytes sent so far through the router's rate-limited class (the emulated WAN)."""
+        out = _run(["tc", "-s", "-n", self.router, "class", "show", "dev", f"{self.prefix}rc"])
+        for line in out.splitlines():
+            line = line.strip()
+            if line.startswith("Sent "):
+                return int(line.split()[1])
+        raise EmulationUnavailable(f"no byte counter in `tc -s class show`: {out!r}")
+
     def popen(self, ns: str, argv: Sequence[str], **kw: object) -> subprocess.Popen:
         """Start ``argv`` inside namespace ``ns``."""
         return subprocess.Popen(["ip", "netns", "exec", ns, *argv], **kw)  # type: ignore[call-overload]
