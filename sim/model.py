@@ -271,6 +271,8 @@ class Simulation:
         self._requesting = 0
         self._on_hold: Callable[[str], None] | None = None
         self._train_after_extract = False
+        self._outgoing: dict[str, dict[int, Transfer]] = {}
+        """Transfers each node is sending, so that losing the node stops them."""
         self._extract_until = 0.0
         self._extract_rate = math.inf
 
@@ -793,6 +795,7 @@ class Simulation:
                     t, s, c, u
                 ),
             )
+            self._outgoing.setdefault(src, {})[id(transfer)] = transfer
             for m in members:
                 m.inbound[v] = transfer
                 for fn in m.starters.pop(v, []):
@@ -809,6 +812,7 @@ class Simulation:
         self._arrived(transfer, start)
 
     def _arrived(self, transfer: Transfer, start: float) -> None:
+        self._outgoing.get(transfer.src, {}).pop(id(transfer), None)
         v = transfer.version
         if transfer.members:
             src = transfer.src
@@ -872,9 +876,8 @@ class Simulation:
         node.inbound.clear()
         node.waiters.clear()
         node.starters.clear()
-        for flow in list(self.net.flows):
-            if flow.label.split(" ")[1].startswith(f"{node.id}->"):
-                self.net.cancel(flow)
+        for transfer in self._outgoing.pop(node.id, {}).values():
+            self.net.cancel(transfer.flow)  # FallBack re-routes its receivers
 
     # ------------------------------------------------------------------------------------
     # Actors
@@ -902,7 +905,7 @@ class Simulation:
         else:
             # A returning machine: fresh, with nothing loaded.
             actor.live, actor.busy, actor.epoch = True, False, actor.epoch + 1
-            actor.held, actor.inbound, actor.waiters = set(), {}, {}
+            actor.held, actor.inbound, actor.waiters, actor.starters = set(), {}, {}, {}
             actor.queue.clear()
             actor.pending_commit, actor.plan, actor.pulling = None, None, set()
         actor.active = active
