@@ -143,6 +143,8 @@ class ActorSim(Node):
     """Versions (deltas, or a snapshot) being pulled from the Checkpoint Store; a revised
     catch-up plan (the target moved on) does not pull them again."""
     source: str = TRAINER
+    draining: bool = False
+    """Under a preemption notice: leaving at its deadline."""
 
 
 @dataclass
@@ -837,11 +839,15 @@ class Simulation:
     def _staged(self, actor: ActorSim, v: int) -> None:
         if actor.active is not None and v > actor.active:
             self.feed(DeltaStaged(actor=actor.id, version=v))
-            if actor.id in self._waiting:
-                self._waiting.discard(actor.id)
-                if not self._waiting:
-                    self._try_request()
+            self._no_longer_waited_for(actor)
         self._kick(actor)
+
+    def _no_longer_waited_for(self, actor: ActorSim) -> None:
+        """``actor`` staged, activated or caught up: a batch waiting for it may start now."""
+        if actor.id in self._waiting:
+            self._waiting.discard(actor.id)
+            if not self._waiting:
+                self._try_request()
 
     def _fall_back(self, action: FallBack) -> None:
         actor = self.actors[action.actor]
@@ -905,6 +911,7 @@ class Simulation:
         else:
             # A returning machine: fresh, with nothing loaded.
             actor.live, actor.busy, actor.epoch = True, False, actor.epoch + 1
+            actor.draining = False
             actor.held, actor.inbound, actor.waiters, actor.starters = set(), {}, {}, {}
             actor.queue.clear()
             actor.pending_commit, actor.plan, actor.pulling = None, None, set()
@@ -981,6 +988,7 @@ class Simulation:
             self._span("actor", actor.id, "apply", v, start)
             self._log(actor.id, f"activate v{v}")
             self.feed(VersionActivated(actor=actor.id, version=v))
+            self._no_longer_waited_for(actor)
             self._kick(actor)
 
         # RDMA (Ideal-SingleDC) writes the broadcast straight into the engine's GPU memory.
@@ -1053,6 +1061,7 @@ class Simulation:
             for v in sorted(x for x in actor.held if x > plan.target):
                 if actor.live and actor.epoch == epoch:
                     self.feed(DeltaStaged(actor=actor.id, version=v))
+            self._no_longer_waited_for(actor)
             self._kick(actor)
 
         self._later(seconds, done)
@@ -1105,7 +1114,8 @@ class Simulation:
                 self._lose(actor, graceful=f.kind == "leave")
         elif f.kind == "preempt_notice":
             actor = self._live_actor(f)
-            if actor is not None:
+            if actor is not None and not actor.draining:  # one notice per machine
+                actor.draining = True
                 self.feed(PreemptionNotice(actor=actor.id, deadline=self.env.now + f.notice_s))
                 epoch = actor.epoch
                 self._later(
@@ -1145,7 +1155,7 @@ class Simulation:
         actor.queue.clear()
         actor.plan, actor.pulling, actor.pending_commit = None, set(), None
         self._drop_node(actor)
-        self._waiting.discard(actor.id)
+        self._waiting.discard(actor.id)  # (_try_request below re-evaluates the wait)
         self._log(actor.id, "left" if graceful else "lost")
         self.feed(ActorLeft(actor=actor.id) if graceful else ActorLost(actor=actor.id))
         if self._ready_since is not None:
