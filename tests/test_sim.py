@@ -460,9 +460,7 @@ _KINDS = ["preempt", "preempt_notice", "leave", "join", "relay_fail", "trainer_c
     ),
     seed=st.integers(0, 3),
 )
-def test_random_fault_schedules_finish_and_never_lose_a_prompt(
-    strategy_name, faults, seed
-):
+def test_random_fault_schedules_finish_and_never_lose_a_prompt(strategy_name, faults, seed):
     schedule = []
     for i, (kind, who, at) in enumerate(faults):
         target = "" if kind == "trainer_crash" else f"ca-a100-{who}"
