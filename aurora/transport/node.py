@@ -82,6 +82,10 @@ def run(main):  # type: ignore[no-untyped-def]
     return uvloop.run(main)
 
 
+_MID_FRAME_LIMIT_STALLS = 60
+"""A frame arriving for longer than this many ``stall_s`` counts as stuck (30 s by default)."""
+
+
 class _Stream:
     """One connection's writer, fed through a queue so that senders never block each other."""
 
@@ -89,6 +93,8 @@ class _Stream:
         self.writer = writer
         self.queue: asyncio.Queue[list[bytes] | None] = asyncio.Queue()
         self.alive = True
+        self.frame_since: float | None = None
+        """When the frame now arriving on this (upstream) connection began (monotonic s)."""
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
@@ -351,9 +357,13 @@ class Node:
         return streams
 
     async def _read_upstream(self, reader: asyncio.StreamReader, stream: _Stream) -> None:
+        def started() -> None:
+            stream.frame_since = time.monotonic()
+
         try:
             while True:
-                kind, body = await wire.read_frame(reader)
+                kind, body = await wire.read_frame(reader, on_head=started)
+                stream.frame_since = None
                 if kind == wire.SEGMENT:
                     version, seg = wire.parse_segment(body)
                     self._accept(version, seg, trusted=False)
@@ -452,6 +462,14 @@ class Node:
             if not stalled:
                 continue
             live = [s for s in self._upstream if s.alive]
+            if any(
+                s.frame_since is not None
+                and now - s.frame_since < _MID_FRAME_LIMIT_STALLS * self.config.stall_s
+                for s in live
+            ):
+                # A segment is still arriving: slow streams (many of them sharing a thin link)
+                # are not stalled, and fetching now would send in-flight segments twice.
+                continue
             if not live:
                 log.warning("%s: lost every stream to its source; falling back", self.id)
                 try:

@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -59,11 +60,16 @@ def tune_socket(writer: asyncio.StreamWriter, *, buffer_bytes: int, congestion: 
     return granted
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+async def read_frame(
+    reader: asyncio.StreamReader, on_head: Callable[[], None] | None = None
+) -> tuple[int, bytes]:
+    """Read one frame; ``on_head`` runs once its header is in and its body is on the way."""
     head = await reader.readexactly(_HEAD.size)
     length, kind = _HEAD.unpack(head)
     if length > MAX_FRAME:
         raise ProtocolError(f"frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
+    if on_head is not None:
+        on_head()
     return kind, await reader.readexactly(length)
 
 
