@@ -297,3 +297,38 @@ def test_the_data_plane_runs_over_tls_when_configured(tmp_path):
 
     actor, tls = run(main())
     assert 1 in actor.staged and tls is not None and tls.version().startswith("TLS")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_stream_and_relay_failures_still_end_with_every_actor_staged(seed):
+    """Streams of random Actors die at random points, and maybe the relay too: every Actor
+    still ends with the verified delta (fetched again, or from the Trainer)."""
+    rng = np.random.default_rng(seed)
+    _, _, h0, segments = _step(seed)
+    kill_relay_at = int(rng.integers(5, len(segments))) if rng.random() < 0.5 else None
+    kills = sorted(
+        (int(rng.integers(1, len(segments))), int(rng.integers(0, 3)), int(rng.integers(0, 3)))
+        for _ in range(3)
+    )
+
+    async def main():
+        trainer, relay, actors, nodes = await _tree(3, h0=h0)
+        pending = list(kills)
+        for i, seg in enumerate(segments):
+            await trainer.publish(1, [seg])
+            await asyncio.sleep(0.002)
+            while pending and pending[0][0] == i:
+                _, who, stream = pending.pop(0)
+                live = [s for s in actors[who]._upstream if s.alive]
+                if live:
+                    live[stream % len(live)].abort()
+            if kill_relay_at == i:
+                await relay.close()
+        for a in actors:
+            await a.wait_for(lambda a=a: 1 in a.staged, 15)
+        for n in nodes:
+            await n.close()
+        return actors
+
+    actors = run(main())
+    assert all(1 in a.staged and not a.refused for a in actors)
