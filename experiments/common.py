@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from sim.config import SimConfig
-from sim.output import config_columns, git_sha
+from sim.output import provenance
 
 RESULTS = Path(os.environ.get("AURORA_RESULTS", "results"))
 """Root of all result folders (``AURORA_RESULTS`` overrides it, e.g. for tests)."""
@@ -53,28 +53,32 @@ def run_points(
     *,
     root: Path | None = None,
 ) -> pd.DataFrame:
-    """Run the points missing from ``<root>/<name>/rows.csv``; return every row."""
+    """Run the points missing from ``<root>/<name>/rows.csv``; return the rows of ``points``
+    (the file keeps every row ever computed, e.g. other budgets)."""
     out = (root or RESULTS) / name
     out.mkdir(parents=True, exist_ok=True)
     path = out / "rows.csv"
     old = pd.read_csv(path) if path.exists() else pd.DataFrame()
-    done = set()
-    if not old.empty:
-        keys = list(points[0].key) if points else []
-        if all(k in old.columns for k in keys):
-            done = {tuple(str(v) for v in row) for row in old[keys].itertuples(index=False)}
-    todo = [p for p in points if tuple(str(v) for v in p.key.values()) not in done]
-    sha = git_sha()
+    keys = list(points[0].key) if points else []
+
+    def key_of(values: Iterable[Any]) -> tuple[str, ...]:
+        return tuple(str(v) for v in values)
+
+    done: set[tuple[str, ...]] = set()
+    if not old.empty and all(k in old.columns for k in keys):
+        done = {key_of(row) for row in old[keys].itertuples(index=False)}
+    todo = [p for p in points if key_of(p.key.values()) not in done]
     new = []
     for point in tqdm(todo, desc=name, unit="run", leave=False):
-        metrics = measure(point.config)
-        new.append(point.key | metrics | config_columns(point.config) | {"git_sha": sha})
+        new.append(point.key | measure(point.config) | provenance(point.config))
     rows = pd.concat([old, pd.DataFrame(new)], ignore_index=True) if new else old
     if new:
         tmp = path.with_suffix(".csv.tmp")
         rows.to_csv(tmp, index=False)
         os.replace(tmp, path)
-    return rows
+    wanted = {key_of(p.key.values()) for p in points}
+    mine = [key_of(row) in wanted for row in rows[keys].itertuples(index=False)]
+    return rows[mine].reset_index(drop=True)
 
 
 def compare(rows: Sequence[tuple[str, float, float]], unit: str = "") -> str:

@@ -64,9 +64,7 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
     root = Path(args.out) if args.out else RESULTS
-    pts = points(args.full)
-    rows = run_points(NAME, pts, summary_measure, root=root)
-    rows = rows[rows["steps"] == pts[0].key["steps"]].copy()
+    rows = run_points(NAME, points(args.full), summary_measure, root=root)
     rows["dollars_per_hour"] = [
         dollars_per_hour(m, s) for m, s in zip(rows.model, rows.system, strict=True)
     ]

@@ -20,7 +20,7 @@ from aurora.topology import topology_from_dict  # noqa: E402
 from experiments.common import RESULTS, compare_ranges, geo_topology, parser  # noqa: E402
 from sim.config import Fault, SimConfig, strategy  # noqa: E402
 from sim.model import simulate  # noqa: E402
-from sim.output import config_columns, git_sha  # noqa: E402
+from sim.output import provenance  # noqa: E402
 from sim.traces import load_traces  # noqa: E402
 
 NAME = "fault_tolerance"
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     out.mkdir(parents=True, exist_ok=True)
     result = simulate(cfg)
     rows = pd.DataFrame(result.rows)
-    for k, v in (config_columns(cfg) | {"git_sha": git_sha()}).items():
+    for k, v in provenance(cfg).items():
         rows[k] = v
     rows.to_csv(out / "rows.csv", index=False)  # one run: rewritten whole, deterministic
     fig, ax = plt.subplots(figsize=(7, 3.8))

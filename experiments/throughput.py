@@ -26,9 +26,9 @@ from experiments.common import (  # noqa: E402
     one,
     parser,
     run_points,
+    summary_measure,
 )
 from sim.config import SimConfig, strategy  # noqa: E402
-from sim.model import simulate  # noqa: E402
 from sim.traces import load_traces  # noqa: E402
 
 NAME = "throughput"
@@ -78,11 +78,6 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
                     )
                 )
     return out
-
-
-def measure(cfg: SimConfig) -> dict[str, float]:
-    s = simulate(cfg).summary(warmup=2)
-    return {k: s[k] for k in ("tokens_per_s", "step_time_s", "wan_gb_per_step")}
 
 
 def figure(rows: pd.DataFrame, path: Path) -> None:
@@ -199,8 +194,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     root = Path(args.out) if args.out else RESULTS
     wanted = set(args.models.split(","))
     pts = [pt for pt in points(args.full, args.steps) if pt.key["model"] in wanted]
-    rows = run_points(NAME, pts, measure, root=root)
-    rows = rows[rows["steps"] == pts[0].key["steps"]] if pts else rows
+    rows = run_points(NAME, pts, summary_measure, root=root)
     figure(rows, root / NAME / f"{NAME}.png")
     print("AuroraRL is the paper's system: aurora-leb128 (the paper's encoding).")
     print(compare_ranges(claims(rows)))

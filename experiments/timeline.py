@@ -15,7 +15,7 @@ from experiments.common import RESULTS, compare, parser  # noqa: E402
 from experiments.throughput import MODELS, deployment  # noqa: E402
 from sim.config import SimConfig, strategy  # noqa: E402
 from sim.model import simulate  # noqa: E402
-from sim.output import config_columns, git_sha  # noqa: E402
+from sim.output import provenance  # noqa: E402
 from sim.traces import load_traces  # noqa: E402
 
 NAME = "timeline"
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         ours[system] = t1 - t0
         window = timeline[(timeline["end"] > t0) & (timeline["start"] < t1)].copy()
         window["system"] = system
-        for k, v in (config_columns(cfg) | {"git_sha": git_sha()}).items():
+        for k, v in provenance(cfg).items():
             window[k] = v
         spans.append(window)
         lanes = ["trainer"] + sorted(set(window["who"]) - {"trainer"})

@@ -11,32 +11,13 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from aurora.provenance import git_sha
 from sim.config import SimConfig
 from sim.model import Result
-
-
-def git_sha() -> str:
-    """SHA of the checkout this code runs from, with ``-dirty`` for uncommitted changes."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return sha + ("-dirty" if dirty else "")
 
 
 def config_columns(cfg: SimConfig) -> dict[str, Any]:
@@ -54,6 +35,11 @@ def config_columns(cfg: SimConfig) -> dict[str, Any]:
     }
 
 
+def provenance(cfg: SimConfig) -> dict[str, Any]:
+    """The columns every result row of a run carries: resolved config, seed, git SHA."""
+    return config_columns(cfg) | {"git_sha": git_sha()}
+
+
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w", newline="") as f:
@@ -68,7 +54,7 @@ def write_result(result: Result, cfg: SimConfig, out_dir: str | Path) -> Path:
     """Write ``steps.csv``, ``events.csv``, ``timeline.csv`` and ``summary.json``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    meta = config_columns(cfg) | {"git_sha": git_sha()}
+    meta = provenance(cfg)
     _write_csv(out / "steps.csv", [meta | row for row in result.rows])
     _write_csv(out / "events.csv", [{"time_s": t, "who": w, "what": x} for t, w, x in result.trace])
     _write_csv(out / "timeline.csv", result.timeline)

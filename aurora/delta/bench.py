@@ -11,31 +11,18 @@ from __future__ import annotations
 
 import csv
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 
 from aurora.delta import codecs, synthetic
 from aurora.delta.format import DeltaEncoder, apply_delta, read_delta, weights_hash, write_atomic
+from aurora.provenance import git_sha
 
 PAPER_BYTES_PER_NNZ = {"naive": 414 / 202 * 3.08, "leb128": 3.08}
 """Paper, Fig. 11: naive int32/64 414 MB vs LEB128 202 MB for one Qwen3-8B step. The per-change
 size of the paper's format at 2% density is 3.08 B (2 B value + 1.08 B LEB128 gap, see
 shared/notes/codec-measurements.md); the naive figure scales it by 414/202."""
-
-
-def _git_sha() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def shapes_for(params: float) -> dict[str, tuple[int, ...]]:
@@ -61,7 +48,7 @@ def run_codec_bench(
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     rows = []
-    sha = _git_sha()
+    sha = git_sha()
     print(f"synthetic Qwen3-8B-shaped step: {n / 1e6:.1f}M bf16 params, seed {seed}")
     for target in densities:
         lr = synthetic.lr_for_density(target, seed=seed)
