@@ -12,32 +12,23 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import socket
+import sys
 import time
+from pathlib import Path
 
-import numpy as np
 import pytest
 
-from aurora.delta.format import DeltaEncoder, weights_hash
 from aurora.transport import Node, TransportConfig
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _transport_peer import SECRET  # noqa: E402
+from _transport_peer import segments as peer_segments
+
 pytestmark = pytest.mark.benchmark(group="transport")
-SECRET = b"benchmark-secret-0123"
-
-
-def _segments(mb: float = 200):
-    n = int(mb * 1e6 / 6)  # naive codec: 6 bytes per changed weight, every weight changed
-    rng = np.random.default_rng(0)
-    old = {"w": rng.integers(0, 2**16, n, dtype=np.uint16)}
-    new = {"w": old["w"] ^ 1}
-    h0 = weights_hash(old)
-    enc = DeltaEncoder(
-        old, new, model="bench", version=1, base_hash=h0, codec="naive", segment_size=4 << 20
-    )
-    return list(enc.segments()), h0
 
 
 def _serve(streams: int, q) -> None:  # type: ignore[no-untyped-def]
-    segments, h0 = _segments()
+    segments, h0 = peer_segments(200)
 
     async def main() -> None:
         node = Node("trainer", TransportConfig(secret=SECRET, streams=streams))

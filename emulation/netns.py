@@ -90,9 +90,9 @@ class EmulatedLink:
             for ns in (self.sender, self.router, self.receiver):
                 _run(["ip", "netns", "add", ns])
                 _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-            for a, b, ns, ip_host, ip_router, net in (
-                (f"{p}s0", f"{p}rs", self.sender, self.sender_ip, "10.77.1.2", "10.77.1"),
-                (f"{p}c0", f"{p}rc", self.receiver, self.receiver_ip, "10.77.2.2", "10.77.2"),
+            for a, b, ns, ip_host, ip_router in (
+                (f"{p}s0", f"{p}rs", self.sender, self.sender_ip, "10.77.1.2"),
+                (f"{p}c0", f"{p}rc", self.receiver, self.receiver_ip, "10.77.2.2"),
             ):
                 _run(["ip", "link", "add", a, "type", "veth", "peer", "name", b])
                 _run(["ip", "link", "set", a, "netns", ns])
@@ -102,7 +102,6 @@ class EmulatedLink:
                 _run(["ip", "-n", ns, "link", "set", a, "up"])
                 _run(["ip", "-n", self.router, "link", "set", b, "up"])
                 _run(["ip", "-n", ns, "route", "add", "default", "via", ip_router])
-                assert net
             _run(["ip", "netns", "exec", self.router, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
             dev = f"{p}rc"  # router egress towards the receiver: the bottleneck
             _run(

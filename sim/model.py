@@ -973,15 +973,22 @@ class Simulation:
             plan.snapshot is None or plan.snapshot in actor.held
         )
 
-    def _activate(self, actor: ActorSim, v: int) -> None:
+    def _occupy(self, actor: ActorSim, seconds: float, then: Callable[[float], None]) -> None:
+        """Keep ``actor`` busy for ``seconds``, then call ``then(start)`` unless the machine was
+        lost (or replaced) meanwhile."""
         actor.busy = True
         epoch = actor.epoch
         start = self.env.now
 
         def done() -> None:
-            if epoch != actor.epoch:
-                return
-            actor.busy = False
+            if epoch == actor.epoch:
+                actor.busy = False
+                then(start)
+
+        self._later(seconds, done)
+
+    def _activate(self, actor: ActorSim, v: int) -> None:
+        def done(start: float) -> None:
             actor.active = v
             if actor.pending_commit is not None and actor.pending_commit <= v:
                 actor.pending_commit = None
@@ -992,8 +999,9 @@ class Simulation:
             self._kick(actor)
 
         # RDMA (Ideal-SingleDC) writes the broadcast straight into the engine's GPU memory.
-        seconds = 0.0 if self.cfg.strategy.rdma else self.version_bytes / self.apply_rate
-        self._later(seconds, done)
+        self._occupy(
+            actor, 0.0 if self.cfg.strategy.rdma else self.version_bytes / self.apply_rate, done
+        )
 
     def _catch_up(self, actor: ActorSim, plan: CatchUpPlan) -> None:
         actor.plan = plan
@@ -1039,17 +1047,12 @@ class Simulation:
         )
 
     def _apply_plan(self, actor: ActorSim, plan: CatchUpPlan) -> None:
-        actor.busy = True
-        epoch = actor.epoch
-        start = self.env.now
         seconds = len(plan.deltas) * self.version_bytes / self.apply_rate
         if plan.snapshot is not None:
             seconds += self.dense_bytes / self.consts.dense_load_bytes_per_s.value
 
-        def done() -> None:
-            if epoch != actor.epoch:
-                return
-            actor.busy = False
+        def done(start: float) -> None:
+            epoch = actor.epoch
             actor.plan = None
             actor.active = plan.target
             actor.pending_commit = None
@@ -1064,7 +1067,7 @@ class Simulation:
             self._no_longer_waited_for(actor)
             self._kick(actor)
 
-        self._later(seconds, done)
+        self._occupy(actor, seconds, done)
 
     def _generate(self, actor: ActorSim, version: int, leases: tuple[str, ...]) -> None:
         assert actor.rng is not None
@@ -1076,14 +1079,8 @@ class Simulation:
         drift = 1.0 + trace.drift_per_hour.value * self.env.now / 3600.0
         rate = actor.rate * noise * max(drift, 0.05)
         seconds = tokens / rate
-        actor.busy = True
-        epoch = actor.epoch
-        start = self.env.now
 
-        def done() -> None:
-            if epoch != actor.epoch:
-                return
-            actor.busy = False
+        def done(start: float) -> None:
             self._span("actor", actor.id, "generate", version, start)
             h = weights_hash(version)
             for lease in leases:
@@ -1098,7 +1095,7 @@ class Simulation:
                 )
             self._kick(actor)
 
-        self._later(seconds, done)
+        self._occupy(actor, seconds, done)
 
     # ------------------------------------------------------------------------------------
     # Faults

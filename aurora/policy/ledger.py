@@ -777,12 +777,16 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
         return
     expected: list[ActorRecord] = []
     eligible: list[ActorRecord] = []
+    needs_commit: set[str] = set()
     for rec in sorted(state.actors.values(), key=lambda r: r.id):
         if not rec.schedulable:
             continue
-        if _eligibility(rec, target, state.latest) is not Eligibility.EXCLUDED:
+        verdict = _eligibility(rec, target, state.latest)
+        if verdict is not Eligibility.EXCLUDED:
             eligible.append(rec)
             expected.append(rec)
+            if verdict is Eligibility.NEEDS_COMMIT:
+                needs_commit.add(rec.id)
         elif rec.versions.active == target - 1:
             # One version behind: its delta is on the way, worth holding a share for. Actors
             # further behind (a long catch-up, a fresh join) are not waited for.
@@ -815,10 +819,7 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
         n = wants[rec.id]
         if n == 0:
             continue
-        if (
-            _eligibility(rec, target, state.latest) is Eligibility.NEEDS_COMMIT
-            and rec.commit_sent != target
-        ):
+        if rec.id in needs_commit and rec.commit_sent != target:
             out.append(Commit(actor=rec.id, version=target))
             rec.commit_sent = target
         # An Actor already past the target works on its own (newer) version.
