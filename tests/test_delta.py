@@ -285,8 +285,8 @@ def test_bad_files_raise_specific_errors(step):
     data = encode_delta(old, new, model="m", version=1, base_hash=h0, segment_size=1024)
     with pytest.raises(BadMagicError):
         read_delta(b"NOTDELTA" + data[8:])
-    with pytest.raises(UnsupportedFormatError, match="format version 2"):
-        read_delta(data[:8] + b"\x02\x00" + data[10:])
+    with pytest.raises(UnsupportedFormatError, match="format version 3"):
+        read_delta(data[:8] + b"\x03\x00" + data[10:])
     with pytest.raises(TruncatedError):
         read_delta(data[: len(data) // 2])
     with pytest.raises(TruncatedError):
