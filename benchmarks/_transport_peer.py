@@ -19,16 +19,32 @@ from aurora.transport import Node, TransportConfig
 SECRET = b"benchmark-secret-0123"
 
 
-def segments(mb: float):
+def chain(mb: float, versions: int):
+    """Deltas D_1..D_versions of about ``mb`` MB each, and h(0)."""
     n = int(mb * 1e6 / 6)  # naive codec, every weight changed: 6 bytes per change
     rng = np.random.default_rng(0)
-    old = {"w": rng.integers(0, 2**16, n, dtype=np.uint16)}
-    new = {"w": old["w"] ^ 1}
-    h0 = weights_hash(old)
-    enc = DeltaEncoder(
-        old, new, model="bench", version=1, base_hash=h0, codec="naive", segment_size=4 << 20
-    )
-    return list(enc.segments()), h0
+    weights = {"w": rng.integers(0, 2**16, n, dtype=np.uint16)}
+    h0 = h = weights_hash(weights)
+    deltas = []
+    for v in range(1, versions + 1):
+        new = {"w": weights["w"] ^ v}
+        enc = DeltaEncoder(
+            weights,
+            new,
+            model="bench",
+            version=v,
+            base_hash=h,
+            codec="naive",
+            segment_size=4 << 20,
+        )
+        deltas.append(list(enc.segments()))
+        weights, h = new, enc.weights_hash
+    return deltas, h0
+
+
+def segments(mb: float):
+    deltas, h0 = chain(mb, 1)
+    return deltas[0], h0
 
 
 async def serve(host: str, port: int, mb: float, streams: int) -> None:

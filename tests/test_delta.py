@@ -25,6 +25,7 @@ from aurora.delta.extract import changed, fused_layout
 from aurora.delta.format import (
     DeltaEncoder,
     Reassembler,
+    Segment,
     apply_chain,
     apply_delta,
     chain_hash,
@@ -440,3 +441,90 @@ def test_a_trailer_magic_right_before_the_end_is_refused_as_truncated(step):
     fake = payload + b"AURTRAIL" + struct.pack("<Q", len(payload)) + b"AURDELTA"
     with pytest.raises(TruncatedError):
         read_delta(fake)
+
+
+# ---- reassembly in place ------------------------------------------------------------------
+
+
+def _receive_into_slot(ra, seg, data=None):
+    """What the transport does: ask for the slot, let the socket fill it, add it."""
+    view = ra.slot(seg.key, seg.seq, seg.offset, len(seg.data), seg.trailer)
+    assert view is not None
+    view[:] = seg.data if data is None else data
+    return ra.add(Segment(seg.key, seg.seq, seg.offset, view, seg.checksum, seg.trailer))
+
+
+def test_segments_received_into_their_slots_are_parsed_in_place_without_a_copy(step):
+    from aurora.delta.arena import arena
+
+    old, new, h0 = step
+    data = encode_delta(old, new, model="m", version=1, base_hash=h0, segment_size=1024)
+    buf = arena(1 << 20)
+    ra = Reassembler(arena=buf)
+    segs = segments_of(data)
+    for s in segs[::-1]:
+        _receive_into_slot(ra, s)
+    d = ra.result()
+    assert d.id == read_delta(data).id
+    every_stream = [s for t in d.tensors for s in t.streams if len(s)]
+    assert every_stream and all(
+        np.shares_memory(np.frombuffer(s, np.uint8), np.frombuffer(buf, np.uint8))
+        for s in every_stream
+    )
+    assert all(s.readonly for s in every_stream)
+    state = {k: v.copy() for k, v in old.items()}
+    assert apply_delta(d, state, active_version=0, active_hash=h0) == d.weights_hash
+    assert all(np.array_equal(state[k], new[k]) for k in new)
+
+
+def test_a_slot_is_its_receivers_alone_until_added_or_abandoned(step):
+    old, new, h0 = step
+    data = encode_delta(old, new, model="m", version=1, base_hash=h0, segment_size=1024)
+    segs = segments_of(data)
+    ra = Reassembler()
+    s1 = segs[1]
+    view = ra.slot(s1.key, 1, s1.offset, len(s1.data), False)
+    assert view is not None
+    assert ra.slot(s1.key, 1, s1.offset, len(s1.data), False) is None  # being filled
+    assert ra.slot(s1.key, 2, s1.offset + 10, 1024, False) is None  # overlaps it
+    view[:100] = s1.data[:100]  # half-received, and a copy races in: dropped, not an error
+    ra.add(s1)
+    assert 1 not in ra._held
+    ra.abandon(view)  # the receiving stream broke
+    _receive_into_slot(ra, s1)
+    assert ra.slot(s1.key, 1, s1.offset, len(s1.data), False) is None  # held now
+    for s in segs:
+        ra.add(s)
+    assert ra.result().id == read_delta(data).id
+
+
+def test_verified_bytes_are_never_overwritten_by_an_overlapping_segment(step):
+    from aurora.delta.format import leaf_hash
+
+    old, new, h0 = step
+    segs = segments_of(
+        encode_delta(old, new, model="m", version=1, base_hash=h0, segment_size=1 << 10)
+    )
+    ra = Reassembler()
+    ra.add(segs[0])
+    forged = bytes(300)
+    with pytest.raises(CorruptError, match="overlaps"):
+        ra.add(Segment(segs[0].key, 5, 100, forged, leaf_hash(forged).hex()))
+    assert ra.slot(segs[0].key, 5, 100, 300, False) is None
+    assert bytes(ra._arena[:1024]) == segs[0].data
+
+
+def test_a_corrupt_segment_received_in_place_frees_its_slot_for_the_refetch(step):
+    old, new, h0 = step
+    segs = segments_of(
+        encode_delta(old, new, model="m", version=1, base_hash=h0, segment_size=1 << 10)
+    )
+    ra = Reassembler()
+    damaged = bytearray(segs[2].data)
+    damaged[7] ^= 0xFF
+    with pytest.raises(CorruptError, match="checksum"):
+        _receive_into_slot(ra, segs[2], damaged)
+    _receive_into_slot(ra, segs[2])  # the re-fetched copy lands in the same place
+    for s in segs:
+        ra.add(s)
+    assert ra.complete

@@ -290,7 +290,7 @@ def test_the_data_plane_runs_over_tls_when_configured(tmp_path):
         trainer, _, (actor,), nodes = await _tree(1, relay=False, h0=h0, cfg=cfg)
         await trainer.publish(1, segments)
         await actor.wait_for(lambda: 1 in actor.staged, 10)
-        tls = actor._upstream[0].writer.get_extra_info("ssl_object")
+        tls = actor._upstream[0].transport.get_extra_info("ssl_object")
         for n in nodes:
             await n.close()
         return actor, tls
@@ -332,3 +332,131 @@ def test_random_stream_and_relay_failures_still_end_with_every_actor_staged(seed
 
     actors = run(main())
     assert all(1 in a.staged and not a.refused for a in actors)
+
+
+# ---- receive memory and the frame reader ----------------------------------------------------
+
+
+def test_an_arena_returns_to_the_pool_only_when_no_view_of_it_is_left():
+    from aurora.transport.arenas import ArenaPool
+
+    pool = ArenaPool(1 << 20, keep=1)
+    a = pool.take()
+    part = a[10:20]  # e.g. a codec stream of a staged delta
+    del a
+    assert pool.free == 0  # a view is alive: the arena must not be written again
+    del part
+    assert pool.free == 1
+    b, c = pool.take(), pool.take()
+    assert pool.reused == 1
+    del b, c
+    assert pool.free == 1  # keep=1: the second one is unmapped
+    with pytest.raises(ValueError, match="prefault"):
+        pool.prefault(2 << 20)
+
+
+def test_a_node_that_activates_each_version_receives_the_next_into_the_reused_arena():
+    old, new, h0, segments = _step()
+    h1 = segments[-1].data[-40:-8].hex()  # h(1), from D_1's trailer
+    new2 = {k: v ^ 3 for k, v in new.items()}
+    enc2 = DeltaEncoder(new, new2, model="toy", version=2, base_hash=h1, segment_size=4096)
+    segments2 = list(enc2.segments())
+
+    async def main():
+        cfg = TransportConfig(secret=SECRET, streams=2, prefault_bytes=1 << 20)
+        trainer, _, (actor,), nodes = await _tree(1, relay=False, h0=h0, cfg=cfg)
+        assert actor._arenas.free == 1  # committed before the first delta
+        await trainer.publish(1, segments)
+        await actor.wait_for(lambda: 1 in actor.staged, 10)
+        state = {k: v.copy() for k, v in old.items()}
+        apply_delta(actor.staged[1], state, active_version=0, active_hash=h0)
+        with pytest.raises(ValueError, match="not staged"):
+            actor.activate(2)
+        actor.activate(1)
+        assert actor.active == (1, h1) and 1 not in actor.versions
+        await trainer.publish(2, segments2)
+        await actor.wait_for(lambda: 2 in actor.staged, 10)
+        apply_delta(actor.staged[2], state, active_version=1, active_hash=h1)
+        for n in nodes:
+            await n.close()
+        return actor, state
+
+    actor, state = run(main())
+    assert actor._arenas.reused == 2  # D_1 into the prefaulted arena, D_2 into D_1's
+    assert all(np.array_equal(state[k], new2[k]) for k in new2)
+
+
+class _FakeTransport:
+    def __init__(self):
+        self.aborted = False
+
+    def abort(self):
+        self.aborted = True
+
+
+def _reader():
+    from aurora.transport.framing import FrameReader
+
+    log = {"slots": [], "received": [], "abandoned": []}
+    buf = bytearray(1 << 16)
+
+    def slot(version, key, seq, offset, length, trailer):
+        view = memoryview(buf)[offset : offset + length]
+        log["slots"].append(view)
+        return view
+
+    r = FrameReader(
+        slot=slot,
+        received=lambda v, seg: log["received"].append((v, seg)),
+        abandon=lambda v, view: log["abandoned"].append(view),
+        name="test",
+    )
+    r.connection_made(_FakeTransport())
+    return r, log, buf
+
+
+def _feed(reader, data: bytes, chunk: int = 7):
+    """Deliver ``data`` as the loop does: into the reader's own buffers, a few bytes at a time."""
+    pos = 0
+    while pos < len(data) and not reader.closed and not reader.transport.aborted:
+        target = reader.get_buffer(-1)
+        n = min(chunk, len(target), len(data) - pos)
+        target[:n] = data[pos : pos + n]
+        reader.buffer_updated(n)
+        pos += n
+
+
+def test_the_frame_reader_writes_segment_data_straight_into_its_slot():
+    r, log, buf = _reader()
+    seg = Segment("k" * 32, 3, 1000, b"0123456789" * 50, "c" * 64)
+    frames = b"".join(bytes(p) for p in wire.segment_frame(7, seg)) + wire.control({"op": "x"})
+    _feed(r, frames)
+    ((version, got),) = log["received"]
+    assert version == 7 and got.data is log["slots"][0] and bytes(buf[1000:1500]) == seg.data
+    assert (got.key, got.seq, got.offset, got.checksum) == (seg.key, 3, 1000, seg.checksum)
+    assert r.state == "HEAD" and r.frame_since is None
+    assert run(r.recv()) == (wire.CONTROL, msgpack.packb({"op": "x"}))
+
+
+def test_a_connection_lost_mid_segment_hands_its_slot_back():
+    r, log, _ = _reader()
+    seg = Segment("k" * 32, 0, 0, bytes(4000), "c" * 64)
+    frames = b"".join(bytes(p) for p in wire.segment_frame(1, seg))
+    _feed(r, frames[:2000])
+    assert r.state == "SEG_BODY" and r.frame_since is not None
+    r.connection_lost(None)
+    assert log["abandoned"] == log["slots"] and not log["received"]
+    with pytest.raises(ConnectionResetError):
+        run(r.recv())
+
+
+def test_a_malformed_segment_header_closes_the_connection(caplog):
+    r, log, _ = _reader()
+    bad = wire.frame(wire.SEGMENT, b"\x03\x00" + b"\xc1\xc1\xc1" + b"data")
+    with caplog.at_level(logging.WARNING, logger="aurora.transport"):
+        _feed(r, bad)
+    assert r.transport.aborted and not log["received"] and not log["slots"]
+    assert "malformed segment header" in caplog.text
+    r2, _, _ = _reader()
+    _feed(r2, wire._HEAD.pack(wire.MAX_FRAME + 1, wire.SEGMENT))
+    assert r2.transport.aborted

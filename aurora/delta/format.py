@@ -24,6 +24,7 @@ base version and h(base) are checked, before the first byte of the weights is wr
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import struct
@@ -35,6 +36,7 @@ from pathlib import Path
 import blake3
 import numpy as np
 
+from aurora.delta import arena as arena_mod
 from aurora.delta import codecs
 from aurora.delta.errors import (
     BadMagicError,
@@ -143,7 +145,8 @@ class TensorDelta:
     numel: int
     nnz: int
     codec: str
-    streams: tuple[bytes, ...]
+    streams: tuple[bytes | memoryview, ...]
+    """The codec's byte streams (read-only views into the file when parsed from one)."""
 
     @property
     def nbytes(self) -> int:
@@ -487,8 +490,9 @@ def _read_delta(
     leaves_checked: bool = False,
 ) -> Delta:
     """:func:`read_delta`; ``leaves_checked`` skips re-hashing segments that the caller (the
-    :class:`Reassembler`) already checked one by one against this trailer's leaf hashes."""
-    mv = memoryview(data)
+    :class:`Reassembler`) already checked one by one against this trailer's leaf hashes. The
+    codec streams of the result are read-only views into ``data``."""
+    mv = memoryview(data).toreadonly()
     head, pos = parse_header(mv)
     payload_len, seg_size, leaves, delta_id, h_v = _parse_trailer(mv, head["segment_size"])
     if seg_size != head["segment_size"]:
@@ -537,7 +541,7 @@ def _read_delta(
         for n in lens:
             if pos + n > payload_len:
                 raise TruncatedError(f"tensor {name}: streams run past the payload")
-            streams.append(bytes(payload[pos : pos + n]))
+            streams.append(payload[pos : pos + n])  # a view: the file is not copied
             pos += n
         tensors.append(TensorDelta(name, shape, numel, nnz, codec, tuple(streams)))
     table, pos = _read_frame(payload, pos, b"E", "tensor table")
@@ -575,6 +579,14 @@ def read_delta_file(path: str | os.PathLike[str], **kw: str) -> Delta:
 class Reassembler:
     """Collects the segments of one delta in any order and yields it only when verified.
 
+    Segments are placed at their offsets in one contiguous arena (:mod:`aurora.delta.arena`), so
+    :meth:`result` parses the file where it lies. A receiver that asks :meth:`slot` for the view a
+    segment belongs in can have the socket write the bytes straight there; :meth:`add` then
+    verifies them in place. Bytes that arrive elsewhere (a test, a store) are verified first and
+    then copied in. A slot is exclusively its receiver's until it is added or :meth:`abandon`-ed,
+    and verified bytes are never written again, so a duplicate, a re-fetch racing the original,
+    or a forged offset can never change what was verified.
+
     ``expected_id`` / ``expected_hash`` (from the Ledger) make segments from untrusted relays
     safe: once the trailer is in, every segment is checked against the trailer's leaf hashes,
     and the trailer against ``id(D_v)`` / ``h(v)``. A segment that fails is dropped and reported
@@ -587,14 +599,76 @@ class Reassembler:
         key: str | None = None,
         expected_id: str | None = None,
         expected_hash: str | None = None,
+        arena: memoryview | None = None,
     ) -> None:
         self.key = key
         self.expected_id, self.expected_hash = expected_id, expected_hash
-        self._parts: dict[int, bytes] = {}
+        self._arena = arena
+        """Writable bytes the file is assembled in (reserved on first use when not given)."""
+        self._held: dict[int, tuple[int, int]] = {}
+        """Verified payload segments: seq -> (offset, length) in the arena."""
         self._leaf: dict[int, bytes] = {}
-        """Leaf hash of each part, computed once on arrival."""
+        """Leaf hash of each held segment, computed once on arrival."""
+        self._regions: dict[int, int] = {}
+        """Arena ranges held or handed out as slots: start -> end (never overlapping)."""
+        self._starts: list[int] = []
+        """Sorted keys of ``_regions``."""
+        self._slots: dict[int, tuple[memoryview, int]] = {}
+        """Slots handed out and not yet added or abandoned: offset -> (view, seq)."""
         self._trailer: tuple[int, int, list[bytes]] | None = None
-        self._trailer_bytes: bytes | None = None
+        self._trailer_at: tuple[int, int] | None = None
+        """(offset, length) of the verified trailer in the arena."""
+
+    # -- arena bookkeeping -----------------------------------------------------------------
+
+    def _buffer(self) -> memoryview:
+        if self._arena is None:
+            self._arena = arena_mod.arena()
+        return self._arena
+
+    def _free(self, start: int, end: int) -> bool:
+        if start < 0 or end > len(self._buffer()) or end <= start:
+            return False
+        i = bisect.bisect_right(self._starts, start)
+        if i > 0 and self._regions[self._starts[i - 1]] > start:
+            return False
+        return not (i < len(self._starts) and self._starts[i] < end)
+
+    def _claim(self, start: int, end: int) -> None:
+        bisect.insort(self._starts, start)
+        self._regions[start] = end
+
+    def _release(self, start: int) -> None:
+        del self._regions[start]
+        self._starts.remove(start)
+
+    def slot(
+        self, key: str, seq: int, offset: int, length: int, trailer: bool
+    ) -> memoryview | None:
+        """Where to receive a segment announced as (key, seq, offset, length): a writable view
+        of the arena that is this caller's until :meth:`add` or :meth:`abandon`; None when the
+        segment is held already, its range is taken (another receiver is filling it, or it
+        overlaps held bytes) or it is foreign: receive it elsewhere and :meth:`add` it (it will be
+        dropped as a duplicate or refused)."""
+        if self.key is not None and key != self.key:
+            return None
+        if (self._trailer_at is not None) if trailer else (seq in self._held):
+            return None
+        if not self._free(offset, offset + length):
+            return None
+        self._claim(offset, offset + length)
+        view = self._buffer()[offset : offset + length]
+        self._slots[offset] = (view, seq)
+        return view
+
+    def abandon(self, view: memoryview) -> None:
+        """Give back a slot whose segment will not be added (its connection broke)."""
+        for offset, (v, _) in list(self._slots.items()):
+            if v is view:
+                del self._slots[offset]
+                self._release(offset)
+
+    # -- adding ------------------------------------------------------------------------------
 
     def add(self, seg: Segment) -> bool:
         """Add a segment; returns True when the delta is complete. Raises on a bad segment."""
@@ -604,21 +678,61 @@ class Reassembler:
             raise ForeignSegmentError(
                 f"segment {seg.seq} belongs to delta {seg.key[:12]}.., not {self.key[:12]}.."
             )
-        if seg.trailer:
-            self._add_trailer(seg)
-        else:
-            leaf = leaf_hash(seg.data)  # once: the dominant cost of receiving (~1 GB/s)
-            if leaf.hex() != seg.checksum:
-                raise CorruptError(f"segment {seg.seq}: data does not match its checksum")
-            if self._trailer is not None:
-                self._check_against_trailer(seg.seq, seg.offset, seg.data, leaf)
-            elif seg.seq in self._parts and self._parts[seg.seq] != seg.data:
-                raise CorruptError(f"segment {seg.seq}: a second, different copy")
-            self._parts[seg.seq] = seg.data
-            self._leaf[seg.seq] = leaf
+        end = seg.offset + len(seg.data)
+        in_place = seg.offset in self._slots and self._slots[seg.offset][0] is seg.data
+        if in_place:
+            del self._slots[seg.offset]
+        try:
+            refused = (self._add_trailer if seg.trailer else self._add_payload)(seg, in_place)
+        except _Duplicate:
+            return self.complete
+        except DeltaError:
+            if in_place:
+                self._release(seg.offset)  # its bytes are garbage: the slot can be filled again
+            raise
+        if not in_place:
+            self._claim(seg.offset, end)
+            self._buffer()[seg.offset : end] = seg.data
+        if refused:
+            raise CorruptError(f"segments {refused} do not match the trailer; fetch them again")
         return self.complete
 
-    def _add_trailer(self, seg: Segment) -> None:
+    def _check_place(self, seg: Segment) -> None:
+        """A segment received elsewhere may be copied in only where nothing else is; a copy of
+        one that another receiver is filling right now is a duplicate."""
+        filling = self._slots.get(seg.offset)
+        if filling is not None and filling[1] == seg.seq and len(filling[0]) == len(seg.data):
+            raise _Duplicate
+        if not self._free(seg.offset, seg.offset + len(seg.data)):
+            raise CorruptError(
+                f"segment {seg.seq} (bytes {seg.offset}..{seg.offset + len(seg.data)}) overlaps "
+                "bytes held or being received, or lies outside the arena"
+            )
+
+    def _add_payload(self, seg: Segment, in_place: bool) -> list[int]:
+        if not in_place and seg.seq in self._held:
+            off, n = self._held[seg.seq]
+            if (off, n) != (seg.offset, len(seg.data)) or self._buffer()[off : off + n] != seg.data:
+                raise CorruptError(f"segment {seg.seq}: a second, different copy")
+            raise _Duplicate
+        leaf = leaf_hash(seg.data)  # once: the dominant cost of receiving
+        if leaf.hex() != seg.checksum:
+            raise CorruptError(f"segment {seg.seq}: data does not match its checksum")
+        if self._trailer is not None:
+            self._check_against_trailer(seg.seq, seg.offset, leaf)
+        if not in_place:
+            self._check_place(seg)
+        self._held[seg.seq] = (seg.offset, len(seg.data))
+        self._leaf[seg.seq] = leaf
+        return []
+
+    def _add_trailer(self, seg: Segment, in_place: bool) -> list[int]:
+        """Verify and take the trailer; returns the held segments it refutes (dropped)."""
+        if self._trailer_at is not None and not in_place:
+            off, n = self._trailer_at
+            if (off, n) != (seg.offset, len(seg.data)) or self._buffer()[off : off + n] != seg.data:
+                raise CorruptError("trailer: a second, different copy")
+            raise _Duplicate
         if H(seg.data).hex() != seg.checksum:
             raise CorruptError("trailer: data does not match its checksum")
         mv = memoryview(seg.data)
@@ -644,54 +758,54 @@ class Reassembler:
             h_v = bytes(mv[24 + (n + 1) * HASH_BYTES : 24 + (n + 2) * HASH_BYTES])
             if h_v.hex() != self.expected_hash:
                 raise CorruptError("trailer: h(v) is not the one the Ledger published")
+        if not in_place:
+            self._check_place(seg)
         self._trailer = (plen, seg_size, leaves)
-        self._trailer_bytes = seg.data
+        self._trailer_at = (seg.offset, len(seg.data))
         bad = []
-        for seq, data in list(self._parts.items()):
+        for seq, (off, _) in list(self._held.items()):
             try:
-                self._check_against_trailer(seq, seq * seg_size, data, self._leaf[seq])
+                self._check_against_trailer(seq, off, self._leaf[seq])
             except CorruptError:
-                del self._parts[seq]
-                del self._leaf[seq]
+                del self._held[seq], self._leaf[seq]
+                self._release(off)
                 bad.append(seq)
-        if bad:
-            raise CorruptError(f"segments {bad} do not match the trailer; fetch them again")
+        return bad
 
-    def _check_against_trailer(
-        self, seq: int, offset: int, data: bytes, leaf: bytes | None = None
-    ) -> None:
+    def _check_against_trailer(self, seq: int, offset: int, leaf: bytes) -> None:
         assert self._trailer is not None
         plen, seg_size, leaves = self._trailer
-        if (
-            not (0 <= seq < len(leaves))
-            or offset != seq * seg_size
-            or (leaf if leaf is not None else leaf_hash(data)) != leaves[seq]
-        ):
+        if not (0 <= seq < len(leaves)) or offset != seq * seg_size or leaf != leaves[seq]:
             raise CorruptError(f"segment {seq} does not match the trailer's hash for it")
 
     @property
     def complete(self) -> bool:
-        return self._trailer is not None and len(self._parts) == len(self._trailer[2])
+        return self._trailer is not None and len(self._held) == len(self._trailer[2])
 
     def missing(self) -> list[int]:
         """Sequence numbers still needed (the trailer is ``-1`` while it is unknown)."""
         if self._trailer is None:
             return [-1]
-        return [i for i in range(len(self._trailer[2])) if i not in self._parts]
+        return [i for i in range(len(self._trailer[2])) if i not in self._held]
 
     def result(self) -> Delta:
+        """The verified delta, parsed in place: its streams are views into the arena."""
         if not self.complete:
             raise TruncatedError(f"delta incomplete: missing segments {self.missing()[:10]}")
-        assert self._trailer_bytes is not None
-        data = b"".join([*(self._parts[i] for i in range(len(self._parts))), self._trailer_bytes])
+        assert self._trailer_at is not None
+        off, n = self._trailer_at
         # Every part was checked against the trailer's leaf hashes as it came in (and the
         # trailer against its Merkle root): only the structure is left to verify.
         return _read_delta(
-            data,
+            self._buffer()[: off + n].toreadonly(),
             expected_id=self.expected_id,
             expected_hash=self.expected_hash,
             leaves_checked=True,
         )
+
+
+class _Duplicate(Exception):
+    """A copy of a segment already held (internal: :meth:`Reassembler.add` ignores it)."""
 
 
 def segments_of(data: bytes) -> list[Segment]:

@@ -34,9 +34,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from aurora.delta.arena import DEFAULT_CAPACITY
 from aurora.delta.errors import DeltaError
 from aurora.delta.format import Delta, Reassembler, Segment
 from aurora.transport import wire
+from aurora.transport.arenas import ArenaPool
+from aurora.transport.framing import FrameReader
 from aurora.transport.wire import AuthError, ProtocolError
 
 log = logging.getLogger("aurora.transport")
@@ -62,6 +65,12 @@ class TransportConfig:
     """TLS for served connections (optional; authentication does not depend on it)."""
     ssl_client: ssl.SSLContext | None = None
     """TLS for outgoing connections."""
+    max_delta_bytes: int = DEFAULT_CAPACITY
+    """Largest delta a receiver accepts (bytes): the address space reserved for each one it
+    reassembles (committed only as bytes arrive; :mod:`aurora.delta.arena`)."""
+    prefault_bytes: int = 0
+    """Receive memory committed when the node subscribes, before the first delta (bytes): set it
+    to the expected delta size so that the first one, too, arrives into committed pages."""
 
     def __post_init__(self) -> None:
         if len(self.secret) < 16:
@@ -70,6 +79,15 @@ class TransportConfig:
             raise ValueError(f"TransportConfig.streams must be >= 1, got {self.streams}")
         if not self.stall_s > 0:
             raise ValueError(f"TransportConfig.stall_s must be > 0, got {self.stall_s}")
+        if self.max_delta_bytes < 1024:
+            raise ValueError(
+                f"TransportConfig.max_delta_bytes must be >= 1024, got {self.max_delta_bytes}"
+            )
+        if not 0 <= self.prefault_bytes <= self.max_delta_bytes:
+            raise ValueError(
+                f"TransportConfig.prefault_bytes must be in 0..max_delta_bytes, "
+                f"got {self.prefault_bytes}"
+            )
 
 
 def run(main):  # type: ignore[no-untyped-def]
@@ -93,14 +111,15 @@ class _Stream:
         self.writer = writer
         self.queue: asyncio.Queue[list[bytes] | None] = asyncio.Queue()
         self.alive = True
-        self.frame_since: float | None = None
-        """When the frame now arriving on this (upstream) connection began (monotonic s)."""
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
         try:
             while (pieces := await self.queue.get()) is not None:
-                self.writer.writelines(pieces)
+                # One write per piece: a segment's data goes to the socket as it is, where
+                # writelines would first join it with its header (a copy of every byte sent).
+                for piece in pieces:
+                    self.writer.write(piece)
                 await self.writer.drain()
         except (ConnectionError, OSError):
             pass
@@ -115,6 +134,32 @@ class _Stream:
         self.alive = False
         self.writer.transport.abort()
         self.task.cancel()
+
+
+class _Upstream:
+    """One connection to the source: frames arrive through a :class:`FrameReader`; this node
+    only ever sends it small control frames."""
+
+    def __init__(self, transport: asyncio.Transport, reader: FrameReader) -> None:
+        self.transport = transport
+        self.reader = reader
+        self.aborted = False
+
+    @property
+    def alive(self) -> bool:
+        return not (self.reader.closed or self.aborted)
+
+    @property
+    def frame_since(self) -> float | None:
+        return self.reader.frame_since
+
+    def send(self, pieces: list[bytes]) -> None:
+        if self.alive:
+            self.transport.writelines(pieces)
+
+    def abort(self) -> None:
+        self.aborted = True  # at once: the transport reports the loss on the next loop turn
+        self.transport.abort()
 
 
 @dataclass
@@ -141,7 +186,8 @@ class _Subscriber:
 
 @dataclass
 class _Version:
-    reassembler: Reassembler
+    reassembler: Reassembler | None = None
+    """Set on receivers when the first segment arrives (a source has its own segments)."""
     segments: dict[int, Segment] = field(default_factory=dict)
     """Verified segments by seq (the trailer under its seq too)."""
     delta: Delta | None = None
@@ -176,7 +222,8 @@ class Node:
         self.corrupt_segments = 0
         self.subscribers: dict[str, _Subscriber] = {}
         self._server: asyncio.base_events.Server | None = None
-        self._upstream: list[_Stream] = []
+        self._upstream: list[_Upstream] = []
+        self._arenas = ArenaPool(config.max_delta_bytes)
         self._tasks: set[asyncio.Task] = set()
         self._source_index = -1
         self._changed = asyncio.Event()
@@ -194,6 +241,8 @@ class Node:
         """Subscribe to the first reachable source (then the next ones on failure)."""
         if not self.sources:
             raise ValueError(f"node {self.id}: no source to subscribe to")
+        if self.config.prefault_bytes:
+            self._arenas.prefault(self.config.prefault_bytes)
         await self._fall_back()
         self._spawn(self._watchdog())
 
@@ -220,7 +269,7 @@ class Node:
 
     async def publish(self, version: int, segments: Iterable[Segment]) -> None:
         """Publish ``D_version`` segment by segment as they are produced (cut-through)."""
-        st = self.versions.setdefault(version, _Version(Reassembler()))
+        st = self.versions.setdefault(version, _Version())
         for seg in segments:
             # Our own segments: cache and send, no need to verify what we just produced.
             st.segments[seg.seq] = seg
@@ -240,7 +289,9 @@ class Node:
         peer = writer.get_extra_info("peername")
         try:
             hello = await asyncio.wait_for(
-                wire.server_handshake(reader, writer, secret=self.config.secret),
+                wire.server_handshake(
+                    lambda: wire.read_frame(reader), writer.write, secret=self.config.secret
+                ),
                 self.config.connect_timeout_s,
             )
         except (
@@ -330,58 +381,81 @@ class Node:
             return
         raise ConnectionError(f"node {self.id}: no source reachable ({'; '.join(errors)})")
 
-    async def _connect(self, host: str, port: int) -> list[_Stream]:
-        streams = []
+    async def _connect(self, host: str, port: int) -> list[_Upstream]:
+        loop = asyncio.get_running_loop()
+        streams: list[_Upstream] = []
         for i in range(self.config.streams):
-            reader, writer = await asyncio.open_connection(
-                host, port, ssl=self.config.ssl_client, limit=wire.MAX_FRAME
+            transport, reader = await loop.create_connection(
+                lambda: FrameReader(
+                    slot=self._slot,
+                    received=lambda v, seg: self._accept(v, seg, trusted=False),
+                    abandon=self._abandon,
+                    name=f"{self.id}<-{host}:{port}",
+                ),
+                host,
+                port,
+                ssl=self.config.ssl_client,
             )
             try:
                 await wire.client_handshake(
-                    reader,
-                    writer,
+                    reader.recv,
+                    transport.write,
                     secret=self.config.secret,
                     hello={"id": self.id, "stream": i, "streams": self.config.streams},
                 )
             except BaseException:
-                writer.transport.abort()
+                transport.abort()
                 for s in streams:
                     s.abort()
                 raise
             wire.tune_socket(
-                writer, buffer_bytes=self.config.buffer_bytes, congestion=self.config.congestion
+                transport, buffer_bytes=self.config.buffer_bytes, congestion=self.config.congestion
             )
-            stream = _Stream(writer)
+            stream = _Upstream(transport, reader)
             streams.append(stream)
-            self._spawn(self._read_upstream(reader, stream))
+            self._spawn(self._read_control(stream))
         return streams
 
-    async def _read_upstream(self, reader: asyncio.StreamReader, stream: _Stream) -> None:
-        def started() -> None:
-            stream.frame_since = time.monotonic()
+    def _slot(
+        self, version: int, key: str, seq: int, offset: int, length: int, trailer: bool
+    ) -> memoryview | None:
+        """Where a segment's bytes go as they arrive: its place in the version's arena."""
+        st = self._receiving(version, key)
+        if st.delta is not None or offset + length > self.config.max_delta_bytes:
+            return None
+        assert st.reassembler is not None
+        return st.reassembler.slot(key, seq, offset, length, trailer)
 
+    def _abandon(self, version: int, view: memoryview) -> None:
+        st = self.versions.get(version)
+        if st is not None and st.reassembler is not None:
+            st.reassembler.abandon(view)
+
+    def _receiving(self, version: int, key: str) -> _Version:
+        st = self.versions.setdefault(version, _Version())
+        if st.reassembler is None:
+            st.reassembler = Reassembler(key=key, arena=self._arenas.take())
+        return st
+
+    async def _read_control(self, stream: _Upstream) -> None:
+        """Control frames from the source (segments go straight to :meth:`_accept`)."""
         try:
             while True:
-                kind, body = await wire.read_frame(reader, on_head=started)
-                stream.frame_since = None
-                if kind == wire.SEGMENT:
-                    version, seg = wire.parse_segment(body)
-                    self._accept(version, seg, trusted=False)
-                elif kind == wire.CONTROL:
-                    msg = wire.parse_control(body)
-                    if msg["op"] == "commit":
-                        self._on_commit(int(msg["version"]))
-                else:
+                kind, body = await stream.reader.recv()
+                if kind != wire.CONTROL:
                     raise ProtocolError(f"unexpected frame type {kind} from the source")
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+                msg = wire.parse_control(body)
+                if msg["op"] == "commit":
+                    self._on_commit(int(msg["version"]))
+        except ProtocolError as exc:
+            log.warning("%s: closing an upstream stream: %s", self.id, exc)
+            stream.abort()
+        except ConnectionError as exc:
             log.info("%s: upstream stream closed (%s)", self.id, type(exc).__name__)
-        finally:
-            stream.alive = False
 
     def _accept(self, version: int, seg: Segment, *, trusted: bool) -> None:
-        st = self.versions.get(version)
-        if st is None:
-            st = self.versions[version] = _Version(Reassembler(key=seg.key))
+        st = self._receiving(version, seg.key)
+        assert st.reassembler is not None
         if st.delta is not None or seg.seq in st.segments:
             return  # complete already, or a duplicate
         try:
@@ -404,6 +478,7 @@ class Node:
             self._complete(version, st, trusted)
 
     def _complete(self, version: int, st: _Version, trusted: bool) -> None:
+        assert st.reassembler is not None
         try:
             delta = st.reassembler.result()
         except DeltaError as exc:
@@ -436,11 +511,7 @@ class Node:
     def _on_commit(self, version: int) -> None:
         st = self.versions.get(version)
         if st is None or st.delta is None:
-            if st is not None:
-                st.commit_pending = True
-            else:
-                self.versions[version] = _Version(Reassembler())
-                self.versions[version].commit_pending = True
+            self.versions.setdefault(version, _Version()).commit_pending = True
             return
         self.committed.add(version)
         for sub in self.subscribers.values():
@@ -462,6 +533,15 @@ class Node:
             if not stalled:
                 continue
             live = [s for s in self._upstream if s.alive]
+            for s in live:
+                if (
+                    s.frame_since is not None
+                    and now - s.frame_since >= _MID_FRAME_LIMIT_STALLS * self.config.stall_s
+                ):
+                    # Stuck, not slow: close it, which hands its slot back for the re-fetch.
+                    log.warning("%s: an upstream stream is stuck mid-frame; closing it", self.id)
+                    s.abort()
+            live = [s for s in live if s.alive]
             if any(
                 s.frame_since is not None
                 and now - s.frame_since < _MID_FRAME_LIMIT_STALLS * self.config.stall_s
@@ -483,6 +563,28 @@ class Node:
                 live[0].send(
                     [wire.control({"op": "fetch", "version": v, "have": sorted(st.segments)})]
                 )
+
+    def release(self, upto: int) -> None:
+        """Forget every version up to ``upto`` (this node has applied them, or no longer serves
+        them): the segments, the staged delta and the refusals. Each version's arena goes back to
+        the pool as soon as the caller, too, holds no ``Delta`` of it, so a node that releases
+        each version after applying it receives the next one into memory already committed."""
+        for v in [v for v in self.versions if v <= upto]:
+            del self.versions[v]
+        for table in (self.staged, self.refused):
+            for v in [v for v in table if v <= upto]:
+                del table[v]
+        self.committed = {v for v in self.committed if v > upto}
+
+    def activate(self, version: int) -> None:
+        """The weights now run ``version`` (a staged delta, applied by the caller): it becomes the
+        base later deltas are checked against, and it and everything older are released."""
+        if version not in self.staged:
+            raise ValueError(
+                f"node {self.id}: v{version} is not staged (staged: {sorted(self.staged)})"
+            )
+        self.active = (version, self.staged[version].weights_hash)
+        self.release(version)
 
     # -- waiting (tests, runtime) -------------------------------------------------------------
 
