@@ -61,7 +61,8 @@ async def receive(host: str, port: int, mb: float, streams: int) -> None:
     size = sum(len(s.data) for s in segs)
     node = Node(
         "actor",
-        TransportConfig(secret=SECRET, streams=streams),
+        # An Actor commits memory for the deltas it expects when it starts (before the clock).
+        TransportConfig(secret=SECRET, streams=streams, prefault_bytes=size + (1 << 20)),
         sources=[(host, port)],
         active=(0, h0),
     )

@@ -386,6 +386,32 @@ def test_a_node_that_activates_each_version_receives_the_next_into_the_reused_ar
     assert all(np.array_equal(state[k], new2[k]) for k in new2)
 
 
+def test_a_relay_and_the_trainer_keep_only_the_newest_versions_in_memory():
+    old, new, h0, segments = _step()
+    chain_of = [segments]
+    weights, h = new, segments[-1].data[-40:-8].hex()
+    for v in (2, 3):
+        nxt = {k: x ^ v for k, x in weights.items()}
+        enc = DeltaEncoder(weights, nxt, model="toy", version=v, base_hash=h, segment_size=4096)
+        chain_of.append(list(enc.segments()))
+        weights, h = nxt, enc.weights_hash
+
+    async def main():
+        cfg = TransportConfig(secret=SECRET, streams=2, stall_s=0.2, cache_versions=2)
+        trainer, relay, (actor,), nodes = await _tree(1, h0=h0, cfg=cfg)
+        for v, segs in enumerate(chain_of, 1):
+            await trainer.publish(v, segs)
+            await actor.wait_for(lambda v=v: v in actor.staged, 10)
+        kept = (sorted(trainer.versions), sorted(relay.versions), sorted(actor.staged))
+        for n in nodes:
+            await n.close()
+        return kept
+
+    trainer_kept, relay_kept, actor_staged = run(main())
+    assert trainer_kept == [2, 3] and relay_kept == [2, 3]
+    assert actor_staged == [1, 2, 3]  # an Actor keeps what it has not activated
+
+
 class _FakeTransport:
     def __init__(self):
         self.aborted = False

@@ -68,9 +68,13 @@ class TransportConfig:
     max_delta_bytes: int = DEFAULT_CAPACITY
     """Largest delta a receiver accepts (bytes): the address space reserved for each one it
     reassembles (committed only as bytes arrive; :mod:`aurora.delta.arena`)."""
+    cache_versions: int = 8
+    """Versions a source or relay keeps in memory to serve late subscribers and re-fetches; older
+    ones are dropped (catch-up further back comes from the Checkpoint Store). An Actor keeps what
+    it has not yet activated (:meth:`Node.activate`)."""
     prefault_bytes: int = 0
-    """Receive memory committed when the node subscribes, before the first delta (bytes): set it
-    to the expected delta size so that the first one, too, arrives into committed pages."""
+    """Receive memory committed when the node is made, before the first delta (bytes): set it to
+    the expected delta size so that the first one, too, arrives into committed pages."""
 
     def __post_init__(self) -> None:
         if len(self.secret) < 16:
@@ -79,6 +83,10 @@ class TransportConfig:
             raise ValueError(f"TransportConfig.streams must be >= 1, got {self.streams}")
         if not self.stall_s > 0:
             raise ValueError(f"TransportConfig.stall_s must be > 0, got {self.stall_s}")
+        if self.cache_versions < 1:
+            raise ValueError(
+                f"TransportConfig.cache_versions must be >= 1, got {self.cache_versions}"
+            )
         if self.max_delta_bytes < 1024:
             raise ValueError(
                 f"TransportConfig.max_delta_bytes must be >= 1024, got {self.max_delta_bytes}"
@@ -224,6 +232,8 @@ class Node:
         self._server: asyncio.base_events.Server | None = None
         self._upstream: list[_Upstream] = []
         self._arenas = ArenaPool(config.max_delta_bytes)
+        if config.prefault_bytes:
+            self._arenas.prefault(config.prefault_bytes)
         self._tasks: set[asyncio.Task] = set()
         self._source_index = -1
         self._changed = asyncio.Event()
@@ -241,8 +251,6 @@ class Node:
         """Subscribe to the first reachable source (then the next ones on failure)."""
         if not self.sources:
             raise ValueError(f"node {self.id}: no source to subscribe to")
-        if self.config.prefault_bytes:
-            self._arenas.prefault(self.config.prefault_bytes)
         await self._fall_back()
         self._spawn(self._watchdog())
 
@@ -277,6 +285,7 @@ class Node:
                 if sub.subscribed:
                     sub.send_segment(version, seg)
             await asyncio.sleep(0)  # let the writers run while the producer works
+        self._trim_cache()
 
     async def commit(self, version: int) -> None:
         """Send ``COMMIT(version)`` down the tree (after the data)."""
@@ -491,6 +500,8 @@ class Node:
         st.delta = delta
         if st.commit_pending:
             self._on_commit(version)
+        if self.active is None:
+            self._trim_cache()
         if self.active is not None and not trusted:
             known = {self.active[0]: self.active[1]} | {
                 d.version: d.weights_hash for d in self.staged.values()
@@ -563,6 +574,18 @@ class Node:
                 live[0].send(
                     [wire.control({"op": "fetch", "version": v, "have": sorted(st.segments)})]
                 )
+
+    def _trim_cache(self) -> None:
+        """A source or relay keeps the newest ``cache_versions`` complete versions (bounded
+        memory over thousands of steps); an incomplete one is never dropped here."""
+        done = sorted(
+            v
+            for v, st in self.versions.items()
+            if st.delta is not None or (st.reassembler is None and st.segments)
+        )
+        for v in done[: -self.config.cache_versions]:
+            del self.versions[v]
+            self.committed.discard(v)
 
     def release(self, upto: int) -> None:
         """Forget every version up to ``upto`` (this node has applied them, or no longer serves
