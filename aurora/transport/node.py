@@ -112,6 +112,10 @@ _MID_FRAME_LIMIT_STALLS = 60
 """A frame arriving for longer than this many ``stall_s`` counts as stuck (30 s by default)."""
 
 
+_WRITE_CHUNK = 1 << 20
+"""Bytes handed to a socket per write (1 MiB: below the send buffer, so most go straight in)."""
+
+
 class _Stream:
     """One connection's writer, fed through a queue so that senders never block each other."""
 
@@ -124,10 +128,15 @@ class _Stream:
     async def _run(self) -> None:
         try:
             while (pieces := await self.queue.get()) is not None:
-                # One write per piece: a segment's data goes to the socket as it is, where
-                # writelines would first join it with its header (a copy of every byte sent).
+                # A piece at a time, in chunks, draining in between: each chunk goes from the
+                # segment to the kernel as it is. writelines would first join the data with its
+                # header, and a 4 MiB write the socket cannot take at once leaves the rest to be
+                # copied into the transport's buffer (Python < 3.12): a copy of every byte sent.
                 for piece in pieces:
-                    self.writer.write(piece)
+                    view = memoryview(piece)
+                    for at in range(0, len(view), _WRITE_CHUNK):
+                        self.writer.write(view[at : at + _WRITE_CHUNK])
+                        await self.writer.drain()
                 await self.writer.drain()
         except (ConnectionError, OSError):
             pass
