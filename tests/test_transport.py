@@ -412,6 +412,24 @@ def test_a_relay_and_the_trainer_keep_only_the_newest_versions_in_memory():
     assert actor_staged == [1, 2, 3]  # an Actor keeps what it has not activated
 
 
+def test_a_copy_racing_the_stream_that_fills_the_slot_neither_counts_nor_blocks_it():
+    """A re-fetched copy that arrives while the original stream is still writing the slot is
+    dropped; the original, once in, is what the node holds and forwards."""
+    _, _, h0, segments = _step()
+    node = Node("ca-0", CFG, active=(0, h0))
+    s1 = segments[1]
+    view = node._slot(1, s1.key, 1, s1.offset, len(s1.data), False)
+    assert view is not None
+    node._accept(1, s1, trusted=False)  # the racing copy, received elsewhere
+    assert 1 not in node.versions[1].segments
+    view[:] = s1.data
+    node._accept(1, Segment(s1.key, 1, s1.offset, view, s1.checksum), trusted=False)
+    assert node.versions[1].segments[1].data is view
+    for seg in segments:
+        node._accept(1, seg, trusted=False)
+    assert 1 in node.staged
+
+
 class _FakeTransport:
     def __init__(self):
         self.aborted = False

@@ -127,7 +127,8 @@ class Segment:
     """0..n-1 for payload segments; n for the trailer."""
     offset: int
     """Byte offset of ``data`` in the payload (the payload length for the trailer)."""
-    data: bytes
+    data: bytes | bytearray | memoryview
+    """The bytes (a view into the receiver's arena when received in place)."""
     checksum: str
     """Leaf hash of ``data`` (payload segments; for the trailer, H(trailer bytes))."""
     trailer: bool = False
@@ -777,6 +778,16 @@ class Reassembler:
         plen, seg_size, leaves = self._trailer
         if not (0 <= seq < len(leaves)) or offset != seq * seg_size or leaf != leaves[seq]:
             raise CorruptError(f"segment {seq} does not match the trailer's hash for it")
+
+    def holds(self, seq: int, *, trailer: bool = False) -> bool:
+        """Whether segment ``seq`` (or the trailer) is verified and held."""
+        if trailer:
+            return (
+                self._trailer_at is not None
+                and self._trailer is not None
+                and seq == len(self._trailer[2])
+            )
+        return seq in self._held
 
     @property
     def complete(self) -> bool:

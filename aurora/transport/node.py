@@ -486,6 +486,8 @@ class Node:
                 s: x for s, x in st.segments.items() if s not in st.reassembler.missing()
             }
             return
+        if not st.reassembler.holds(seg.seq, trailer=seg.trailer):
+            return  # a copy of one another stream is still receiving: that one counts
         st.segments[seg.seq] = seg
         st.progress = time.monotonic()
         for sub in self.subscribers.values():
