@@ -9,9 +9,14 @@ subscribes. A subscription is ``S`` TCP connections to the source, each authenti
 
 * **Striping.** A source sends each segment of ``D_v`` on the next live connection of each
   subscriber, round-robin, so a stall on one stream delays only its segments.
+* **Receive in place.** Each upstream connection is a :class:`~aurora.transport.framing.
+  FrameReader`: the bytes of a segment go from the socket straight into the slot the
+  :class:`aurora.delta.format.Reassembler` gives for them, in one arena per delta
+  (:mod:`aurora.delta.arena`, pooled by :mod:`aurora.transport.arenas`), and the complete file is
+  parsed where it lies. No byte is copied after the kernel's copy out of the socket.
 * **Verify, then forward.** A receiver checks every segment (its leaf hash; once the trailer is
-  in, the trailer's hash list and Merkle root) with :class:`aurora.delta.format.Reassembler`
-  before doing anything with it. A relay forwards each verified segment to its own subscribers
+  in, the trailer's hash list and Merkle root) with the reassembler before doing anything with
+  it. A relay forwards each verified segment to its own subscribers
   the moment it has it (cut-through), and caches it to serve catch-up and re-fetches.
 * **Nothing lost.** A receiver that makes no progress on an incomplete version for ``stall_s``
   (a stream broke, a segment was refused as corrupt, the relay vanished) sends ``FETCH`` with the
@@ -22,6 +27,9 @@ subscribes. A subscription is ``S`` TCP connections to the source, each authenti
   delta on a foreign base is refused with the reason, never half-staged.
 * **Commit** travels the same tree after the data: a relay forwards ``COMMIT(v)`` only once it
   holds ``D_v`` whole.
+* **Memory.** An Actor calls :meth:`Node.activate` once it has applied ``D_v``; everything up to
+  ``v`` is released and its arena goes back to the pool for the next delta. A source or relay
+  keeps the newest ``cache_versions`` versions.
 """
 
 from __future__ import annotations
