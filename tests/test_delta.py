@@ -447,8 +447,12 @@ def test_a_trailer_magic_right_before_the_end_is_refused_as_truncated(step):
 
 
 def _receive_into_slot(ra, seg, data=None):
-    """What the transport does: ask for the slot, let the socket fill it, add it."""
+    """What the transport does: ask for the slot, let the socket fill it, add it (the trailer
+    has no slot: it is kept apart)."""
     view = ra.slot(seg.key, seg.seq, seg.offset, len(seg.data), seg.trailer)
+    if seg.trailer:
+        assert view is None
+        return ra.add(seg)
     assert view is not None
     view[:] = seg.data if data is None else data
     return ra.add(Segment(seg.key, seg.seq, seg.offset, view, seg.checksum, seg.trailer))
@@ -512,6 +516,26 @@ def test_verified_bytes_are_never_overwritten_by_an_overlapping_segment(step):
         ra.add(Segment(segs[0].key, 5, 100, forged, leaf_hash(forged).hex()))
     assert ra.slot(segs[0].key, 5, 100, 300, False) is None
     assert bytes(ra._arena[:1024]) == segs[0].data
+
+
+def test_forged_segments_received_before_the_trailer_cannot_keep_the_delta_from_completing(step):
+    from aurora.delta.format import leaf_hash
+
+    old, new, h0 = step
+    data = encode_delta(old, new, model="m", version=1, base_hash=h0, segment_size=1 << 10)
+    segs = segments_of(data)
+    ra = Reassembler()
+    junk = bytes(1500)  # self-consistent, straddling segments 2 and 3
+    ra.add(Segment(segs[0].key, 2, 2048 + 100, junk, leaf_hash(junk).hex()))
+    in_flight = ra.slot(segs[0].key, 9, 4096 + 10, 900, False)  # forged, still arriving
+    assert in_flight is not None and ra.slot(segs[0].key, 2, 2048, 1024, False) is None
+    with pytest.raises(CorruptError, match=r"segments \[2\]"):
+        ra.add(segs[-1])  # the trailer refutes the forged segment 2
+    assert ra.slot(segs[0].key, 9, 4096 + 10, 900, False) is None  # not a slot of this delta
+    ra.abandon(in_flight)  # the forging stream is closed
+    for s in segs[:-1]:
+        _receive_into_slot(ra, s)
+    assert ra.result().id == read_delta(data).id
 
 
 def test_a_corrupt_segment_received_in_place_frees_its_slot_for_the_refetch(step):

@@ -25,6 +25,7 @@ base version and h(base) are checked, before the first byte of the weights is wr
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import os
 import struct
@@ -432,25 +433,32 @@ def _parse_trailer(mv: memoryview, segment_size: int) -> tuple[int, int, list[by
     end = len(mv)
     if end < len(MAGIC) or bytes(mv[end - len(MAGIC) :]) != MAGIC:
         raise TruncatedError("the file does not end with the trailer magic (truncated or corrupt)")
-    fixed = len(TRAILER_MAGIC) + 16 + 2 * HASH_BYTES + len(MAGIC)
     start = _find_trailer(mv, segment_size)
-    if start + fixed > end:
+    return _trailer_fields(mv[start:], start)
+
+
+_TRAILER_FIXED = len(TRAILER_MAGIC) + 16 + 2 * HASH_BYTES + len(MAGIC)
+
+
+def _trailer_fields(tv: memoryview, payload_len: int) -> tuple[int, int, list[bytes], bytes, bytes]:
+    """(payload length, segment size, leaf hashes, id(D_v), h(v)) of the trailer bytes ``tv``,
+    which must follow a payload of ``payload_len`` bytes."""
+    if len(tv) < _TRAILER_FIXED:
         raise TruncatedError("the trailer is shorter than its fixed part")
-    payload_len, seg_size, n = struct.unpack_from("<QII", mv, start + len(TRAILER_MAGIC))
-    need = start + fixed + n * HASH_BYTES
-    if payload_len != start or need != end:
-        raise CorruptError(
-            f"trailer: payload length {payload_len} / {n} segments do not fit the file"
-        )
-    pos = start + len(TRAILER_MAGIC) + 16
-    leaves = [bytes(mv[pos + i * HASH_BYTES : pos + (i + 1) * HASH_BYTES]) for i in range(n)]
+    if bytes(tv[: len(TRAILER_MAGIC)]) != TRAILER_MAGIC or bytes(tv[-len(MAGIC) :]) != MAGIC:
+        raise CorruptError("trailer: bad magic")
+    plen, seg_size, n = struct.unpack_from("<QII", tv, len(TRAILER_MAGIC))
+    if plen != payload_len or _TRAILER_FIXED + n * HASH_BYTES != len(tv):
+        raise CorruptError(f"trailer: payload length {plen} / {n} segments do not fit the file")
+    pos = len(TRAILER_MAGIC) + 16
+    leaves = [bytes(tv[pos + i * HASH_BYTES : pos + (i + 1) * HASH_BYTES]) for i in range(n)]
     pos += n * HASH_BYTES
     return (
-        start,
+        plen,
         seg_size,
         leaves,
-        bytes(mv[pos : pos + HASH_BYTES]),
-        bytes(mv[pos + HASH_BYTES : pos + 2 * HASH_BYTES]),
+        bytes(tv[pos : pos + HASH_BYTES]),
+        bytes(tv[pos + HASH_BYTES : pos + 2 * HASH_BYTES]),
     )
 
 
@@ -489,13 +497,18 @@ def _read_delta(
     expected_id: str | None = None,
     expected_hash: str | None = None,
     leaves_checked: bool = False,
+    trailer: bytes | None = None,
 ) -> Delta:
     """:func:`read_delta`; ``leaves_checked`` skips re-hashing segments that the caller (the
-    :class:`Reassembler`) already checked one by one against this trailer's leaf hashes. The
-    codec streams of the result are read-only views into ``data``."""
+    :class:`Reassembler`) already checked one by one against this trailer's leaf hashes; with
+    ``trailer``, ``data`` is the payload alone. The codec streams of the result are read-only
+    views into ``data``."""
     mv = memoryview(data).toreadonly()
     head, pos = parse_header(mv)
-    payload_len, seg_size, leaves, delta_id, h_v = _parse_trailer(mv, head["segment_size"])
+    if trailer is None:
+        payload_len, seg_size, leaves, delta_id, h_v = _parse_trailer(mv, head["segment_size"])
+    else:
+        payload_len, seg_size, leaves, delta_id, h_v = _trailer_fields(memoryview(trailer), len(mv))
     if seg_size != head["segment_size"]:
         raise CorruptError(f"trailer segment size {seg_size} != header {head['segment_size']}")
     expect_n = -(-payload_len // seg_size)
@@ -563,7 +576,7 @@ def _read_delta(
         delta_id.hex(),
         seg_size,
         tuple(tensors),
-        len(mv),
+        len(mv) + (len(trailer) if trailer is not None else 0),
         tuple(leaves),
     )
 
@@ -580,13 +593,15 @@ def read_delta_file(path: str | os.PathLike[str], **kw: str) -> Delta:
 class Reassembler:
     """Collects the segments of one delta in any order and yields it only when verified.
 
-    Segments are placed at their offsets in one contiguous arena (:mod:`aurora.delta.arena`), so
-    :meth:`result` parses the file where it lies. A receiver that asks :meth:`slot` for the view a
-    segment belongs in can have the socket write the bytes straight there; :meth:`add` then
-    verifies them in place. Bytes that arrive elsewhere (a test, a store) are verified first and
-    then copied in. A slot is exclusively its receiver's until it is added or :meth:`abandon`-ed,
-    and verified bytes are never written again, so a duplicate, a re-fetch racing the original,
-    or a forged offset can never change what was verified.
+    Payload segments are placed at their offsets in one contiguous arena
+    (:mod:`aurora.delta.arena`), so :meth:`result` parses the payload where it lies; the trailer
+    (32 bytes a segment) is kept apart. A receiver that asks :meth:`slot` for the view a segment
+    belongs in can have the socket write the bytes straight there; :meth:`add` then verifies them
+    in place. Bytes that arrive elsewhere (a test, a store) are verified first and then copied in.
+    A slot is exclusively its receiver's until it is added or :meth:`abandon`-ed, verified bytes
+    are never written again, and once the trailer is in only the slots it lists are handed out,
+    so a duplicate, a re-fetch racing the original or a forged offset can never change what was
+    verified, nor keep the delta from completing once the forged bytes are refused.
 
     ``expected_id`` / ``expected_hash`` (from the Ledger) make segments from untrusted relays
     safe: once the trailer is in, every segment is checked against the trailer's leaf hashes,
@@ -617,8 +632,8 @@ class Reassembler:
         self._slots: dict[int, tuple[memoryview, int]] = {}
         """Slots handed out and not yet added or abandoned: offset -> (view, seq)."""
         self._trailer: tuple[int, int, list[bytes]] | None = None
-        self._trailer_at: tuple[int, int] | None = None
-        """(offset, length) of the verified trailer in the arena."""
+        """(payload length, segment size, leaf hashes) from the verified trailer."""
+        self._trailer_bytes: bytes | None = None
 
     # -- arena bookkeeping -----------------------------------------------------------------
 
@@ -651,10 +666,15 @@ class Reassembler:
         segment is held already, its range is taken (another receiver is filling it, or it
         overlaps held bytes) or it is foreign: receive it elsewhere and :meth:`add` it (it will be
         dropped as a duplicate or refused)."""
-        if self.key is not None and key != self.key:
+        if trailer or (self.key is not None and key != self.key) or seq in self._held:
             return None
-        if (self._trailer_at is not None) if trailer else (seq in self._held):
-            return None
+        if self._trailer is not None:
+            plen, seg_size, leaves = self._trailer
+            if not 0 <= seq < len(leaves) or (offset, length) != (
+                seq * seg_size,
+                min(seg_size, plen - seq * seg_size),
+            ):
+                return None  # not a segment of this delta: receive it elsewhere, to be refused
         if not self._free(offset, offset + length):
             return None
         self._claim(offset, offset + length)
@@ -679,12 +699,16 @@ class Reassembler:
             raise ForeignSegmentError(
                 f"segment {seg.seq} belongs to delta {seg.key[:12]}.., not {self.key[:12]}.."
             )
+        if seg.trailer:
+            with contextlib.suppress(_Duplicate):
+                self._add_trailer(seg)
+            return self.complete
         end = seg.offset + len(seg.data)
         in_place = seg.offset in self._slots and self._slots[seg.offset][0] is seg.data
         if in_place:
             del self._slots[seg.offset]
         try:
-            refused = (self._add_trailer if seg.trailer else self._add_payload)(seg, in_place)
+            self._add_payload(seg, in_place)
         except _Duplicate:
             return self.complete
         except DeltaError:
@@ -694,8 +718,6 @@ class Reassembler:
         if not in_place:
             self._claim(seg.offset, end)
             self._buffer()[seg.offset : end] = seg.data
-        if refused:
-            raise CorruptError(f"segments {refused} do not match the trailer; fetch them again")
         return self.complete
 
     def _check_place(self, seg: Segment) -> None:
@@ -710,7 +732,7 @@ class Reassembler:
                 "bytes held or being received, or lies outside the arena"
             )
 
-    def _add_payload(self, seg: Segment, in_place: bool) -> list[int]:
+    def _add_payload(self, seg: Segment, in_place: bool) -> None:
         if not in_place and seg.seq in self._held:
             off, n = self._held[seg.seq]
             if (off, n) != (seg.offset, len(seg.data)) or self._buffer()[off : off + n] != seg.data:
@@ -725,13 +747,11 @@ class Reassembler:
             self._check_place(seg)
         self._held[seg.seq] = (seg.offset, len(seg.data))
         self._leaf[seg.seq] = leaf
-        return []
 
-    def _add_trailer(self, seg: Segment, in_place: bool) -> list[int]:
-        """Verify and take the trailer; returns the held segments it refutes (dropped)."""
-        if self._trailer_at is not None and not in_place:
-            off, n = self._trailer_at
-            if (off, n) != (seg.offset, len(seg.data)) or self._buffer()[off : off + n] != seg.data:
+    def _add_trailer(self, seg: Segment) -> None:
+        """Verify and take the trailer, and drop the held segments it refutes."""
+        if self._trailer_bytes is not None:
+            if self._trailer_bytes != seg.data:
                 raise CorruptError("trailer: a second, different copy")
             raise _Duplicate
         if H(seg.data).hex() != seg.checksum:
@@ -759,10 +779,8 @@ class Reassembler:
             h_v = bytes(mv[24 + (n + 1) * HASH_BYTES : 24 + (n + 2) * HASH_BYTES])
             if h_v.hex() != self.expected_hash:
                 raise CorruptError("trailer: h(v) is not the one the Ledger published")
-        if not in_place:
-            self._check_place(seg)
         self._trailer = (plen, seg_size, leaves)
-        self._trailer_at = (seg.offset, len(seg.data))
+        self._trailer_bytes = bytes(seg.data)
         bad = []
         for seq, (off, _) in list(self._held.items()):
             try:
@@ -771,7 +789,8 @@ class Reassembler:
                 del self._held[seq], self._leaf[seq]
                 self._release(off)
                 bad.append(seq)
-        return bad
+        if bad:
+            raise CorruptError(f"segments {bad} do not match the trailer; fetch them again")
 
     def _check_against_trailer(self, seq: int, offset: int, leaf: bytes) -> None:
         assert self._trailer is not None
@@ -782,11 +801,7 @@ class Reassembler:
     def holds(self, seq: int, *, trailer: bool = False) -> bool:
         """Whether segment ``seq`` (or the trailer) is verified and held."""
         if trailer:
-            return (
-                self._trailer_at is not None
-                and self._trailer is not None
-                and seq == len(self._trailer[2])
-            )
+            return self._trailer is not None and seq == len(self._trailer[2])
         return seq in self._held
 
     @property
@@ -803,15 +818,15 @@ class Reassembler:
         """The verified delta, parsed in place: its streams are views into the arena."""
         if not self.complete:
             raise TruncatedError(f"delta incomplete: missing segments {self.missing()[:10]}")
-        assert self._trailer_at is not None
-        off, n = self._trailer_at
+        assert self._trailer is not None and self._trailer_bytes is not None
         # Every part was checked against the trailer's leaf hashes as it came in (and the
         # trailer against its Merkle root): only the structure is left to verify.
         return _read_delta(
-            self._buffer()[: off + n].toreadonly(),
+            self._buffer()[: self._trailer[0]],
             expected_id=self.expected_id,
             expected_hash=self.expected_hash,
             leaves_checked=True,
+            trailer=self._trailer_bytes,
         )
 
 
