@@ -4,6 +4,7 @@ bases, wrong secrets. Every Actor ends with a verified delta or a clear refusal.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import msgpack
@@ -428,6 +429,80 @@ def test_a_copy_racing_the_stream_that_fills_the_slot_neither_counts_nor_blocks_
     for seg in segments:
         node._accept(1, seg, trusted=False)
     assert 1 in node.staged
+
+
+async def _hand_made_source(send_on_subscribe):
+    """A source that authenticates like a Node and then runs ``send_on_subscribe(writer)`` when
+    asked to subscribe; a fetch is answered with every segment not held."""
+    _, _, h0, segments = _step()
+
+    async def handle(reader, writer):
+        await wire.server_handshake(lambda: wire.read_frame(reader), writer.write, secret=SECRET)
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                _, body = await wire.read_frame(reader)
+                msg = wire.parse_control(body)
+                if msg["op"] == "subscribe":
+                    asyncio.ensure_future(send_on_subscribe(writer, segments))
+                elif msg["op"] == "fetch":
+                    for seg in segments:
+                        if seg.seq not in msg["have"]:
+                            writer.writelines(wire.segment_frame(1, seg))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], h0
+
+
+def test_a_stream_silent_in_the_middle_of_a_frame_is_closed_and_its_segment_fetched(caplog):
+    async def send(writer, segments):
+        for seg in segments:
+            frame = b"".join(bytes(p) for p in wire.segment_frame(1, seg))
+            if seg.seq == 3:
+                writer.write(frame[: len(frame) // 2])
+                return  # and silence, on an open connection
+            writer.write(frame)
+
+    async def main():
+        server, port, h0 = await _hand_made_source(send)
+        cfg = TransportConfig(secret=SECRET, streams=2, stall_s=0.1)
+        actor = Node("ca-0", cfg, sources=[("127.0.0.1", port)], active=(0, h0))
+        t = asyncio.get_running_loop().time()
+        await actor.subscribe()
+        await actor.wait_for(lambda: 1 in actor.staged, 10)
+        elapsed = asyncio.get_running_loop().time() - t
+        await actor.close()
+        server.close()
+        return elapsed
+
+    with caplog.at_level(logging.WARNING, logger="aurora.transport"):
+        elapsed = run(main())
+    assert "silent mid-frame; closing it" in caplog.text
+    assert elapsed < 4.0  # 10 silent stall periods (1 s), not a fixed frame deadline
+
+
+def test_a_slow_stream_that_keeps_receiving_is_never_closed(caplog):
+    async def send(writer, segments):
+        for seg in segments:
+            frame = b"".join(bytes(p) for p in wire.segment_frame(1, seg))
+            if seg.seq != 1:
+                writer.write(frame)
+                continue
+            for at in range(0, len(frame), len(frame) // 40):  # one frame over ~3.2 s
+                writer.write(frame[at : at + len(frame) // 40])
+                await asyncio.sleep(0.08)
+
+    async def main():
+        server, port, h0 = await _hand_made_source(send)
+        cfg = TransportConfig(secret=SECRET, streams=1, stall_s=0.05)
+        actor = Node("ca-0", cfg, sources=[("127.0.0.1", port)], active=(0, h0))
+        await actor.subscribe()
+        await actor.wait_for(lambda: 1 in actor.staged, 10)
+        await actor.close()
+        server.close()
+
+    with caplog.at_level(logging.INFO, logger="aurora.transport"):
+        run(main())
+    assert "closing it" not in caplog.text and "upstream stream closed" not in caplog.text
 
 
 class _FakeTransport:

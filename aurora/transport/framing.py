@@ -61,6 +61,8 @@ class FrameReader(asyncio.BufferedProtocol):
         self.state = HEAD
         self.frame_since: float | None = None
         """When the frame now arriving began (monotonic s); None between frames."""
+        self.last_byte = time.monotonic()
+        """When the last bytes arrived (monotonic s)."""
         self.closed = False
         self._frames: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
         self._head = bytearray(_HEAD.size)
@@ -81,6 +83,7 @@ class FrameReader(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._pos += nbytes
+        self.last_byte = time.monotonic()
         try:
             while self._pos == len(self._target) and not self.closed:
                 self._advance()

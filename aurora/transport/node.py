@@ -7,8 +7,10 @@ source, with a list of fallbacks). The Trainer only serves; a relay does both; a
 subscribes. A subscription is ``S`` TCP connections to the source, each authenticated
 (:mod:`aurora.transport.wire`), with socket buffers and congestion control set per socket.
 
-* **Striping.** A source sends each segment of ``D_v`` on the next live connection of each
-  subscriber, round-robin, so a stall on one stream delays only its segments.
+* **Striping.** A source queues each segment of ``D_v`` once per subscriber, and each of the
+  subscriber's connections takes the next one as soon as it has handed its last to the kernel:
+  round-robin while the streams are equal, and a slow or stalled stream stops taking segments
+  once its socket buffer is full, so it delays only the few it holds.
 * **Receive in place.** Each upstream connection is a :class:`~aurora.transport.framing.
   FrameReader`: the bytes of a segment go from the socket straight into the slot the
   :class:`aurora.delta.format.Reassembler` gives for them, in one arena per delta
@@ -35,6 +37,7 @@ subscribes. A subscription is ``S`` TCP connections to the source, each authenti
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import ssl
@@ -116,8 +119,10 @@ def run(main):  # type: ignore[no-untyped-def]
     return uvloop.run(main)
 
 
-_MID_FRAME_LIMIT_STALLS = 60
-"""A frame arriving for longer than this many ``stall_s`` counts as stuck (30 s by default)."""
+_SILENT_LIMIT_STALLS = 10
+"""A stream in the middle of a frame that has received no byte for this many ``stall_s`` is
+stuck (5 s by default: longer than TCP's retransmission backoff after three losses in a row)
+and is closed. A slow stream that keeps receiving is never closed, however long a frame takes."""
 
 
 _WRITE_CHUNK = 1 << 20
@@ -125,17 +130,32 @@ _WRITE_CHUNK = 1 << 20
 
 
 class _Stream:
-    """One connection's writer, fed through a queue so that senders never block each other."""
+    """One connection to a subscriber. It sends its own frames first (control), then pulls the
+    next segment from the subscriber's shared queue whenever it has handed the last one to the
+    kernel, so a slow or stalled stream stops taking segments once its socket buffer is full
+    and the others carry the rest (striping that is round-robin while streams are equal)."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, writer: asyncio.StreamWriter, shared: collections.deque[list[bytes]]
+    ) -> None:
         self.writer = writer
-        self.queue: asyncio.Queue[list[bytes] | None] = asyncio.Queue()
+        self.own: collections.deque[list[bytes]] = collections.deque()
+        self.shared = shared
+        self.wake = asyncio.Event()
         self.alive = True
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
         try:
-            while (pieces := await self.queue.get()) is not None:
+            while True:
+                if self.own:
+                    pieces = self.own.popleft()
+                elif self.shared:
+                    pieces = self.shared.popleft()
+                else:
+                    self.wake.clear()
+                    await self.wake.wait()
+                    continue
                 # A piece at a time, in chunks, draining in between: each chunk goes from the
                 # segment to the kernel as it is. writelines would first join the data with its
                 # header, and a 4 MiB write the socket cannot take at once leaves the rest to be
@@ -145,15 +165,16 @@ class _Stream:
                     for at in range(0, len(view), _WRITE_CHUNK):
                         self.writer.write(view[at : at + _WRITE_CHUNK])
                         await self.writer.drain()
-                await self.writer.drain()
         except (ConnectionError, OSError):
             pass
         finally:
             self.alive = False
 
     def send(self, pieces: list[bytes]) -> None:
+        """Send ``pieces`` on this connection, ahead of any segment not yet taken."""
         if self.alive:
-            self.queue.put_nowait(pieces)
+            self.own.append(pieces)
+            self.wake.set()
 
     def abort(self) -> None:
         self.alive = False
@@ -174,9 +195,9 @@ class _Upstream:
     def alive(self) -> bool:
         return not (self.reader.closed or self.aborted)
 
-    @property
-    def frame_since(self) -> float | None:
-        return self.reader.frame_since
+    def stuck(self, now: float, limit_s: float) -> bool:
+        """In the middle of a frame and silent for ``limit_s``."""
+        return self.reader.frame_since is not None and now - self.reader.last_byte >= limit_s
 
     def send(self, pieces: list[bytes]) -> None:
         if self.alive:
@@ -192,16 +213,26 @@ class _Subscriber:
     id: str
     streams: list[_Stream] = field(default_factory=list)
     subscribed: bool = False
-    rr: int = 0
+    pending: collections.deque[list[bytes]] = field(default_factory=collections.deque)
+    """Segment frames not yet taken by a stream (each live stream pulls from here)."""
 
     def live(self) -> list[_Stream]:
         return [s for s in self.streams if s.alive]
 
+    def add_stream(self, writer: asyncio.StreamWriter) -> _Stream:
+        stream = _Stream(writer, self.pending)
+        self.streams = [*self.live(), stream]
+        return stream
+
     def send_segment(self, version: int, seg: Segment) -> None:
         live = self.live()
-        if live:
-            self.rr = (self.rr + 1) % len(live)
-            live[self.rr].send(wire.segment_frame(version, seg))
+        if not live:
+            # Nobody to take it: the subscriber re-subscribes or fetches what it misses.
+            self.pending.clear()
+            return
+        self.pending.append(wire.segment_frame(version, seg))
+        for s in live:
+            s.wake.set()
 
     def send_control(self, msg: dict) -> None:
         live = self.live()
@@ -337,8 +368,7 @@ class Node:
             writer, buffer_bytes=self.config.buffer_bytes, congestion=self.config.congestion
         )
         sub = self.subscribers.setdefault(hello["id"], _Subscriber(hello["id"]))
-        stream = _Stream(writer)
-        sub.streams.append(stream)
+        stream = sub.add_stream(writer)
         try:
             while True:
                 kind, body = await wire.read_frame(reader)
@@ -564,19 +594,12 @@ class Node:
                 continue
             live = [s for s in self._upstream if s.alive]
             for s in live:
-                if (
-                    s.frame_since is not None
-                    and now - s.frame_since >= _MID_FRAME_LIMIT_STALLS * self.config.stall_s
-                ):
+                if s.stuck(now, _SILENT_LIMIT_STALLS * self.config.stall_s):
                     # Stuck, not slow: close it, which hands its slot back for the re-fetch.
-                    log.warning("%s: an upstream stream is stuck mid-frame; closing it", self.id)
+                    log.warning("%s: an upstream stream is silent mid-frame; closing it", self.id)
                     s.abort()
             live = [s for s in live if s.alive]
-            if any(
-                s.frame_since is not None
-                and now - s.frame_since < _MID_FRAME_LIMIT_STALLS * self.config.stall_s
-                for s in live
-            ):
+            if any(s.reader.frame_since is not None for s in live):
                 # A segment is still arriving: slow streams (many of them sharing a thin link)
                 # are not stalled, and fetching now would send in-flight segments twice.
                 continue
