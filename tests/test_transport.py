@@ -431,6 +431,33 @@ def test_a_copy_racing_the_stream_that_fills_the_slot_neither_counts_nor_blocks_
     assert 1 in node.staged
 
 
+def test_a_stalled_stream_stops_taking_segments_and_the_others_carry_the_rest():
+    rng = np.random.default_rng(3)
+    old = {"w": rng.integers(0, 2**16, 1_700_000, dtype=np.uint16)}
+    new = {"w": old["w"] ^ 1}
+    h0 = weights_hash(old)
+    enc = DeltaEncoder(
+        old, new, model="toy", version=1, base_hash=h0, codec="naive", segment_size=64 << 10
+    )
+    segments = list(enc.segments())  # ~10 MB in 160 segments
+
+    async def main():
+        cfg = TransportConfig(secret=SECRET, streams=2, stall_s=0.2, buffer_bytes=256 << 10)
+        trainer, _, (actor,), nodes = await _tree(1, relay=False, h0=h0, cfg=cfg)
+        actor._upstream[1].transport.pause_reading()  # this connection stops moving
+        await trainer.publish(1, segments)
+        await actor.wait_for(lambda: 1 in actor.staged, 15)
+        taken = [s.segments_sent for s in trainer.subscribers["ca-0"].streams]
+        for n in nodes:
+            await n.close()
+        return taken
+
+    taken = run(main())
+    # The stalled connection took what fits in its socket buffers (~1 MB), not half of 10 MB;
+    # the rest, and a re-fetch of what it holds, went over the other one.
+    assert taken[1] < 0.25 * len(segments) and taken[0] + taken[1] >= len(segments)
+
+
 async def _hand_made_source(send_on_subscribe):
     """A source that authenticates like a Node and then runs ``send_on_subscribe(writer)`` when
     asked to subscribe; a fetch is answered with every segment not held."""

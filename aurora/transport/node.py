@@ -143,6 +143,8 @@ class _Stream:
         self.shared = shared
         self.wake = asyncio.Event()
         self.alive = True
+        self.segments_sent = 0
+        """Segment frames this connection has taken from the shared queue."""
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
@@ -152,6 +154,7 @@ class _Stream:
                     pieces = self.own.popleft()
                 elif self.shared:
                     pieces = self.shared.popleft()
+                    self.segments_sent += 1
                 else:
                     self.wake.clear()
                     await self.wake.wait()
