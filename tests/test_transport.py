@@ -431,6 +431,24 @@ def test_a_copy_racing_the_stream_that_fills_the_slot_neither_counts_nor_blocks_
     assert 1 in node.staged
 
 
+def test_a_peer_that_announces_a_huge_frame_before_authenticating_is_cut_off(caplog):
+    async def main():
+        trainer = Node("trainer", CFG)
+        port = await trainer.serve()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(wire._HEAD.pack(200 << 20, wire.HELLO))  # and never the 200 MB
+        await writer.drain()
+        closed = await asyncio.wait_for(reader.read(), 5)  # EOF: the server hung up at once
+        writer.close()
+        await trainer.close()
+        return closed, trainer
+
+    with caplog.at_level(logging.WARNING, logger="aurora.transport"):
+        closed, trainer = run(main())
+    assert closed == b"" and not trainer.subscribers
+    assert f"exceeds the {wire.HANDSHAKE_MAX_FRAME}-byte limit" in caplog.text
+
+
 def test_a_stalled_stream_stops_taking_segments_and_the_others_carry_the_rest():
     rng = np.random.default_rng(3)
     old = {"w": rng.integers(0, 2**16, 1_700_000, dtype=np.uint16)}
@@ -558,6 +576,7 @@ def _reader():
         name="test",
     )
     r.connection_made(_FakeTransport())
+    r.max_frame = wire.MAX_FRAME  # as after the handshake
     return r, log, buf
 
 

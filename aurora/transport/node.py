@@ -223,6 +223,8 @@ class _Subscriber:
         return [s for s in self.streams if s.alive]
 
     def add_stream(self, writer: asyncio.StreamWriter) -> _Stream:
+        if not self.live():
+            self.pending.clear()  # left from connections that died: it re-subscribes or fetches
         stream = _Stream(writer, self.pending)
         self.streams = [*self.live(), stream]
         return stream
@@ -294,7 +296,7 @@ class Node:
     async def serve(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Accept subscribers; returns the port."""
         self._server = await asyncio.start_server(
-            self._handle, host, port, ssl=self.config.ssl_server, limit=wire.MAX_FRAME
+            self._handle, host, port, ssl=self.config.ssl_server, limit=wire.CONTROL_MAX_FRAME
         )
         return int(self._server.sockets[0].getsockname()[1])
 
@@ -350,7 +352,9 @@ class Node:
         try:
             hello = await asyncio.wait_for(
                 wire.server_handshake(
-                    lambda: wire.read_frame(reader), writer.write, secret=self.config.secret
+                    lambda: wire.read_frame(reader, wire.HANDSHAKE_MAX_FRAME),
+                    writer.write,
+                    secret=self.config.secret,
                 ),
                 self.config.connect_timeout_s,
             )
@@ -374,7 +378,7 @@ class Node:
         stream = sub.add_stream(writer)
         try:
             while True:
-                kind, body = await wire.read_frame(reader)
+                kind, body = await wire.read_frame(reader, wire.CONTROL_MAX_FRAME)
                 if kind != wire.CONTROL:
                     raise ProtocolError(f"a subscriber may only send control frames, got {kind}")
                 self._on_request(sub, wire.parse_control(body))
@@ -467,6 +471,7 @@ class Node:
                 for s in streams:
                     s.abort()
                 raise
+            reader.max_frame = wire.MAX_FRAME  # the source proved it knows the secret
             wire.tune_socket(
                 transport, buffer_bytes=self.config.buffer_bytes, congestion=self.config.congestion
             )

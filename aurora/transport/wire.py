@@ -28,7 +28,14 @@ log = logging.getLogger("aurora.transport")
 
 HELLO, CHALLENGE, AUTH, OK, CONTROL, SEGMENT = 1, 2, 3, 4, 5, 6
 MAX_FRAME = 256 << 20
-"""Largest frame accepted (bytes): a segment is a few MiB; anything larger is an attack or a bug."""
+"""Largest frame accepted from an authenticated source (bytes): a segment is a few MiB; anything
+larger is an attack or a bug."""
+HANDSHAKE_MAX_FRAME = 4 << 10
+"""Largest frame accepted before the other end has proved it knows the secret (bytes): the
+handshake's frames are under 200 bytes, so an unauthenticated peer cannot make us buffer more."""
+CONTROL_MAX_FRAME = 1 << 20
+"""Largest frame a subscriber may send (bytes): control messages, the longest a FETCH listing the
+segments it holds (a few bytes each)."""
 _HEAD = struct.Struct("<IB")
 
 
@@ -82,16 +89,12 @@ def _warn_short_buffers(asked: int, short: tuple[tuple[str, int], ...]) -> None:
     )
 
 
-async def read_frame(
-    reader: asyncio.StreamReader, on_head: Callable[[], None] | None = None
-) -> tuple[int, bytes]:
-    """Read one frame; ``on_head`` runs once its header is in and its body is on the way."""
+async def read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME) -> tuple[int, bytes]:
+    """Read one frame of at most ``limit`` bytes."""
     head = await reader.readexactly(_HEAD.size)
     length, kind = _HEAD.unpack(head)
-    if length > MAX_FRAME:
-        raise ProtocolError(f"frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
-    if on_head is not None:
-        on_head()
+    if length > limit:
+        raise ProtocolError(f"frame of {length} bytes exceeds the {limit}-byte limit")
     return kind, await reader.readexactly(length)
 
 
