@@ -35,7 +35,9 @@ class ArenaPool:
         self.keep = keep
         """Free arenas kept (with their committed pages); more are unmapped when returned."""
         self._free: list[mmap.mmap] = []
-        self._lock = threading.Lock()  # finalizers run on whichever thread drops the last view
+        # Finalizers run on whichever thread drops the last view, and may run inside take() when
+        # a collection happens there: reentrant, so that one never waits for itself.
+        self._lock = threading.RLock()
         self.reused = 0
         """Arenas handed out again (a counter for tests and logs)."""
 
