@@ -576,7 +576,7 @@ def _reader():
         name="test",
     )
     r.connection_made(_FakeTransport())
-    r.max_frame = wire.MAX_FRAME  # as after the handshake
+    r.authenticated = True  # as after the handshake
     return r, log, buf
 
 
@@ -625,3 +625,16 @@ def test_a_malformed_segment_header_closes_the_connection(caplog):
     r2, _, _ = _reader()
     _feed(r2, wire._HEAD.pack(wire.MAX_FRAME + 1, wire.SEGMENT))
     assert r2.transport.aborted
+
+
+def test_before_the_handshake_a_source_may_send_neither_segments_nor_large_frames(caplog):
+    seg = Segment("k" * 32, 0, 0, b"x" * 100, "c" * 64)
+    for frame, why in [
+        (b"".join(bytes(p) for p in wire.segment_frame(1, seg)), "before the source has auth"),
+        (wire._HEAD.pack(wire.HANDSHAKE_MAX_FRAME + 1, wire.CHALLENGE), "exceeds 4096"),
+    ]:
+        r, log, _ = _reader()
+        r.authenticated = False
+        with caplog.at_level(logging.WARNING, logger="aurora.transport"):
+            _feed(r, frame)
+        assert r.transport.aborted and not log["slots"] and why in caplog.text

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import msgpack
 
 from aurora.delta.format import Segment
-from aurora.transport.wire import _HEAD, HANDSHAKE_MAX_FRAME, SEGMENT, ProtocolError
+from aurora.transport.wire import _HEAD, HANDSHAKE_MAX_FRAME, MAX_FRAME, SEGMENT, ProtocolError
 
 log = logging.getLogger("aurora.transport")
 
@@ -57,8 +57,9 @@ class FrameReader(asyncio.BufferedProtocol):
     ) -> None:
         self._slot, self._received, self._abandon = slot, received, abandon
         self.name = name
-        self.max_frame = HANDSHAKE_MAX_FRAME
-        """Largest frame accepted (bytes); the owner raises it once the source is authenticated."""
+        self.authenticated = False
+        """Set by the owner once the other end has proved it knows the secret: before, frames
+        are at most ``HANDSHAKE_MAX_FRAME`` bytes and segments are refused."""
         self.transport: asyncio.BaseTransport | None = None
         self.state = HEAD
         self.frame_since: float | None = None
@@ -113,10 +114,13 @@ class FrameReader(asyncio.BufferedProtocol):
         """The current part is complete: act on it and move to the next state."""
         if self.state == HEAD:
             self._length, self._kind = _HEAD.unpack(self._head)
-            if self._length > self.max_frame:
-                raise ProtocolError(f"frame of {self._length} bytes exceeds {self.max_frame}")
+            limit = MAX_FRAME if self.authenticated else HANDSHAKE_MAX_FRAME
+            if self._length > limit:
+                raise ProtocolError(f"frame of {self._length} bytes exceeds {limit}")
             self.frame_since = time.monotonic()
             if self._kind == SEGMENT:
+                if not self.authenticated:
+                    raise ProtocolError("a segment before the source has authenticated")
                 if self._length < _U16.size:
                     raise ProtocolError("segment frame shorter than its header")
                 self._expect(SEG_LEN, memoryview(bytearray(_U16.size)))

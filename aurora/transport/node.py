@@ -471,7 +471,7 @@ class Node:
                 for s in streams:
                     s.abort()
                 raise
-            reader.max_frame = wire.MAX_FRAME  # the source proved it knows the secret
+            reader.authenticated = True  # the source proved it knows the secret
             wire.tune_socket(
                 transport, buffer_bytes=self.config.buffer_bytes, congestion=self.config.congestion
             )
