@@ -446,6 +446,12 @@ def test_a_trailer_magic_right_before_the_end_is_refused_as_truncated(step):
 # ---- reassembly in place ------------------------------------------------------------------
 
 
+def _small_segments(step):
+    old, new, h0 = step
+    data = encode_delta(old, new, model="m", version=1, base_hash=h0, segment_size=1 << 10)
+    return data, segments_of(data)
+
+
 def _receive_into_slot(ra, seg, data=None):
     """What the transport does: ask for the slot, let the socket fill it, add it (the trailer
     has no slot: it is kept apart)."""
@@ -505,10 +511,7 @@ def test_a_slot_is_its_receivers_alone_until_added_or_abandoned(step):
 def test_verified_bytes_are_never_overwritten_by_an_overlapping_segment(step):
     from aurora.delta.format import leaf_hash
 
-    old, new, h0 = step
-    segs = segments_of(
-        encode_delta(old, new, model="m", version=1, base_hash=h0, segment_size=1 << 10)
-    )
+    _, segs = _small_segments(step)
     ra = Reassembler()
     ra.add(segs[0])
     forged = bytes(300)
@@ -521,9 +524,7 @@ def test_verified_bytes_are_never_overwritten_by_an_overlapping_segment(step):
 def test_forged_segments_received_before_the_trailer_cannot_keep_the_delta_from_completing(step):
     from aurora.delta.format import leaf_hash
 
-    old, new, h0 = step
-    data = encode_delta(old, new, model="m", version=1, base_hash=h0, segment_size=1 << 10)
-    segs = segments_of(data)
+    data, segs = _small_segments(step)
     ra = Reassembler()
     junk = bytes(1500)  # self-consistent, straddling segments 2 and 3
     ra.add(Segment(segs[0].key, 2, 2048 + 100, junk, leaf_hash(junk).hex()))
@@ -539,10 +540,7 @@ def test_forged_segments_received_before_the_trailer_cannot_keep_the_delta_from_
 
 
 def test_a_corrupt_segment_received_in_place_frees_its_slot_for_the_refetch(step):
-    old, new, h0 = step
-    segs = segments_of(
-        encode_delta(old, new, model="m", version=1, base_hash=h0, segment_size=1 << 10)
-    )
+    _, segs = _small_segments(step)
     ra = Reassembler()
     damaged = bytearray(segs[2].data)
     damaged[7] ^= 0xFF
