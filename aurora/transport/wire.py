@@ -55,8 +55,7 @@ def tune_socket(
     Linux doubles what it is asked for and caps it at ``net.core.{w,r}mem_max``; a grant below
     the request is logged as a warning, since it caps a stream at buffer / RTT (4 MiB over
     100 ms is 335 Mbit/s)."""
-    writer = conn
-    sock = writer.get_extra_info("socket")
+    sock = conn.get_extra_info("socket")
     if sock is None:
         return {}
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -71,7 +70,7 @@ def tune_socket(
         .rstrip(b"\0")
         .decode(),
     }
-    log.debug("socket %s: %s", writer.get_extra_info("peername"), granted)
+    log.debug("socket %s: %s", conn.get_extra_info("peername"), granted)
     short = tuple((k, granted[k]) for k in ("sndbuf", "rcvbuf") if granted[k] < buffer_bytes)
     if short:
         _warn_short_buffers(buffer_bytes, short)
