@@ -391,7 +391,7 @@ def test_a_relay_and_the_trainer_keep_only_the_newest_versions_in_memory():
     old, new, h0, segments = _step()
     chain_of = [segments]
     weights, h = new, segments[-1].data[-40:-8].hex()
-    for v in (2, 3):
+    for v in (2, 3, 4):
         nxt = {k: x ^ v for k, x in weights.items()}
         enc = DeltaEncoder(weights, nxt, model="toy", version=v, base_hash=h, segment_size=4096)
         chain_of.append(list(enc.segments()))
@@ -404,13 +404,15 @@ def test_a_relay_and_the_trainer_keep_only_the_newest_versions_in_memory():
             await trainer.publish(v, segs)
             await actor.wait_for(lambda v=v: v in actor.staged, 10)
         kept = (sorted(trainer.versions), sorted(relay.versions), sorted(actor.staged))
+        kept += (relay._arenas.reused,)
         for n in nodes:
             await n.close()
         return kept
 
-    trainer_kept, relay_kept, actor_staged = run(main())
-    assert trainer_kept == [2, 3] and relay_kept == [2, 3]
-    assert actor_staged == [1, 2, 3]  # an Actor keeps what it has not activated
+    trainer_kept, relay_kept, actor_staged, relay_reused = run(main())
+    assert trainer_kept == [3, 4] and relay_kept == [3, 4]
+    assert actor_staged == [1, 2, 3, 4]  # an Actor keeps what it has not activated
+    assert relay_reused >= 1  # D_4 arrived in the memory D_1 had, once D_1 was dropped
 
 
 def test_a_copy_racing_the_stream_that_fills_the_slot_neither_counts_nor_blocks_it():
