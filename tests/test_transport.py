@@ -335,6 +335,43 @@ def test_random_stream_and_relay_failures_still_end_with_every_actor_staged(seed
     assert all(1 in a.staged and not a.refused for a in actors)
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_streams_killed_in_the_middle_of_large_segments_still_end_with_every_actor_staged(seed):
+    """Segments of 256 KiB arrive over several reads, so a kill lands mid-frame: the slot being
+    filled is handed back and filled again by the re-fetch."""
+    rng = np.random.default_rng(seed)
+    old = {"w": rng.integers(0, 2**16, 1_000_000, dtype=np.uint16)}
+    new = {"w": old["w"] ^ 1}
+    h0 = weights_hash(old)
+    enc = DeltaEncoder(
+        old, new, model="toy", version=1, base_hash=h0, codec="naive", segment_size=256 << 10
+    )
+    segments = list(enc.segments())  # ~6 MB in 24 segments
+    kills = sorted(int(k) for k in rng.integers(1, len(segments), 4))
+
+    async def main():
+        trainer, relay, actors, nodes = await _tree(2, h0=h0)
+        for i, seg in enumerate(segments):
+            await trainer.publish(1, [seg])
+            for _ in range(kills.count(i)):
+                a = actors[int(rng.integers(0, 2))]
+                for _ in range(1000):  # wait for a stream in the middle of a segment, cut it
+                    await asyncio.sleep(0)
+                    mid = [s for s in a._upstream if s.alive and s.reader.state == "SEG_BODY"]
+                    if mid and sum(s.alive for s in a._upstream) > 1:
+                        mid[0].abort()
+                        break
+        for a in actors:
+            await a.wait_for(lambda a=a: 1 in a.staged, 15)
+        result = [(a.staged[1].weights_hash, a.corrupt_segments) for a in actors]
+        for n in nodes:
+            await n.close()
+        return result
+
+    for weights_hash_v1, corrupt in run(main()):
+        assert weights_hash_v1 == enc.weights_hash and corrupt == 0
+
+
 # ---- receive memory and the frame reader ----------------------------------------------------
 
 
