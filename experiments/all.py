@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from experiments.common import RESULTS, parser
+from experiments.common import parser, results_root
 
 EXPERIMENTS = (
     "throughput",
@@ -32,7 +32,7 @@ EXPERIMENTS = (
 
 def main(argv: list[str] | None = None) -> Path:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = Path(args.out) if args.out else RESULTS
+    root = results_root(args)
     flags = (["--full"] if args.full else []) + ["--out", str(root)]
     sections = []
     for name in tqdm(EXPERIMENTS, desc="experiments", unit="exp"):

@@ -20,7 +20,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from aurora.topology import topology_from_dict  # noqa: E402
-from experiments.common import RESULTS, Point, compare, one, parser, run_points  # noqa: E402
+from experiments.common import (  # noqa: E402
+    Point,
+    compare,
+    one,
+    parser,
+    results_root,
+    run_points,
+    written,
+)
 from sim.config import SimConfig, strategy  # noqa: E402
 from sim.model import Simulation  # noqa: E402
 from sim.traces import Quantity, Traces, load_traces  # noqa: E402
@@ -105,7 +113,7 @@ def figure(rows: pd.DataFrame, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = Path(args.out) if args.out else RESULTS
+    root = results_root(args)
     rows = run_points(NAME, points(args.full), measure, root=root)
     figure(rows, root / NAME / f"{NAME}.png")
     table = [
@@ -113,7 +121,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         for claim, m, s, g, paper in PAPER
     ]
     print(compare(table))
-    print(f"rows: {root / NAME / 'rows.csv'}  figure: {root / NAME / (NAME + '.png')}")
+    print(written(root, NAME))
     return rows
 
 

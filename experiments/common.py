@@ -21,8 +21,10 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from sim.config import SimConfig
+from aurora.topology import Topology
+from sim.config import SimConfig, strategy
 from sim.output import provenance
+from sim.traces import load_traces
 
 RESULTS = Path(os.environ.get("AURORA_RESULTS", "results"))
 """Root of all result folders (``AURORA_RESULTS`` overrides it, e.g. for tests)."""
@@ -44,6 +46,55 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="paper scale (slower)")
     p.add_argument("--out", default=None, help="results root (default results/)")
     return p
+
+
+def results_root(args: argparse.Namespace) -> Path:
+    """Where an experiment writes: ``--out``, else :data:`RESULTS`."""
+    return Path(args.out) if args.out else RESULTS
+
+
+def written(root: Path, name: str) -> str:
+    """The line an experiment ends with: where its rows and figure are."""
+    return f"rows: {root / name / 'rows.csv'}  figure: {root / name / (name + '.png')}"
+
+
+def summary_config(**fields: Any) -> SimConfig:
+    """A point measured by its summary only: the paper's traces, no event trace kept."""
+    return SimConfig(traces=load_traces(), record_trace=False, **fields)
+
+
+def paired_points(
+    topology: Topology,
+    *,
+    column: str,
+    pairs: Sequence[tuple[str, str]],
+    workloads: Iterable[str],
+    steps: int,
+) -> list[Point]:
+    """An A/B comparison on one topology: a point per workload and (label, strategy) pair,
+    the label in ``column``."""
+    return [
+        Point(
+            key={"workload": w, column: label, "steps": steps},
+            config=summary_config(
+                topology=topology, strategy=strategy(name), steps=steps, workload=w
+            ),
+        )
+        for w in workloads
+        for label, name in pairs
+    ]
+
+
+def gain_claims(
+    rows: pd.DataFrame, *, column: str, better: str, baseline: str, paper_pct: dict[str, float]
+) -> list[tuple[str, float, float]]:
+    """(claim, paper %, ours %) per workload: how much ``better`` beats ``baseline`` in tokens/s."""
+    out = []
+    for w, paper in paper_pct.items():
+        a = one(rows, "tokens_per_s", workload=w, **{column: better})
+        b = one(rows, "tokens_per_s", workload=w, **{column: baseline})
+        out.append((f"{better} over {baseline}, {w} (%)", paper, 100 * (a / b - 1)))
+    return out
 
 
 def run_points(

@@ -8,23 +8,22 @@ is the same job with the transfer at RDMA cost. Prices are inputs, each with its
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 
 from experiments.common import (
-    RESULTS,
     Point,
     bar_figure,
     compare,
     one,
     parser,
+    results_root,
     run_points,
+    summary_config,
     summary_measure,
+    written,
 )
 from experiments.throughput import MODELS, deployment
-from sim.config import SimConfig, strategy
-from sim.traces import load_traces
+from sim.config import strategy
 
 NAME = "cost"
 PRICES_PER_GPU_HOUR = {
@@ -48,12 +47,10 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
     return [
         Point(
             key={"model": model, "system": name, "steps": steps},
-            config=SimConfig(
+            config=summary_config(
                 topology=deployment(model, *MODELS[model]),
-                traces=load_traces(),
                 strategy=strategy(name),
                 steps=steps,
-                record_trace=False,
             ),
         )
         for model in RDMA_BLOCKS
@@ -63,7 +60,7 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = Path(args.out) if args.out else RESULTS
+    root = results_root(args)
     rows = run_points(NAME, points(args.full), summary_measure, root=root)
     rows["dollars_per_hour"] = [
         dollars_per_hour(m, s) for m, s in zip(rows.model, rows.system, strict=True)
@@ -86,7 +83,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     print(compare(table))
     for name, (price, source) in PRICES_PER_GPU_HOUR.items():
         print(f"  price {name}: ${price:.3f}/GPU-h  ({source})")
-    print(f"rows: {root / NAME / 'rows.csv'}  figure: {root / NAME / (NAME + '.png')}")
+    print(written(root, NAME))
     return rows
 
 

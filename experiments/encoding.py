@@ -12,7 +12,6 @@ LEB128 scales the paper's 202 MB LEB128 delta. Transfer time is
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pandas as pd
 
@@ -22,14 +21,15 @@ from aurora.delta.format import DeltaEncoder, weights_hash
 from aurora.delta.synthetic import lr_for_density, make_step
 from aurora.topology import topology_from_dict
 from experiments.common import (
-    RESULTS,
     Point,
     bar_figure,
     compare,
     geo_topology,
     one,
     parser,
+    results_root,
     run_points,
+    written,
 )
 from sim.config import SimConfig, strategy
 from sim.model import Simulation
@@ -92,7 +92,7 @@ def measure(cfg: SimConfig) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = Path(args.out) if args.out else RESULTS
+    root = results_root(args)
     rows = run_points(NAME, points(args.full), measure, root=root)
     mean = rows.groupby("encoding", sort=False)[["transfer_s", "payload_mb"]].mean().reset_index()
     mean["what"] = "simulated"
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     )
     print(compare(table))
     print(mean.round(3).to_string(index=False))
-    print(f"rows: {root / NAME / 'rows.csv'}  figure: {root / NAME / (NAME + '.png')}")
+    print(written(root, NAME))
     return rows
 
 

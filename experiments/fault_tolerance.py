@@ -8,8 +8,6 @@ the Checkpoint Store, then the version predicate admits it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -17,7 +15,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from aurora.topology import topology_from_dict  # noqa: E402
-from experiments.common import RESULTS, compare_ranges, geo_topology, parser  # noqa: E402
+from experiments.common import (  # noqa: E402
+    compare_ranges,
+    geo_topology,
+    parser,
+    results_root,
+    written,
+)
 from sim.config import Fault, SimConfig, strategy  # noqa: E402
 from sim.model import simulate  # noqa: E402
 from sim.output import provenance  # noqa: E402
@@ -46,7 +50,7 @@ def config(steps: int = 20, seed: int = 0) -> SimConfig:
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = Path(args.out) if args.out else RESULTS
+    root = results_root(args)
     cfg = config(steps=30 if args.full else 20)
     out = root / NAME
     out.mkdir(parents=True, exist_ok=True)
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             ]
         )
     )
-    print(f"rows: {out / 'rows.csv'}  figure: {out / (NAME + '.png')}")
+    print(written(root, NAME))
     return rows
 
 

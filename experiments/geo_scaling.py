@@ -9,24 +9,23 @@ no rates): 1 Gbit/s each; RTT US-Japan 150 ms, US-Netherlands 90 ms, US-Iceland 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 
 from aurora.topology import topology_from_dict
 from experiments.common import (
-    RESULTS,
     Point,
     bar_figure,
     compare,
     geo_topology,
     one,
     parser,
+    results_root,
     run_points,
+    summary_config,
     summary_measure,
+    written,
 )
-from sim.config import SimConfig, strategy
-from sim.traces import load_traces
+from sim.config import strategy
 
 NAME = "geo_scaling"
 REGIONS = {"jp": 150, "nl": 90, "is": 100}
@@ -57,12 +56,10 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
             name=f"geo-{layout}",
         )
         for name in ("aurora-leb128", "prime-full"):
-            cfg = SimConfig(
+            cfg = summary_config(
                 topology=topology_from_dict(topo, source=NAME),
-                traces=load_traces(),
                 strategy=strategy(name),
                 steps=steps,
-                record_trace=False,
             )
             out.append(Point(key={"layout": layout, "system": name, "steps": steps}, config=cfg))
     return out
@@ -70,7 +67,7 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = Path(args.out) if args.out else RESULTS
+    root = results_root(args)
     rows = run_points(NAME, points(args.full), summary_measure, root=root)
     bar_figure(
         rows,
@@ -102,7 +99,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         )
     )
     print(compare(table))
-    print(f"rows: {root / NAME / 'rows.csv'}  figure: {root / NAME / (NAME + '.png')}")
+    print(written(root, NAME))
     return rows
 
 

@@ -8,24 +8,22 @@ batch in proportion.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 
 from aurora.topology import topology_from_dict
 from experiments.common import (
-    RESULTS,
     Point,
     bar_figure,
     compare,
+    gain_claims,
     geo_topology,
-    one,
+    paired_points,
     parser,
+    results_root,
     run_points,
     summary_measure,
+    written,
 )
-from sim.config import SimConfig, strategy
-from sim.traces import load_traces
 
 NAME = "heterogeneity"
 PAPER_GAIN_PCT = {"gsm8k": 35.5, "deepscaler": 26.4}
@@ -44,26 +42,18 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
         ),
         source=NAME,
     )
-    return [
-        Point(
-            key={"workload": w, "allocation": alloc, "steps": steps},
-            config=SimConfig(
-                topology=topo,
-                traces=load_traces(),
-                strategy=strategy(name),
-                steps=steps,
-                workload=w,
-                record_trace=False,
-            ),
-        )
-        for w in PAPER_GAIN_PCT
-        for alloc, name in (("uniform", "aurora-uniform"), ("proportional", "aurora"))
-    ]
+    return paired_points(
+        topo,
+        column="allocation",
+        pairs=(("uniform", "aurora-uniform"), ("proportional", "aurora")),
+        workloads=PAPER_GAIN_PCT,
+        steps=steps,
+    )
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = Path(args.out) if args.out else RESULTS
+    root = results_root(args)
     rows = run_points(NAME, points(args.full), summary_measure, root=root)
     bar_figure(
         rows,
@@ -74,13 +64,15 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         title="Table 7: mixed A100 + L40 pool",
         path=root / NAME / f"{NAME}.png",
     )
-    table = []
-    for w, paper in PAPER_GAIN_PCT.items():
-        prop = one(rows, "tokens_per_s", workload=w, allocation="proportional")
-        uni = one(rows, "tokens_per_s", workload=w, allocation="uniform")
-        table.append((f"proportional over uniform, {w} (%)", paper, 100 * (prop / uni - 1)))
+    table = gain_claims(
+        rows,
+        column="allocation",
+        better="proportional",
+        baseline="uniform",
+        paper_pct=PAPER_GAIN_PCT,
+    )
     print(compare(table))
-    print(f"rows: {root / NAME / 'rows.csv'}  figure: {root / NAME / (NAME + '.png')}")
+    print(written(root, NAME))
     return rows
 
 

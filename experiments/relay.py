@@ -8,24 +8,22 @@ The Canada-Australia path is assumed: 1 Gbit/s, 200 ms RTT, loss 1e-5 (the paper
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 
 from aurora.topology import topology_from_dict
 from experiments.common import (
-    RESULTS,
     Point,
     bar_figure,
     compare,
+    gain_claims,
     geo_topology,
-    one,
+    paired_points,
     parser,
+    results_root,
     run_points,
     summary_measure,
+    written,
 )
-from sim.config import SimConfig, strategy
-from sim.traces import load_traces
 
 NAME = "relay"
 PAPER_GAIN_PCT = {"gsm8k": 4.4, "deepscaler": 13.9}
@@ -45,26 +43,18 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
         ),
         source=NAME,
     )
-    return [
-        Point(
-            key={"workload": w, "relay": label, "steps": steps},
-            config=SimConfig(
-                topology=topo,
-                traces=load_traces(),
-                strategy=strategy(name),
-                steps=steps,
-                workload=w,
-                record_trace=False,
-            ),
-        )
-        for w in PAPER_GAIN_PCT
-        for label, name in (("no relay", "aurora-norelay"), ("relay", "aurora"))
-    ]
+    return paired_points(
+        topo,
+        column="relay",
+        pairs=(("no relay", "aurora-norelay"), ("relay", "aurora")),
+        workloads=PAPER_GAIN_PCT,
+        steps=steps,
+    )
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = Path(args.out) if args.out else RESULTS
+    root = results_root(args)
     rows = run_points(NAME, points(args.full), summary_measure, root=root)
     bar_figure(
         rows,
@@ -75,15 +65,13 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         title="Table 6: Canada-Australia, Qwen3-8B",
         path=root / NAME / f"{NAME}.png",
     )
-    table = []
-    for w, paper in PAPER_GAIN_PCT.items():
-        on = one(rows, "tokens_per_s", workload=w, relay="relay")
-        off = one(rows, "tokens_per_s", workload=w, relay="no relay")
-        table.append((f"relay over no relay, {w} (%)", paper, 100 * (on / off - 1)))
+    table = gain_claims(
+        rows, column="relay", better="relay", baseline="no relay", paper_pct=PAPER_GAIN_PCT
+    )
     print(compare(table))
     wan = rows.groupby("relay")["wan_gb_per_step"].mean()
     print(f"WAN GB per step: {wan.round(3).to_dict()}")
-    print(f"rows: {root / NAME / 'rows.csv'}  figure: {root / NAME / (NAME + '.png')}")
+    print(written(root, NAME))
     return rows
 
 

@@ -7,8 +7,6 @@ the chain, and the proportional split spreads the same batch over more Actors.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -16,7 +14,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from aurora.topology import topology_from_dict  # noqa: E402
-from experiments.common import RESULTS, compare, geo_topology, parser  # noqa: E402
+from experiments.common import (  # noqa: E402
+    compare,
+    geo_topology,
+    parser,
+    results_root,
+    written,
+)
 from sim.config import Fault, SimConfig, strategy  # noqa: E402
 from sim.model import simulate  # noqa: E402
 from sim.output import provenance  # noqa: E402
@@ -45,7 +49,7 @@ def config(phase: int = 8) -> SimConfig:
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = Path(args.out) if args.out else RESULTS
+    root = results_root(args)
     phase = 20 if args.full else 8
     cfg = config(phase)
     out = root / NAME
@@ -74,7 +78,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     settled = rows[(rows["step"] - 1) % phase >= phase // 2]
     ours = settled.groupby("actors")["tokens_per_s"].mean()
     print(compare([(f"tokens/s with {n} Actor(s)", PAPER[n], ours[n]) for n in PAPER]))
-    print(f"rows: {out / 'rows.csv'}  figure: {out / (NAME + '.png')}")
+    print(written(root, NAME))
     return rows
 
 

@@ -3,23 +3,22 @@ in place (Qwen3-8B and Qwen3-14B, the paper's default US-Canada deployment)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 
 from experiments.common import (
-    RESULTS,
     Point,
     bar_figure,
     compare,
     one,
     parser,
+    results_root,
     run_points,
+    summary_config,
     summary_measure,
+    written,
 )
 from experiments.throughput import MODELS, deployment
-from sim.config import SimConfig, replace_strategy, strategy
-from sim.traces import load_traces
+from sim.config import replace_strategy, strategy
 
 NAME = "streaming"
 PAPER_GAIN_PCT = {
@@ -38,13 +37,11 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
             strat = replace_strategy(
                 strategy("aurora-leb128"), streams=streams, name=f"aurora-leb128-s{streams}"
             )
-            cfg = SimConfig(
+            cfg = summary_config(
                 topology=deployment(model, *MODELS[model]),
-                traces=load_traces(),
                 strategy=strat,
                 steps=steps,
                 workload=workload,
-                record_trace=False,
             )
             out.append(
                 Point(
@@ -57,7 +54,7 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = Path(args.out) if args.out else RESULTS
+    root = results_root(args)
     rows = run_points(NAME, points(args.full), summary_measure, root=root)
     rows["case"] = rows["model"] + " " + rows["workload"]
     rows["S"] = rows["streams"].map(lambda s: f"S={s}")
@@ -78,7 +75,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             (f"4 streams over 1, {model} {workload} (%)", paper, 100 * (four / single - 1))
         )
     print(compare(table))
-    print(f"rows: {root / NAME / 'rows.csv'}  figure: {root / NAME / (NAME + '.png')}")
+    print(written(root, NAME))
     return rows
 
 

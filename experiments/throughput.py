@@ -20,13 +20,14 @@ import yaml  # noqa: E402
 
 from aurora.topology import Topology, topology_from_dict  # noqa: E402
 from experiments.common import (  # noqa: E402
-    RESULTS,
     Point,
     compare_ranges,
     one,
     parser,
+    results_root,
     run_points,
     summary_measure,
+    written,
 )
 from sim.config import SimConfig, strategy  # noqa: E402
 from sim.traces import load_traces  # noqa: E402
@@ -191,14 +192,14 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     p.add_argument("--steps", type=int, default=None, help="steps per run (default 12; 100 --full)")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
     args = p.parse_args(argv)
-    root = Path(args.out) if args.out else RESULTS
+    root = results_root(args)
     wanted = set(args.models.split(","))
     pts = [pt for pt in points(args.full, args.steps) if pt.key["model"] in wanted]
     rows = run_points(NAME, pts, summary_measure, root=root)
     figure(rows, root / NAME / f"{NAME}.png")
     print("AuroraRL is the paper's system: aurora-leb128 (the paper's encoding).")
     print(compare_ranges(claims(rows)))
-    print(f"rows: {root / NAME / 'rows.csv'}  figure: {root / NAME / (NAME + '.png')}")
+    print(written(root, NAME))
     return rows
 
 

@@ -3,15 +3,13 @@ train / extract / transfer / apply / generate per role (the paper's default depl
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from experiments.common import RESULTS, compare, parser  # noqa: E402
+from experiments.common import compare, parser, results_root, written  # noqa: E402
 from experiments.throughput import MODELS, deployment  # noqa: E402
 from sim.config import SimConfig, strategy  # noqa: E402
 from sim.model import simulate  # noqa: E402
@@ -46,7 +44,7 @@ def run(system: str) -> tuple[pd.DataFrame, pd.DataFrame, SimConfig]:
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = Path(args.out) if args.out else RESULTS
+    root = results_root(args)
     out = root / NAME
     out.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(2, 1, figsize=(11, 6.5))
@@ -96,7 +94,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         )
     )
     print(compare(table))
-    print(f"rows: {out / 'rows.csv'}  figure: {out / (NAME + '.png')}")
+    print(written(root, NAME))
     return spans_df
 
 
