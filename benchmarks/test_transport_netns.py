@@ -31,14 +31,19 @@ def namespaces_usable() -> None:
         pytest.skip(f"cannot emulate a link here: {exc}")
 
 
-def transfer(link: EmulatedLink, mb: float, streams: int) -> dict:
-    srv = link.popen(
+def serve(link: EmulatedLink, mb: float, streams: int) -> subprocess.Popen:
+    """A Trainer in the sender namespace with the delta published (it prints "ready")."""
+    return link.popen(
         link.sender,
         [sys.executable, PEER, "serve", link.sender_ip, "7000", str(mb), str(streams)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
     )
+
+
+def transfer(link: EmulatedLink, mb: float, streams: int) -> dict:
+    srv = serve(link, mb, streams)
     try:
         assert srv.stdout is not None and srv.stdout.readline().strip() == "ready"
         out = subprocess.run(
@@ -97,13 +102,7 @@ def test_fanout_through_a_relay_crosses_the_bottleneck_once(namespaces_usable, b
 
         def run() -> None:
             out["single"] = transfer(link, mb, streams)["staged_s"]
-            trainer = link.popen(
-                link.sender,
-                [sys.executable, PEER, "serve", link.sender_ip, "7000", str(mb), str(streams)],
-                stdout=subprocess.PIPE,
-                text=True,
-                cwd=ROOT,
-            )
+            trainer = serve(link, mb, streams)
             procs = [trainer]
             try:
                 assert trainer.stdout.readline().strip() == "ready"

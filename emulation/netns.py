@@ -104,59 +104,14 @@ class EmulatedLink:
                 _run(["ip", "-n", ns, "route", "add", "default", "via", ip_router])
             _run(["ip", "netns", "exec", self.router, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
             dev = f"{p}rc"  # router egress towards the receiver: the bottleneck
-            _run(
-                [
-                    "tc",
-                    "-n",
-                    self.router,
-                    "qdisc",
-                    "add",
-                    "dev",
-                    dev,
-                    "root",
-                    "handle",
-                    "1:",
-                    "htb",
-                    "default",
-                    "10",
-                ]
-            )
-            _run(
-                [
-                    "tc",
-                    "-n",
-                    self.router,
-                    "class",
-                    "add",
-                    "dev",
-                    dev,
-                    "parent",
-                    "1:",
-                    "classid",
-                    "1:10",
-                    "htb",
-                    "rate",
-                    f"{self.rate_mbit}mbit",
-                ]
-            )
-            _run(
-                [
-                    "tc",
-                    "-n",
-                    self.router,
-                    "qdisc",
-                    "add",
-                    "dev",
-                    dev,
-                    "parent",
-                    "1:10",
-                    "handle",
-                    "10:",
-                    "pfifo",
-                    "limit",
-                    str(self.queue_packets),
-                ]
-            )
+            # htb root with one class at the link rate; a pfifo of queue_packets under it, so
+            # TCP sees drops when it overruns the bottleneck.
+            tc = ["tc", "-n", self.router]
+            _run([*tc, *f"qdisc add dev {dev} root handle 1: htb default 10".split()])
+            rate = f"rate {self.rate_mbit}mbit"
+            _run([*tc, *f"class add dev {dev} parent 1: classid 1:10 htb {rate}".split()])
+            limit = f"limit {self.queue_packets}"
+            _run([*tc, *f"qdisc add dev {dev} parent 1:10 handle 10: pfifo {limit}".split()])
         except BaseException:
             self.__exit__(None, None, None)
             raise
