@@ -738,13 +738,13 @@ class Reassembler:
             if (off, n) != (seg.offset, len(seg.data)) or self._buffer()[off : off + n] != seg.data:
                 raise CorruptError(f"segment {seg.seq}: a second, different copy")
             raise _Duplicate
+        if not in_place:
+            self._check_place(seg)  # before hashing: a copy of one being received is dropped
         leaf = leaf_hash(seg.data)  # once: the dominant cost of receiving
         if leaf.hex() != seg.checksum:
             raise CorruptError(f"segment {seg.seq}: data does not match its checksum")
         if self._trailer is not None:
             self._check_against_trailer(seg.seq, seg.offset, leaf)
-        if not in_place:
-            self._check_place(seg)
         self._held[seg.seq] = (seg.offset, len(seg.data))
         self._leaf[seg.seq] = leaf
 
