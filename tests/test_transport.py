@@ -424,6 +424,37 @@ def test_a_node_that_activates_each_version_receives_the_next_into_the_reused_ar
     assert all(np.array_equal(state[k], new2[k]) for k in new2)
 
 
+def test_a_node_activates_a_staged_delta_only_onto_its_base():
+    _, new, h0, segments = _step()
+    h1 = segments[-1].data[-40:-8].hex()
+    enc2 = DeltaEncoder(
+        new,
+        {k: v ^ 3 for k, v in new.items()},
+        model="toy",
+        version=2,
+        base_hash=h1,
+        segment_size=4096,
+    )
+    segments2 = list(enc2.segments())
+
+    async def main():
+        trainer, _, (actor,), nodes = await _tree(1, relay=False, h0=h0)
+        await trainer.publish(1, segments)
+        await trainer.publish(2, segments2)
+        await actor.wait_for(lambda: {1, 2} <= set(actor.staged), 10)
+        with pytest.raises(ValueError, match="illegal transition 'activate onto base 0'"):
+            actor.activate(2)  # the staging rule of aurora.policy.staging
+        unchanged = actor.active == (0, h0) and sorted(actor.staged) == [1, 2]
+        actor.activate(1)
+        actor.activate(2)
+        for n in nodes:
+            await n.close()
+        return unchanged, actor.active
+
+    unchanged, active = run(main())
+    assert unchanged and active == (2, enc2.weights_hash)
+
+
 def test_a_relay_and_the_trainer_keep_only_the_newest_versions_in_memory():
     old, new, h0, segments = _step()
     chain_of = [segments]
@@ -460,13 +491,13 @@ def test_a_copy_racing_the_stream_that_fills_the_slot_neither_counts_nor_blocks_
     s1 = segments[1]
     view = node._slot(1, s1.key, 1, s1.offset, len(s1.data), False)
     assert view is not None
-    node._accept(1, s1, trusted=False)  # the racing copy, received elsewhere
+    node._accept(1, s1)  # the racing copy, received elsewhere
     assert 1 not in node.versions[1].segments
     view[:] = s1.data
-    node._accept(1, Segment(s1.key, 1, s1.offset, view, s1.checksum), trusted=False)
+    node._accept(1, Segment(s1.key, 1, s1.offset, view, s1.checksum))
     assert node.versions[1].segments[1].data is view
     for seg in segments:
-        node._accept(1, seg, trusted=False)
+        node._accept(1, seg)
     assert 1 in node.staged
 
 

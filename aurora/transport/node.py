@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from aurora.delta.arena import DEFAULT_CAPACITY
 from aurora.delta.errors import DeltaError
 from aurora.delta.format import Delta, Reassembler, Segment
+from aurora.policy._fsm import IllegalTransition
+from aurora.policy.staging import ActorVersions
 from aurora.transport import wire
 from aurora.transport.arenas import ArenaPool
 from aurora.transport.framing import FrameReader
@@ -274,6 +276,9 @@ class Node:
         self.config = config
         self.sources = list(sources)
         self.active = active
+        self._staging = ActorVersions(active[0] if active is not None else None)
+        """The staging rules of :mod:`aurora.policy.staging` (a newer version only; activate
+        only onto the base); ``active`` adds the weights hash the data plane checks."""
         """(version, weights hash) of the weights this node runs; None for a pure relay."""
         self.on_staged = on_staged
         self.versions: dict[int, _Version] = {}
@@ -451,7 +456,7 @@ class Node:
             transport, reader = await loop.create_connection(
                 lambda: FrameReader(
                     slot=self._slot,
-                    received=lambda v, seg: self._accept(v, seg, trusted=False),
+                    received=self._accept,
                     abandon=self._abandon,
                     name=f"{self.id}<-{host}:{port}",
                 ),
@@ -517,7 +522,7 @@ class Node:
         except ConnectionError as exc:
             log.info("%s: upstream stream closed (%s)", self.id, type(exc).__name__)
 
-    def _accept(self, version: int, seg: Segment, *, trusted: bool) -> None:
+    def _accept(self, version: int, seg: Segment) -> None:
         st = self._receiving(version, seg.key)
         assert st.reassembler is not None
         if st.delta is not None or seg.seq in st.segments:
@@ -541,9 +546,9 @@ class Node:
                 sub.send_segment(version, seg)  # cut-through: forward the moment it is verified
         if complete:
             st.received_at = time.monotonic()
-            self._complete(version, st, trusted)
+            self._complete(version, st)
 
-    def _complete(self, version: int, st: _Version, trusted: bool) -> None:
+    def _complete(self, version: int, st: _Version) -> None:
         assert st.reassembler is not None
         try:
             delta = st.reassembler.result()
@@ -559,7 +564,7 @@ class Node:
             self._on_commit(version)
         if self.active is None:
             self._trim_cache()
-        if self.active is not None and not trusted:
+        if self.active is not None:
             known = {self.active[0]: self.active[1]} | {
                 d.version: d.weights_hash for d in self.staged.values()
             }
@@ -569,6 +574,12 @@ class Node:
                     f"this node does not hold (active v{self.active[0]}); not staged"
                 )
                 log.warning("%s: %s", self.id, self.refused[version])
+                self._changed.set()
+                return
+            try:
+                self._staging.stage(version)
+            except IllegalTransition as exc:  # not newer than the active version
+                self.refused[version] = f"D_{version} not staged: {exc}"
                 self._changed.set()
                 return
             self.staged[version] = delta
@@ -656,6 +667,7 @@ class Node:
             raise ValueError(
                 f"node {self.id}: v{version} is not staged (staged: {sorted(self.staged)})"
             )
+        self._staging.activate(version)  # the version rule: only onto its base v-1
         self.active = (version, self.staged[version].weights_hash)
         self.release(version)
 
