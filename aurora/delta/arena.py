@@ -11,9 +11,9 @@ still extracting), so an arena *reserves* address space for the largest delta a 
 (``capacity``) with an anonymous private mapping; the kernel commits a page only when it is first
 written, so reserving 64 GiB costs nothing but address space.
 
-What costs is the first write to a page: committing fresh memory took 0.5-0.6 ms per MB on this
-machine (MAP_POPULATE of 200 MB: 104 ms; first touch of a fresh mapping: 142 ms), as long as the
-loopback socket takes to deliver the same bytes. A receiver therefore reuses arenas whose pages
+What costs is the first write to a page: committing fresh memory took 0.56 ms per MB on this
+machine (``benchmarks/test_receive_costs.py``), as long as the loopback socket takes to deliver
+the same bytes. A receiver therefore reuses arenas whose pages
 are committed (:class:`aurora.transport.arenas.ArenaPool`).
 """
 
