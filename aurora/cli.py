@@ -16,6 +16,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+from aurora.faults import EXAMPLES as FAULT_EXAMPLES
+
 
 def _replay(args: argparse.Namespace) -> int:
     from aurora.policy.ledger import (
@@ -98,8 +100,9 @@ def _bench(args: argparse.Namespace) -> int:
 def _sim(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from aurora.faults import parse_fault
     from aurora.topology import load_topology
-    from sim.config import Fault, SimConfig, strategy
+    from sim.config import SimConfig, strategy
     from sim.model import Simulation, SimulationStalled
     from sim.output import write_result
     from sim.traces import load_traces
@@ -108,7 +111,7 @@ def _sim(args: argparse.Namespace) -> int:
         topology = load_topology(args.topology)
         traces = load_traces(args.traces) if args.traces else load_traces()
         strategies = [strategy(name.strip()) for name in args.strategy.split(",") if name.strip()]
-        faults = tuple(_parse_fault(f, Fault) for f in args.fault)
+        faults = tuple(parse_fault(f) for f in args.fault)
         configs = [
             SimConfig(
                 topology=topology,
@@ -191,29 +194,6 @@ def _sim_figure(results: list[tuple[str, object]], path: str) -> str:
     return path
 
 
-def _parse_fault(text: str, fault_cls: type) -> object:
-    """``KIND:TARGET@step=N`` or ``KIND:TARGET@t=SECONDS`` (``join:ID:REGION:GPU@...``)."""
-    try:
-        what, when = text.split("@", 1)
-        key, value = when.split("=", 1)
-        parts = what.split(":")
-        kwargs: dict[str, object] = {"kind": parts[0], "target": parts[1] if len(parts) > 1 else ""}
-        if parts[0] == "join":
-            kwargs["region"], kwargs["gpu"] = parts[2], parts[3]
-        if key == "step":
-            kwargs["at_step"] = int(value)
-        elif key == "t":
-            kwargs["at_s"] = float(value)
-        else:
-            raise ValueError(key)
-    except (ValueError, IndexError):
-        raise ValueError(
-            f"--fault {text!r}: expected KIND:TARGET@step=N or KIND:TARGET@t=SECONDS "
-            "(join:ID:REGION:GPU@step=N for a join)"
-        ) from None
-    return fault_cls(**kwargs)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aurora", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -238,8 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--fault",
         action="append",
         default=[],
-        help="membership event, repeatable: preempt:ca-a100-1@step=6, "
-        "join:new-1:ca:A100@step=14, trainer_crash@t=500, region_loss:ca@step=3",
+        help="membership or network event, repeatable: " + ", ".join(FAULT_EXAMPLES),
     )
     p.add_argument(
         "--spot-hazard", type=float, default=0.0, help="preemptions per hour per spot Actor"

@@ -10,20 +10,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from aurora.faults import FAULT_KINDS, Fault, check_faults
 from aurora.policy.leases import LeaseConfig
 from aurora.topology import Topology
 from sim.traces import Traces
 
 PAYLOADS = ("delta", "dense")
-FAULT_KINDS = (
-    "preempt",
-    "preempt_notice",
-    "leave",
-    "join",
-    "region_loss",
-    "relay_fail",
-    "trainer_crash",
-)
+__all__ = ["FAULT_KINDS", "Fault", "SimConfig", "Strategy", "strategy", "replace_strategy"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,39 +107,6 @@ def strategy(name: str) -> Strategy:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Fault:
-    """One scheduled membership event."""
-
-    kind: str
-    """preempt (no notice), preempt_notice, leave (graceful), join, region_loss, relay_fail,
-    trainer_crash."""
-    target: str = ""
-    """Actor id (preempt, preempt_notice, leave), new Actor id (join), region (region_loss),
-    relay id (relay_fail, an Actor id for a seed relay); empty for trainer_crash."""
-    at_s: float | None = None
-    """Simulated time (s) of the event; exactly one of ``at_s`` and ``at_step`` is set."""
-    at_step: int | None = None
-    """The event happens right after batch ``at_step`` is handed out (a lost Actor loses the
-    leases it just got, as a preempted Actor's rollouts abort in the paper's Fig. 13)."""
-    notice_s: float = 30.0
-    """Warning before a ``preempt_notice`` takes the machine (s)."""
-    region: str = ""
-    """Region of a joining Actor."""
-    gpu: str = ""
-    """GPU type of a joining Actor."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise ValueError(f"kind must be one of {FAULT_KINDS}, got {self.kind!r}")
-        if (self.at_s is None) == (self.at_step is None):
-            raise ValueError(f"fault {self.kind}: set exactly one of at_s and at_step")
-        if self.kind != "trainer_crash" and not self.target:
-            raise ValueError(f"fault {self.kind}: target is required")
-        if self.kind == "join" and not (self.region and self.gpu):
-            raise ValueError(f"fault join {self.target!r}: region and gpu are required")
-
-
-@dataclass(frozen=True, kw_only=True)
 class SimConfig:
     """One simulated run."""
 
@@ -211,7 +171,10 @@ class SimConfig:
             )
         for i, group in enumerate(self.topology.actors):
             self.traces.gpu(group.gpu, model, where=f"actors[{i}].gpu")
+        check_faults(self.faults, self.topology, steps=self.steps)
         for f in self.faults:
+            if f.kind == "link_cut":
+                raise ValueError(f"--fault {f.spec()!r}: link_cut is not simulated yet")
             if f.kind == "join":
                 self.traces.gpu(f.gpu, model, where=f"faults join {f.target}.gpu")
         self.traces.workload(self.workload)
