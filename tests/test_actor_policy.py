@@ -1,0 +1,85 @@
+"""The Actor-side decisions the simulator and the runtime both call (aurora.policy.actor)."""
+
+from aurora.policy.actor import (
+    Activate,
+    ApplyPlan,
+    Drop,
+    Generate,
+    Wait,
+    Work,
+    after_catch_up,
+    next_action,
+    plan_ready,
+    to_fetch,
+)
+from aurora.policy.versions import CatchUpPlan
+
+PLAN = CatchUpPlan(target=7, snapshot=5, deltas=(6, 7), bytes=100)
+
+
+def test_work_on_the_active_version_runs():
+    w = Work(version=3, leases=("a", "b"))
+    assert next_action(active=3, staged=(), queue=[w]) == Generate(w)
+
+
+def test_work_on_the_next_version_activates_its_staged_delta_first():
+    w = Work(version=4, leases=("a",))
+    assert next_action(active=3, staged={4}, queue=[w]) == Activate(4)
+
+
+def test_work_on_a_version_the_actor_cannot_reach_is_dropped_with_the_reason():
+    old, far, unstaged = (
+        Work(version=2, leases=("a",)),
+        Work(version=6, leases=("b",)),
+        Work(version=4, leases=("c",)),
+    )
+    assert next_action(active=3, staged={4}, queue=[old]) == Drop(old, "stale")
+    assert next_action(active=3, staged={4}, queue=[far]) == Drop(far, "unreachable")
+    assert next_action(active=3, staged=(), queue=[unstaged]) == Drop(unstaged, "unreachable")
+    assert next_action(active=None, staged=(), queue=[old]) == Drop(old, "unreachable")
+
+
+def test_only_the_head_of_the_queue_is_considered():
+    head, later = Work(version=2, leases=("a",)), Work(version=3, leases=("b",))
+    assert next_action(active=3, staged=(), queue=[head, later]) == Drop(head, "stale")
+
+
+def test_a_pending_commit_activates_only_a_staged_successor_of_the_active_version():
+    assert next_action(active=3, staged={4}, queue=[], pending_commit=4) == Activate(4)
+    assert next_action(active=3, staged=(), queue=[], pending_commit=4) == Wait()
+    assert next_action(active=3, staged={5}, queue=[], pending_commit=5) == Wait()
+    assert next_action(active=None, staged={1}, queue=[], pending_commit=1) == Wait()
+
+
+def test_a_held_catch_up_plan_comes_before_any_work():
+    w = Work(version=3, leases=("a",))
+    assert next_action(active=3, staged={6, 7}, snapshots={5}, queue=[w], plan=PLAN) == ApplyPlan(
+        PLAN
+    )
+    # Not held yet: the Actor keeps serving what it can meanwhile.
+    assert next_action(active=3, staged={6}, snapshots={5}, queue=[w], plan=PLAN) == Generate(w)
+
+
+def test_plan_ready_needs_the_snapshot_and_every_delta():
+    assert plan_ready(PLAN, staged={6, 7}, snapshots={5})
+    assert not plan_ready(PLAN, staged={6, 7}, snapshots=())
+    assert not plan_ready(PLAN, staged={7}, snapshots={5})
+    replay = CatchUpPlan(target=4, snapshot=None, deltas=(4,), bytes=1)
+    assert plan_ready(replay, staged={4}, snapshots=())
+
+
+def test_to_fetch_skips_what_is_held_or_on_its_way():
+    assert to_fetch(PLAN, staged=()) == (5, (6, 7))
+    assert to_fetch(PLAN, staged={6}, snapshots={5}) == (None, (7,))
+    assert to_fetch(PLAN, staged=(), in_flight={5, 7}) == (None, (6,))
+
+
+def test_after_catch_up_keeps_newer_work_and_restages_deltas_above_the_target():
+    queue = [Work(version=6, leases=("a",)), Work(version=7, leases=("b",)), Work(8, ("c",))]
+    keep, restage = after_catch_up(PLAN, queue=queue, staged={6, 7, 8, 9})
+    assert keep == queue[1:]
+    assert restage == [8, 9]
+
+
+def test_wait_when_there_is_nothing_to_do():
+    assert next_action(active=3, staged=(), queue=[]) == Wait()
