@@ -55,7 +55,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from aurora.delta.errors import DeltaError
-    from aurora.delta.format import read_delta_file
+    from aurora.store.files import read_delta_file
 
     try:
         d = read_delta_file(args.file)
@@ -91,7 +91,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from aurora.delta.bench import run_codec_bench
+    from aurora.codec_bench import run_codec_bench
 
     run_codec_bench(params=args.params, densities=args.density, out=args.out, seed=args.seed)
     return 0

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from aurora.delta.format import DeltaEncoder, weights_hash
+from aurora.delta import DeltaEncoder, weights_hash
 from aurora.transport import Node, TransportConfig
 
 SECRET = b"benchmark-secret-0123"

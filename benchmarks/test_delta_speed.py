@@ -12,10 +12,9 @@ import os
 import numpy as np
 import pytest
 
-from aurora.delta import codecs, synthetic
-from aurora.delta.bench import shapes_for
+from aurora.codec_bench import shapes_for
+from aurora.delta import apply_delta, codecs, encode_delta, read_delta, synthetic, weights_hash
 from aurora.delta.extract import changed
-from aurora.delta.format import apply_delta, encode_delta, read_delta, weights_hash
 
 PARAMS = float(os.environ.get("AURORA_BENCH_PARAMS", "50e6"))
 RESULTS: dict[str, float] = {}

@@ -13,7 +13,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from aurora.delta.format import DeltaEncoder, weights_hash
+from aurora.delta import DeltaEncoder, weights_hash
 from aurora.transport import Node, TransportConfig
 
 pytestmark = pytest.mark.benchmark(group="transport")

@@ -15,9 +15,8 @@ from dataclasses import replace
 
 import pandas as pd
 
-from aurora.delta import codecs
-from aurora.delta.bench import shapes_for
-from aurora.delta.format import DeltaEncoder, weights_hash
+from aurora.codec_bench import shapes_for
+from aurora.delta import DeltaEncoder, codecs, weights_hash
 from aurora.delta.synthetic import lr_for_density, make_step
 from aurora.topology import topology_from_dict
 from experiments.common import (

@@ -9,7 +9,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aurora.delta import codecs, leb128
+from aurora.delta import (
+    DeltaEncoder,
+    Reassembler,
+    Segment,
+    apply_chain,
+    apply_delta,
+    chain_hash,
+    codecs,
+    encode_delta,
+    leb128,
+    read_delta,
+    segments_of,
+    weights_hash,
+)
 from aurora.delta.errors import (
     BadMagicError,
     BaseMismatchError,
@@ -22,20 +35,7 @@ from aurora.delta.errors import (
     UnsupportedFormatError,
 )
 from aurora.delta.extract import changed, fused_layout
-from aurora.delta.format import (
-    DeltaEncoder,
-    Reassembler,
-    Segment,
-    apply_chain,
-    apply_delta,
-    chain_hash,
-    encode_delta,
-    read_delta,
-    read_delta_file,
-    segments_of,
-    weights_hash,
-    write_delta,
-)
+from aurora.store.files import read_delta_file, write_delta
 
 SHAPES = {
     "model.embed_tokens.weight": (64, 32),
@@ -260,7 +260,7 @@ def test_reassembly_refuses_a_segment_of_another_delta(step):
 
 
 def test_a_forged_segment_with_a_matching_checksum_is_caught_by_the_trailer_and_refetched(step):
-    from aurora.delta.format import Segment, leaf_hash
+    from aurora.delta import Segment, leaf_hash
 
     old, new, h0 = step
     data = encode_delta(old, new, model="m", version=1, base_hash=h0, segment_size=1024)
@@ -353,7 +353,7 @@ def test_a_chain_that_fails_midway_is_rolled_back(step, monkeypatch):
     v2 = stepped(v1, seed=2)
     d1 = read_delta(encode_delta(v0, v1, model="m", version=1, base_hash=h0))
     d2 = read_delta(encode_delta(v1, v2, model="m", version=2, base_hash=d1.weights_hash))
-    import aurora.delta.format as fmt
+    import aurora.delta.apply as fmt
 
     real = fmt.decode_delta
     calls = []
@@ -414,7 +414,7 @@ def test_random_bytes_only_ever_raise_delta_errors(blob):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 40), st.binary(max_size=64), st.booleans()), max_size=20))
 def test_the_reassembler_only_ever_raises_delta_errors_on_garbage_segments(items):
-    from aurora.delta.format import Segment, leaf_hash
+    from aurora.delta import Segment, leaf_hash
 
     segs = segments_of(_DATA["aurora"])
     ra = Reassembler()
@@ -509,7 +509,7 @@ def test_a_slot_is_its_receivers_alone_until_added_or_abandoned(step):
 
 
 def test_verified_bytes_are_never_overwritten_by_an_overlapping_segment(step):
-    from aurora.delta.format import leaf_hash
+    from aurora.delta import leaf_hash
 
     _, segs = _small_segments(step)
     ra = Reassembler()
@@ -522,7 +522,7 @@ def test_verified_bytes_are_never_overwritten_by_an_overlapping_segment(step):
 
 
 def test_forged_segments_received_before_the_trailer_cannot_keep_the_delta_from_completing(step):
-    from aurora.delta.format import leaf_hash
+    from aurora.delta import leaf_hash
 
     data, segs = _small_segments(step)
     ra = Reassembler()

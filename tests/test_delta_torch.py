@@ -7,8 +7,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from aurora.delta import codecs  # noqa: E402
-from aurora.delta.format import apply_delta, encode_delta, read_delta, weights_hash  # noqa: E402
+from aurora.delta import (  # noqa: E402
+    apply_delta,
+    codecs,  # noqa: E402
+    encode_delta,
+    read_delta,
+    weights_hash,
+)
 from aurora.delta.hf import bf16_view, bf16_views, publish_bf16, tiny_qwen3  # noqa: E402
 
 

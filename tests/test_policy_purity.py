@@ -1,5 +1,6 @@
 """The pure core does no I/O: no module in aurora/policy (or aurora/delta) imports a clock,
-an event loop, sockets, threads, unseeded randomness or simpy."""
+an event loop, sockets, threads, unseeded randomness or simpy; aurora/delta also starts no
+process and writes no file (bytes and tensors in, bytes and tensors out)."""
 
 import ast
 import pathlib
@@ -9,7 +10,21 @@ import sys
 import aurora
 
 FORBIDDEN_POLICY = {"time", "asyncio", "socket", "threading", "random", "simpy", "datetime"}
-FORBIDDEN_DELTA = {"time", "asyncio", "socket", "threading", "simpy"}
+FORBIDDEN_DELTA = {
+    "time",
+    "asyncio",
+    "socket",
+    "threading",
+    "simpy",
+    "subprocess",
+    "tempfile",
+    "shutil",
+    "os",
+    "pathlib",
+}
+WRITES = {"open", "write_bytes", "write_text", "mkstemp", "replace", "unlink"}
+"""Calls that put bytes on a disk (``str.replace``/``bytes.replace`` never take a path
+argument here, and none of aurora/delta calls them)."""
 ROOT = pathlib.Path(aurora.__file__).parent
 
 
@@ -31,11 +46,26 @@ def test_policy_modules_import_no_clock_io_threads_randomness_or_simpy():
     assert {k: v for k, v in bad.items() if v} == {}
 
 
-def test_delta_modules_import_no_clock_io_threads_or_simpy():
+def called_names(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            names.add(f.id if isinstance(f, ast.Name) else getattr(f, "attr", ""))
+    return names
+
+
+def test_delta_modules_import_no_clock_io_threads_processes_or_files():
     files = sorted((ROOT / "delta").rglob("*.py"))
-    if not files:
-        return
+    assert files, "aurora/delta has no modules"
     bad = {str(f.relative_to(ROOT)): imported_modules(f) & FORBIDDEN_DELTA for f in files}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_delta_modules_write_no_file():
+    files = sorted((ROOT / "delta").rglob("*.py"))
+    bad = {str(f.relative_to(ROOT)): called_names(f) & WRITES for f in files}
     assert {k: v for k, v in bad.items() if v} == {}
 
 
@@ -49,7 +79,9 @@ def test_importing_the_policy_package_loads_no_event_loop_socket_or_simpy():
     assert out.stdout.strip() == "[]"
 
 
-def test_purity_check_catches_a_forbidden_import(tmp_path):
+def test_purity_check_catches_a_forbidden_import_and_a_file_write(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import os\nfrom time import monotonic\n")
+    bad.write_text("import os\nfrom time import monotonic\nopen('x', 'wb').write(b'')\n")
     assert imported_modules(bad) & FORBIDDEN_POLICY == {"time"}
+    assert imported_modules(bad) & FORBIDDEN_DELTA == {"os", "time"}
+    assert called_names(bad) & WRITES == {"open"}

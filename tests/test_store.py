@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from aurora.delta import DeltaEncoder, apply_chain, weights_hash
 from aurora.delta.errors import DeltaError
-from aurora.delta.format import DeltaEncoder, apply_chain, weights_hash
 from aurora.policy.versions import plan_catch_up
 from aurora.store import CheckpointStore, PathOutsideRootError, StoreError, UnknownVersionError
 

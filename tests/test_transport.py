@@ -11,7 +11,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from aurora.delta.format import DeltaEncoder, Segment, apply_delta, weights_hash
+from aurora.delta import DeltaEncoder, Segment, apply_delta, weights_hash
 from aurora.transport import Node, TransportConfig, wire
 from aurora.transport.wire import AuthError
 

@@ -1,12 +1,52 @@
 """Delta checkpoints: the one artifact that is both AuroraRL's storage and its transfer unit.
 
 Pure data transformation: numpy arrays and bytes in, numpy arrays and bytes out (``hf`` adds
-zero-copy torch views). Modules:
+zero-copy torch views); no files, sockets or subprocesses (a test walks the imports). Modules,
+by idea:
 
 * :mod:`~aurora.delta.extract` - exact changes by 16-bit pattern; fused engine names.
 * :mod:`~aurora.delta.leb128` - vectorised LEB128 varints (the paper's index encoding).
 * :mod:`~aurora.delta.codecs` - ``leb128``, ``aurora`` (default), ``aurora-base`` and the peers'.
-* :mod:`~aurora.delta.format` - the file, segments, Merkle id, hash chain, reassembly, apply.
+* :mod:`~aurora.delta.hashing` - leaf hashes, the Merkle id, the weights hash chain.
+* :mod:`~aurora.delta.records` - the file layout's constants and records (segments, deltas).
+* :mod:`~aurora.delta.writer` - header, records, table and trailer, cut into segments.
+* :mod:`~aurora.delta.reader` - parse and verify a whole file; cut it back into segments.
+* :mod:`~aurora.delta.reassembly` - segments from untrusted sources into one verified delta.
+* :mod:`~aurora.delta.apply` - transactional apply, chains with an undo log.
+* :mod:`~aurora.delta.arena` - reserved address space that a received delta is assembled in.
 * :mod:`~aurora.delta.synthetic` - a synthetic Adam-like step for measurements.
 * :mod:`~aurora.delta.errors` - every refusal is a :class:`~aurora.delta.errors.DeltaError`.
+
+The names below are the package's public surface; import them from ``aurora.delta``.
 """
+
+from aurora.delta.apply import apply_chain, apply_delta, decode_delta
+from aurora.delta.errors import DeltaError
+from aurora.delta.hashing import H, chain_hash, leaf_hash, merkle_root, weights_hash
+from aurora.delta.reader import parse_header, read_delta, segments_of
+from aurora.delta.reassembly import Reassembler
+from aurora.delta.records import DEFAULT_SEGMENT_SIZE, Delta, Segment, TensorDelta
+from aurora.delta.writer import DeltaEncoder, encode_delta, header_bytes
+
+__all__ = [
+    "DEFAULT_SEGMENT_SIZE",
+    "Delta",
+    "DeltaEncoder",
+    "DeltaError",
+    "H",
+    "Reassembler",
+    "Segment",
+    "TensorDelta",
+    "apply_chain",
+    "apply_delta",
+    "chain_hash",
+    "decode_delta",
+    "encode_delta",
+    "header_bytes",
+    "leaf_hash",
+    "merkle_root",
+    "parse_header",
+    "read_delta",
+    "segments_of",
+    "weights_hash",
+]

@@ -5,7 +5,7 @@ Theory of operation
 A receiver places every segment of ``D_v`` at its byte offset in one contiguous buffer, the
 *arena*, so the verified file is parsed where it lies: records and codec streams are views into
 the arena, nothing is joined or copied, and the kernel's copy out of the socket is the only copy
-a received byte ever makes (:class:`aurora.delta.format.Reassembler` hands out the slots). The
+a received byte ever makes (:class:`aurora.delta.reassembly.Reassembler` hands out the slots). The
 size of ``D_v`` is not known until its trailer arrives (the Trainer streams segments while it is
 still extracting), so an arena *reserves* address space for the largest delta a node accepts
 (``capacity``) with an anonymous private mapping; the kernel commits a page only when it is first

@@ -2,7 +2,7 @@
 
 The codec works on numpy ``uint16`` arrays. A contiguous bf16 CPU tensor is viewed as int16 by
 torch and as uint16 by numpy without a copy, so :func:`bf16_views` of a model hands the delta
-layer the model's own storage, and :func:`aurora.delta.format.apply_delta` writes the new bits
+layer the model's own storage, and :func:`aurora.delta.apply.apply_delta` writes the new bits
 straight into the parameters, in place. Tied parameters (``lm_head`` sharing the embedding) are
 listed once, under the first name, so a change is neither sent nor applied twice.
 

@@ -9,7 +9,7 @@ Ledger can plan either from :meth:`CheckpointStore.sizes`.
 
 Layout under the root (a directory, or any fsspec URL such as ``s3://bucket/job``)::
 
-    deltas/v00000042.delta            D_42, the file format of aurora.delta.format
+    deltas/v00000042.delta            D_42, the file format of aurora.delta (records.py)
     snapshots/v00000040.safetensors   bf16 weights of v40, safetensors with BF16 dtype
 
 Names are made from version numbers only; :meth:`CheckpointStore.resolve` is the one way a name
@@ -17,7 +17,7 @@ from outside (a peer asking a relay for a file) becomes a path, and it refuses a
 not one of these two forms, so nothing outside the root can be named.
 
 Publishing is atomic: on a local directory a temporary file is written, fsynced and renamed
-(``aurora.delta.format.write_atomic``); on an object store a single PUT is atomic. Artifacts are
+(``aurora.store.files.write_atomic``); on an object store a single PUT is atomic. Artifacts are
 immutable: publishing a version again with the same bytes is a no-op, with different bytes an
 error. A delta is parsed and verified (segment hashes, Merkle root) before it is stored; a
 snapshot's weights hash is recorded in its metadata and checked when it is read.
@@ -44,7 +44,8 @@ import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from aurora.delta.format import Delta, read_delta, weights_hash, write_atomic
+from aurora.delta import Delta, read_delta, weights_hash
+from aurora.store.files import write_atomic
 
 _DELTA = re.compile(r"^deltas/v(\d{8})\.delta$")
 _SNAPSHOT = re.compile(r"^snapshots/v(\d{8})\.safetensors$")

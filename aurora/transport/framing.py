@@ -11,7 +11,7 @@ into. :class:`FrameReader` is a state machine over the frame layout of
          +--any other kind--> BODY (length bytes) -> HEAD
 
 The data of a segment frame goes where its owner says (``slot``): the arena of the delta it
-belongs to, at its offset (:meth:`aurora.delta.format.Reassembler.slot`), so the kernel's copy out
+belongs to, at its offset (:meth:`aurora.delta.Reassembler.slot`), so the kernel's copy out
 of the socket is the only copy those bytes make on the way to a parsed, verified delta. A segment
 nobody has a slot for (a duplicate, one another stream is filling) is read into a buffer of its
 own and handed over all the same. Other frames (handshake, control) are small and are queued in
@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import msgpack
 
-from aurora.delta.format import Segment
+from aurora.delta import Segment
 from aurora.transport.wire import _HEAD, HANDSHAKE_MAX_FRAME, MAX_FRAME, SEGMENT, ProtocolError
 
 log = logging.getLogger("aurora.transport")

@@ -13,7 +13,7 @@ subscribes. A subscription is ``S`` TCP connections to the source, each authenti
   once its socket buffer is full, so it delays only the few it holds.
 * **Receive in place.** Each upstream connection is a :class:`~aurora.transport.framing.
   FrameReader`: the bytes of a segment go from the socket straight into the slot the
-  :class:`aurora.delta.format.Reassembler` gives for them, in one arena per delta
+  :class:`aurora.delta.Reassembler` gives for them, in one arena per delta
   (:mod:`aurora.delta.arena`, pooled by :mod:`aurora.transport.arenas`), and the complete file is
   parsed where it lies. No byte is copied after the kernel's copy out of the socket.
 * **Verify, then forward.** A receiver checks every segment (its leaf hash; once the trailer is
@@ -45,9 +45,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from aurora.delta import Delta, Reassembler, Segment
 from aurora.delta.arena import DEFAULT_CAPACITY
 from aurora.delta.errors import DeltaError
-from aurora.delta.format import Delta, Reassembler, Segment
 from aurora.policy._fsm import IllegalTransition
 from aurora.policy.staging import ActorVersions
 from aurora.transport import wire

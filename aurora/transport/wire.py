@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 
-from aurora.delta.format import Segment
+from aurora.delta import Segment
 
 log = logging.getLogger("aurora.transport")
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from aurora.delta import codecs, synthetic
-from aurora.delta.format import DeltaEncoder, apply_delta, read_delta, weights_hash, write_atomic
+from aurora.delta import DeltaEncoder, apply_delta, codecs, read_delta, synthetic, weights_hash
 from aurora.provenance import git_sha
+from aurora.store.files import write_atomic
 
 PAPER_BYTES_PER_NNZ = {"naive": 414 / 202 * 3.08, "leb128": 3.08}
 """Paper, Fig. 11: naive int32/64 414 MB vs LEB128 202 MB for one Qwen3-8B step. The per-change
