@@ -97,7 +97,8 @@ class TrainerSide(Protocol):
         """Held-out reward of the published weights."""
 
     def save(self, path: str) -> None:
-        """Checkpoint everything a restart needs (master weights, optimizer, RNG, version)."""
+        """Checkpoint everything a restart needs (master weights, optimizer, RNG, version) into
+        exactly the file ``path`` (the caller renames it into place)."""
 
     def load(self, path: str) -> None:
         """Restore from :meth:`save`."""

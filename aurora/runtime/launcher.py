@@ -338,7 +338,10 @@ class Launcher:
         asyncio.get_running_loop().call_later(duration_s, restore)
 
     def record(self, spec: str) -> None:
-        self._to_ledger.append({"op": "fault", "spec": spec})
+        """Write the fault, with its wall time, to the run's own fault log (merged into
+        events.csv): the Ledger may be the very thing the fault takes down."""
+        with open(self.dir / "faults.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.time(), "spec": spec}) + "\n")
 
     # -- running -----------------------------------------------------------------------------
 
@@ -358,8 +361,6 @@ class Launcher:
                 continue
             try:
                 while not self.finished.is_set():
-                    while self._to_ledger:
-                        await ch.send(self._to_ledger.pop(0))
                     try:
                         msg = await asyncio.wait_for(ch.recv(), 0.2)
                     except TimeoutError:
@@ -427,7 +428,6 @@ class Launcher:
                 )
 
     async def _run(self) -> None:
-        self._to_ledger: list[dict[str, Any]] = []
         self.start_trainer()
         await self._wait_ports()
         for rid, region in self.plan.relays:

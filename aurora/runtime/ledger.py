@@ -605,6 +605,16 @@ class LedgerService:
     def _join_actor(self, peer: str, hello: dict[str, Any]) -> None:
         rec = self.state.actors.get(peer)
         active = hello.get("active")
+        if (
+            rec is not None
+            and rec.live
+            and active is not None
+            and rec.versions.active is not None
+            and int(active) > rec.versions.active
+            and int(active) in self.state.versions
+        ):
+            # It switched versions while the Ledger could not hear it (a restart, a blip).
+            self.feed(CaughtUp(actor=peer, version=int(active)))
         if rec is not None and rec.live and rec.versions.active == active:
             # Reconnected (a network blip or a restarted Ledger): resend what it may have missed.
             self._send_route(peer, rec.source)

@@ -178,6 +178,14 @@ def write_outputs(
     """Write the run's files (module docstring) and return ``summary.json``'s content."""
     run = Path(run_dir)
     log = replay_log(run / "ledger.db", policy=policy)
+    faults = run / "faults.jsonl"
+    if faults.exists():
+        for line in faults.read_text().splitlines():
+            rec = json.loads(line)
+            log.faults.append((float(rec["time"]), str(rec["spec"])))
+            log.events.append(_event_row(float(rec["time"]), "fault", {"type": "Fault", **rec}))
+        log.faults.sort()
+        log.events.sort(key=lambda r: r["time"])
     t0 = log.start or 0.0
     meta: dict[str, Any] = {}
     meta_path = run / "trainer" / "published.json"

@@ -123,10 +123,11 @@ class StandinTrainer:
         return 0.0
 
     def save(self, path: str) -> None:
-        np.savez(path, version=self.version, **self._published)
+        with open(path, "wb") as out:
+            np.savez(out, version=self.version, **self._published)
 
     def load(self, path: str) -> None:
-        with np.load(path) as f:
+        with np.load(path, allow_pickle=False) as f:
             self.version = int(f["version"])
             self._published = {k: f[k].copy() for k in f.files if k != "version"}
 

@@ -118,8 +118,14 @@ class TrainerProcess:
         return str(self.state_dir / "state")
 
     def _save(self, meta: dict[str, Any]) -> None:
+        """Checkpoint, then the version it is at: both renamed into place, checkpoint first, so
+        a kill at any point leaves a matching pair (or the previous one)."""
         assert self.compute is not None
-        self.compute.save(self._ckpt)
+        tmp = f"{self._ckpt}.tmp"
+        self.compute.save(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self._ckpt)
         write_atomic(self.state_dir / "published.json", [json.dumps(meta).encode()])
 
     def _resume(self) -> dict[str, Any] | None:
