@@ -105,7 +105,8 @@ def test_a_run_with_two_actors_and_a_relay_completes_with_every_invariant(tmp_pa
     assert s["activation_pause_ms"]["n"] > 0
     for f in ("steps.csv", "events.csv", "timeline.csv", "summary.json", "t.png"):
         assert (out / f).exists(), f
-    rows = list(csv.DictReader(open(out / "steps.csv")))
+    with open(out / "steps.csv") as f:
+        rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == list(range(1, 7))
     assert all(r["backend"] == "standin" for r in rows)
     # The relay took part: some Actor was routed to it.
