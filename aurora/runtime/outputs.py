@@ -358,3 +358,18 @@ def _figure(path: Path, steps: list[dict[str, Any]]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def recorded_trace(db_path: str | Path) -> list[dict[str, Any]]:
+    """The policy events of a run's log with the actions the run carried out for each: the
+    input of the parity check (``tests/golden/real_run_trace.json`` is one)."""
+    log = LedgerLog(db_path)
+    try:
+        recorded = log.actions()
+        return [
+            {"now": row.now, "event": row.record, "actions": recorded.get(row.seq, [])}
+            for row in log.events()
+            if row.kind == "policy"
+        ]
+    finally:
+        log.close()
