@@ -19,7 +19,8 @@ After every switch of version the Actor reports the chain hash of its weights, h
 content digest of the weights as they are; the Ledger compares both with what the Trainer
 published, so a torn or wrong apply is counted, never silent. A SIGTERM is a preemption notice:
 the Actor tells the Ledger (which drains it: no new leases), finishes what it holds within the
-notice, leaves gracefully and exits. If the Ledger connection drops, the Actor reconnects under
+notice, leaves gracefully and exits; SIGUSR1 is a plain graceful leave (its leases go back to
+the pool at once). If the Ledger connection drops, the Actor reconnects under
 the same id and re-sends the results the Ledger may not have received.
 """
 
@@ -111,6 +112,7 @@ class ActorProcess:
         self.sampling: Sampling | None = None
         self.stats = {"generated": 0, "activations": 0, "catch_ups": 0}
         self.failed: str | None = None
+        self.leaving = False
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -303,6 +305,8 @@ class ActorProcess:
 
     async def _worker(self) -> None:
         while not self.stopping:
+            if self.leaving:
+                return
             if self.draining_until is not None and (
                 not self.queue or time.time() > self.draining_until
             ):
@@ -403,6 +407,11 @@ class ActorProcess:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
+    def _on_sigusr1(self) -> None:
+        """Leave now (graceful): finish the current step, hand the leases back, exit."""
+        self.leaving = True
+        self.wake.set()
+
     def _on_sigterm(self) -> None:
         if self.draining_until is not None:
             return
@@ -415,6 +424,7 @@ class ActorProcess:
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
+            loop.add_signal_handler(signal.SIGUSR1, self._on_sigusr1)
         self.channel = await self._connect()
         while self.job is None:
             msg = await self.channel.recv()
@@ -432,7 +442,7 @@ class ActorProcess:
         try:
             await self._worker()
         finally:
-            if self.draining_until is not None and not self.stopping:
+            if (self.draining_until is not None or self.leaving) and not self.stopping:
                 self.send({"op": "leave"})
                 with contextlib.suppress(Exception):
                     assert self.channel is not None
