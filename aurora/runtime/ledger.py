@@ -31,6 +31,7 @@ peer whose connection drops and does not come back within ``reconnect_grace_s`` 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -108,6 +109,9 @@ class LedgerServiceConfig:
     (the PrimeRL baselines, whose orchestrator waits for the weights)."""
     reconnect_grace_s: float = 3.0
     """A peer whose connection drops is lost unless it reconnects within this (s)."""
+    stats_path: str | None = None
+    """Where :meth:`LedgerService.close` writes its counts and latencies (JSON); None: beside
+    the log (``ledger.stats.json``)."""
 
     def __post_init__(self) -> None:
         if not self.staging_grace_s >= 0 or not self.reconnect_grace_s > 0:
@@ -169,9 +173,17 @@ class LedgerService:
         self._ticks: dict[float, asyncio.TimerHandle] = {}
         self._lost_timers: dict[str, asyncio.TimerHandle] = {}
         self._server: asyncio.base_events.Server | None = None
-        self._spans = Path(config.log_path).with_suffix(".spans.jsonl")
+        self._spans = Path(
+            config.log_path if config.log_path != ":memory:" else (config.stats_path or "x")
+        ).with_suffix(".spans.jsonl")
         self.replayed = 0
         self._start_timer: asyncio.TimerHandle | None = None
+        self.timings: dict[str, collections.deque[float]] = {
+            "decide": collections.deque(maxlen=1 << 18),
+            "log": collections.deque(maxlen=1 << 18),
+        }
+        """Seconds per event spent in ``decide`` and in appending to the log (the load
+        benchmark's latency figures)."""
         self._early_staged: dict[int, set[str]] = {}
         """Versions Actors staged before the Trainer announced them (cut-through)."""
 
@@ -235,9 +247,13 @@ class LedgerService:
         impossible (a ``ValueError``: e.g. a result from an unknown Actor) is logged and
         dropped without changing the state."""
         now = self.clock()
+        t0 = time.perf_counter()
         seq = self.log.append(now, "policy", to_record(event), payload=payload)
+        t1 = time.perf_counter()
         try:
             _, actions = decide(self.state, event, now=now)
+            self.timings["decide"].append(time.perf_counter() - t1)
+            self.timings["log"].append(t1 - t0)
         except ValueError as exc:
             log.warning("ledger: %s refused: %s", type(event).__name__, exc)
             self.log.record_actions(seq, [{"type": "Invalid", "reason": str(exc)}])
@@ -423,7 +439,37 @@ class LedgerService:
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
 
+    def stats(self) -> dict[str, Any]:
+        """Counts and latencies of this process's life (written as ``ledger.stats.json``)."""
+
+        def pct(values: collections.deque[float], q: float) -> float | None:
+            if not values:
+                return None
+            ordered = sorted(values)
+            return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+        out: dict[str, Any] = {
+            "events": len(self.timings["decide"]),
+            "accepted": self.counters.accepted,
+            "log_bytes": self.log.bytes_written,
+            "log_path": self.config.log_path,
+        }
+        for name, values in self.timings.items():
+            out[f"{name}_p50_s"] = pct(values, 0.5)
+            out[f"{name}_p99_s"] = pct(values, 0.99)
+            out[f"{name}_total_s"] = sum(values)
+        if self.config.log_path != ":memory:":
+            files = [Path(self.config.log_path), Path(self.config.log_path + "-wal")]
+            out["db_file_bytes"] = sum(f.stat().st_size for f in files if f.exists())
+        return out
+
     async def close(self) -> None:
+        if self.config.log_path != ":memory:" or self.timings["decide"]:
+            with contextlib.suppress(OSError):
+                path = self.config.stats_path or str(
+                    Path(self.config.log_path).with_suffix(".stats.json")
+                )
+                Path(path).write_text(json.dumps(self.stats(), indent=2))
         for timer in [*self._ticks.values(), *self._lost_timers.values()]:
             timer.cancel()
         if self._grace_timer is not None:

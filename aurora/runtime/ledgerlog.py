@@ -69,8 +69,9 @@ class LedgerLog:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            if str(path) != ":memory:":  # ":memory:": no file at all (the load benchmark's
+                self.path.parent.mkdir(parents=True, exist_ok=True)  # in-memory reference)
+            self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)

@@ -172,7 +172,14 @@ class TrainerProcess:
         spec = {**spec, "trainer_data": f"{self.run.host}:{data_port}"}
         ledger_addr = self.run.ledger
         if ledger_addr is None:
-            self.ledger_service = LedgerService(ledger_config(spec, str(self.dir / "ledger.db")))
+            memory = bool(spec.get("ledger_in_memory"))
+            self.ledger_service = LedgerService(
+                ledger_config(
+                    spec,
+                    ":memory:" if memory else str(self.dir / "ledger.db"),
+                    stats_path=str(self.dir / "ledger.stats.json"),
+                )
+            )
             self.ledger_service.replay()
             port = await self.ledger_service.start(
                 self.run.host, self.run.ledger_port, secret=self.run.secret
@@ -407,7 +414,9 @@ class TrainerProcess:
         await asyncio.sleep(0.2)
 
 
-def ledger_config(spec: dict[str, Any], log_path: str) -> LedgerServiceConfig:
+def ledger_config(
+    spec: dict[str, Any], log_path: str, *, stats_path: str | None = None
+) -> LedgerServiceConfig:
     """The Ledger's configuration for a job spec."""
     from aurora.policy.leases import LeaseConfig
     from aurora.policy.ledger import LedgerConfig
@@ -423,6 +432,7 @@ def ledger_config(spec: dict[str, Any], log_path: str) -> LedgerServiceConfig:
         ),
         log_path=log_path,
         staging_grace_s=grace,
+        stats_path=stats_path,
     )
 
 
