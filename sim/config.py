@@ -175,6 +175,11 @@ class SimConfig:
         for f in self.faults:
             if f.kind == "link_cut":
                 raise ValueError(f"--fault {f.spec()!r}: link_cut is not simulated yet")
+            if f.kind == "ledger_crash":
+                raise ValueError(
+                    f"--fault {f.spec()!r}: the simulator has no Ledger process to crash "
+                    "(real mode only)"
+                )
             if f.kind == "join":
                 self.traces.gpu(f.gpu, model, where=f"faults join {f.target}.gpu")
         self.traces.workload(self.workload)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import signal
 import time
@@ -48,6 +49,7 @@ from aurora.policy.actor import (
     to_fetch,
 )
 from aurora.policy.versions import CatchUpPlan
+from aurora.runtime import hooks
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import EngineSide, Sampling, make_engine
 from aurora.store import CheckpointStore
@@ -352,20 +354,28 @@ class ActorProcess:
         out = await asyncio.to_thread(self.engine.generate, prompts, self.sampling)
         t1 = time.time()
         h = self.engine.weights_hash
+        late = hooks.get("late_results")
+        if late is not None and int(late[0]) == work.version:
+            await asyncio.sleep(float(late[1]))  # fault injection: results after their expiry
+        claimed = work.version
+        if hooks.get("stale_version") == work.version:
+            claimed = work.version - 2  # fault injection: a result claiming an old version
+        copies = 2 if hooks.get("duplicate_results") == work.version else 1
         tokens = 0
         sent = []
         for lease, gen in zip(work.leases, out, strict=True):
             msg = {
                 "op": "result",
                 "lease": lease,
-                "version": work.version,
+                "version": claimed,
                 "weights_hash": h,
                 "payload": gen.payload,
                 "tokens": gen.tokens,
             }
             tokens += gen.tokens
             sent.append(msg)
-            self.send(msg)
+            for _ in range(copies):
+                self.send(msg)
             self.prompt_of.pop(lease, None)
         self.unsent = sent  # the latest batch, re-sent if the connection turns out to be gone
         self.stats["generated"] += tokens
@@ -385,6 +395,13 @@ class ActorProcess:
         assert self.engine is not None
         staged = self._staged()
         t0 = time.time()
+        if hooks.get("kill_mid_apply") == v:
+            # Fault injection: write the first half of D_v into the weights, then die.
+            torn = dataclasses.replace(
+                staged[v], tensors=staged[v].tensors[: len(staged[v].tensors) // 2]
+            )
+            await asyncio.to_thread(self.engine.apply, torn)
+            hooks.die()
         await asyncio.to_thread(self.engine.apply, staged[v])
         if self.node is not None and v in self.node.staged:
             self.node.activate(v)

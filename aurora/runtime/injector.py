@@ -21,6 +21,7 @@ provides:
                    checkpoint and the Ledger from its log after ``restart_s``
 ``link_cut``       the emulated link drops everything for ``duration_s`` (emulation), or the
                    region's processes are cut off (loopback: SIGSTOP, then SIGCONT)
+``ledger_crash``   SIGKILL the Ledger process; restart it from its log after ``restart_s``
 =================  ===========================================================================
 
 ``--spot-hazard H`` draws preemptions of every spot Actor (``spot: true`` in the topology) as a
@@ -54,6 +55,7 @@ class Cluster(Protocol):
     def region_loss(self, region: str) -> None: ...
     def relay_fail(self, pid: str) -> None: ...
     def trainer_crash(self) -> None: ...
+    def ledger_crash(self) -> None: ...
     def link_cut(self, target: str, duration_s: float) -> None: ...
     def record(self, spec: str) -> None: ...
 
@@ -155,5 +157,7 @@ class Injector:
             c.trainer_crash()
         elif f.kind == "link_cut":
             c.link_cut(f.target, f.duration_s)
+        elif f.kind == "ledger_crash":
+            c.ledger_crash()
         else:  # pragma: no cover - Fault validates its kind
             raise ValueError(f"unknown fault kind {f.kind!r}")

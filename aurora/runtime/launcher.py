@@ -86,7 +86,13 @@ class RealRun:
     stall_s: float = 300.0
     """Stop with exit code 3 when no step completes for this long (s)."""
     trainer_restart_s: float = 1.0
-    """A crashed Trainer is restarted after this many seconds (s)."""
+    """A crashed Trainer (or Ledger) is restarted after this many seconds (s)."""
+    ledger_process: bool = False
+    """Run the Ledger as its own process (``aurora ledger``) instead of inside the Trainer's;
+    implied by a ``ledger_crash`` fault."""
+    hooks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Fault-injection hooks per process id (:mod:`aurora.runtime.hooks`; the reliability
+    matrix's tests only)."""
 
 
 def free_port(host: str) -> int:
@@ -234,17 +240,43 @@ class Launcher:
             args += ["--engine", engine]
         return args
 
+    @property
+    def standalone_ledger(self) -> bool:
+        return self.run.ledger_process or any(f.kind == "ledger_crash" for f in self.run.faults)
+
+    def start_ledger(self) -> None:
+        args = [
+            "--job",
+            str(self.dir / "job.json"),
+            "--db",
+            str(self.dir / "ledger.db"),
+            "--host",
+            self.host,
+            "--port",
+            str(self.ports["ledger"]),
+            *self._common(),
+        ]
+        p = self.procs.procs.get("ledger") or self._add("ledger", "ledger", args)
+        p.start()
+
+    def _add(self, pid: str, role: str, args: list[str]):  # type: ignore[no-untyped-def]
+        proc = self.procs.add(pid, role, args)
+        if pid in self.run.hooks:
+            proc.env["AURORA_FAULT_HOOKS"] = json.dumps(self.run.hooks[pid])
+        return proc
+
     def start_trainer(self) -> None:
-        p = self.procs.procs.get("trainer") or self.procs.add(
-            "trainer", "trainer", self._trainer_args()
-        )
+        args = self._trainer_args()
+        if self.standalone_ledger:
+            args += ["--ledger", f"{self.host}:{self.ports['ledger']}"]
+        p = self.procs.procs.get("trainer") or self._add("trainer", "trainer", args)
         with contextlib.suppress(FileNotFoundError):
             (self.dir / "ports.json").unlink()
         p.start()
 
     def start_actor(self, aid: str, region: str, engine: str | None = None) -> None:
         self.region_of[aid] = region
-        p = self.procs.procs.get(aid) or self.procs.add(
+        p = self.procs.procs.get(aid) or self._add(
             aid, "actor", self._actor_args(aid, region, engine)
         )
         p.start()
@@ -261,7 +293,7 @@ class Launcher:
             self.host,
             *self._common(),
         ]
-        p = self.procs.procs.get(rid) or self.procs.add(rid, "relay", args)
+        p = self.procs.procs.get(rid) or self._add(rid, "relay", args)
         p.start()
 
     async def _wait_ports(self, timeout_s: float = 600.0) -> None:
@@ -316,6 +348,18 @@ class Launcher:
         def restart() -> None:
             if not self.finished.is_set():
                 self.start_trainer()
+
+        asyncio.get_running_loop().call_later(self.run.trainer_restart_s, restart)
+
+    def ledger_crash(self) -> None:
+        if not self.standalone_ledger:
+            self.trainer_crash()  # the Ledger lives in the Trainer's process
+            return
+        self.kill("ledger")
+
+        def restart() -> None:
+            if not self.finished.is_set():
+                self.start_ledger()
 
         asyncio.get_running_loop().call_later(self.run.trainer_restart_s, restart)
 
@@ -428,6 +472,8 @@ class Launcher:
                 )
 
     async def _run(self) -> None:
+        if self.standalone_ledger:
+            self.start_ledger()
         self.start_trainer()
         await self._wait_ports()
         for rid, region in self.plan.relays:
