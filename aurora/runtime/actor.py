@@ -104,6 +104,9 @@ class ActorProcess:
         self.plan: CatchUpPlan | None = None
         self.pending_commit: int | None = None
         self.snapshots: dict[int, tuple[dict, str]] = {}
+        """Verified snapshots held for a catch-up: version -> (weights, chain hash h(v))."""
+        self.snapshot_hashes: dict[int, tuple[str, str | None]] = {}
+        """version -> (chain hash h(v), content digest) of snapshots the Ledger planned."""
         self.fetched: dict[int, Delta] = {}
         self.in_flight: set[int] = set()
         self.unsent: list[dict[str, Any]] = []
@@ -198,6 +201,11 @@ class ActorProcess:
                 deltas=tuple(int(v) for v in msg["deltas"]),
                 bytes=0,
             )
+            if msg.get("snapshot") is not None:
+                self.snapshot_hashes[int(msg["snapshot"])] = (
+                    str(msg["snapshot_hash"]),
+                    msg.get("snapshot_digest"),
+                )
             asyncio.get_running_loop().create_task(self._fetch_plan(self.plan))
         elif op == "route":
             self.route = str(msg["source"])
@@ -234,7 +242,15 @@ class ActorProcess:
         self.in_flight.update(wanted)
         try:
             if snapshot is not None:
-                self.snapshots[snapshot] = await asyncio.to_thread(self.store.snapshot, snapshot)
+                state, content = await asyncio.to_thread(self.store.snapshot, snapshot)
+                chain, digest = self.snapshot_hashes[snapshot]
+                if digest is not None and content != digest:
+                    raise ValueError(
+                        f"snapshot v{snapshot} from the store hashes to {content[:12]}.., not the "
+                        f"published {digest[:12]}..; not loaded"
+                    )
+                # Deltas after it, and leases, build on the chain hash h(v), not the content's.
+                self.snapshots[snapshot] = (state, chain)
             for v in deltas:
                 self.fetched[v] = await asyncio.to_thread(self.store.delta, v)
         except Exception as exc:  # the store is untrusted: a bad piece is refused, not applied
@@ -251,7 +267,7 @@ class ActorProcess:
             await asyncio.to_thread(self.engine.load, state, version=plan.snapshot, weights_hash=h)
         staged = self._staged()
         for v in plan.deltas:
-            await asyncio.to_thread(self.engine.apply, staged[v])
+            await self._apply(staged[v])
         t1 = time.time()
         keep, _restage = after_catch_up(plan, queue=self.queue, staged=staged)
         self.queue = collections.deque(keep)
@@ -390,6 +406,15 @@ class ActorProcess:
                 "tokens": tokens,
             }
         )
+
+    async def _apply(self, delta: Delta) -> None:
+        assert self.engine is not None
+        if hooks.get("kill_mid_apply") == delta.version:
+            # Fault injection: write the first half of D_v into the weights, then die.
+            half = delta.tensors[: len(delta.tensors) // 2]
+            await asyncio.to_thread(self.engine.apply, dataclasses.replace(delta, tensors=half))
+            hooks.die()
+        await asyncio.to_thread(self.engine.apply, delta)
 
     async def _activate(self, v: int) -> None:
         assert self.engine is not None

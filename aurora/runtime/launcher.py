@@ -279,6 +279,8 @@ class Launcher:
         p = self.procs.procs.get(aid) or self._add(
             aid, "actor", self._actor_args(aid, region, engine)
         )
+        if p.starts:
+            p.env.pop("AURORA_FAULT_HOOKS", None)  # a machine that comes back is a fresh one
         p.start()
 
     def start_relay(self, rid: str, region: str) -> None:

@@ -107,15 +107,18 @@ class LedgerServiceConfig:
     staging_grace_s: float = 10.0
     """How long a batch waits for Actors still staging its version (s); ``inf`` waits for all
     (the PrimeRL baselines, whose orchestrator waits for the weights)."""
-    reconnect_grace_s: float = 3.0
-    """A peer whose connection drops is lost unless it reconnects within this (s)."""
+    reconnect_grace_s: float = 0.0
+    """A peer whose connection drops is lost unless it reconnects within this (s). 0 (the
+    default): lost at once, so no prompt is leased to a dead machine meanwhile (each such lease
+    would cost the batch another lease length); an Actor that was only cut off comes back
+    through the join path as a returning Actor."""
     stats_path: str | None = None
     """Where :meth:`LedgerService.close` writes its counts and latencies (JSON); None: beside
     the log (``ledger.stats.json``)."""
 
     def __post_init__(self) -> None:
-        if not self.staging_grace_s >= 0 or not self.reconnect_grace_s > 0:
-            raise ValueError("staging_grace_s must be >= 0 and reconnect_grace_s > 0")
+        if not self.staging_grace_s >= 0 or not self.reconnect_grace_s >= 0:
+            raise ValueError("staging_grace_s and reconnect_grace_s must be >= 0")
 
 
 @dataclass
@@ -311,15 +314,19 @@ class LedgerService:
             self._send(action.actor, {"op": "exclude", "version": action.version})
         elif isinstance(action, CatchUp):
             plan = action.plan
-            self._send(
-                action.actor,
-                {
-                    "op": "catch_up",
-                    "target": plan.target,
-                    "snapshot": plan.snapshot,
-                    "deltas": list(plan.deltas),
-                },
-            )
+            msg: dict[str, Any] = {
+                "op": "catch_up",
+                "target": plan.target,
+                "snapshot": plan.snapshot,
+                "deltas": list(plan.deltas),
+            }
+            if plan.snapshot is not None:
+                # A snapshot's file names its content hash; the chain hash h(v) the deltas after
+                # it build on (and leases check) comes from what the Trainer published.
+                info = self.state.versions[plan.snapshot]
+                msg["snapshot_hash"] = info.weights_hash
+                msg["snapshot_digest"] = self.published.get(plan.snapshot, {}).get("digest")
+            self._send(action.actor, msg)
         elif isinstance(action, Route | FallBack):
             self._send_route(action.actor, action.source)
 
@@ -621,9 +628,12 @@ class LedgerService:
             if self.channels.get(peer) is ch:
                 del self.channels[peer]
                 if not self.finished:
-                    self._lost_timers[peer] = asyncio.get_running_loop().call_later(
-                        self.config.reconnect_grace_s, self._lose, peer, role
-                    )
+                    if self.config.reconnect_grace_s > 0:
+                        self._lost_timers[peer] = asyncio.get_running_loop().call_later(
+                            self.config.reconnect_grace_s, self._lose, peer, role
+                        )
+                    else:
+                        self._lose(peer, role)
 
     def _welcome(self, ch: Channel, role: str) -> None:
         spec = self.job.spec if self.job is not None else None

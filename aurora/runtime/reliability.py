@@ -21,7 +21,6 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 LEASE_K = 2.5
 """Lease length L = k x median completion (the Ledger's default k)."""
@@ -47,6 +46,12 @@ def lease_length(run_dir: Path) -> float:
     return max(1.0, LEASE_K * statistics.median(durations)) if durations else 1.0
 
 
+def median_generate(run_dir: Path) -> float:
+    """The median generate span of the run (s): one generation of a share."""
+    durations = [e - s for v in generate_spans(run_dir).values() for s, e in v]
+    return statistics.median(durations) if durations else 0.0
+
+
 def measure(run_dir: Path, *, fault: str, how: str, when: str, affected: set[str]) -> dict:
     """One row of the matrix from a finished run (see the module docstring)."""
     s = json.loads((run_dir / "summary.json").read_text())
@@ -69,6 +74,7 @@ def measure(run_dir: Path, *, fault: str, how: str, when: str, affected: set[str
         "lease_book_ok": s["lease_book_ok"],
         "survivor_pause_s": max(pauses.values()) if pauses else None,
         "lease_s": lease_length(run_dir),
+        "generate_s": median_generate(run_dir),
         "wall_s": s["wall_s"],
     }
 
@@ -102,7 +108,9 @@ def write_table(rows_path: Path, doc_path: Path) -> None:
             f"s, one lease length {base['lease_s']:.2f} s."
         )
     if start in text and end in text:
-        text = text[: text.index(start) + len(start)] + "\n" + table + "\n" + text[text.index(end):]
+        text = (
+            text[: text.index(start) + len(start)] + "\n" + table + "\n" + text[text.index(end) :]
+        )
     else:
         text += f"\n{start}\n{table}\n{end}\n"
     doc_path.write_text(text)

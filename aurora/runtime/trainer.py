@@ -237,6 +237,9 @@ class TrainerProcess:
         assert self.compute is not None
         steps = int(spec["steps"])
         while True:
+            # After a lost Ledger connection, go on from what is published (and saved): a step
+            # whose announcement did not get through is announced again, not trained again.
+            v = int(meta["version"])
             self.channel = await self._connect(addr)
             self._inbox = asyncio.Queue()
             reader = asyncio.create_task(self._read(self.channel))
