@@ -22,7 +22,7 @@ import pytest
 from aurora.transport import Node, TransportConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _transport_peer import SECRET, chain  # noqa: E402
+from _transport_peer import KEY, SECRET, TRUST, chain  # noqa: E402
 
 pytestmark = pytest.mark.benchmark(group="transport")
 
@@ -31,7 +31,9 @@ def _serve(streams: int, versions: int, q, go) -> None:  # type: ignore[no-untyp
     deltas, h0 = chain(200, versions)
 
     async def main() -> None:
-        node = Node("trainer", TransportConfig(secret=SECRET, streams=streams))
+        node = Node(
+            "trainer", TransportConfig(secret=SECRET, streams=streams, **TRUST), signing_key=KEY
+        )
         port = await node.serve()
         q.put((port, h0, [sum(len(s.data) for s in d) for d in deltas]))
         loop = asyncio.get_running_loop()
@@ -88,7 +90,10 @@ def test_loopback_goodput_of_one_verified_delta(benchmark, streams, prefault):
         node = Node(
             "actor",
             TransportConfig(
-                secret=SECRET, streams=streams, prefault_bytes=(sizes[0] + (1 << 20)) * prefault
+                secret=SECRET,
+                streams=streams,
+                prefault_bytes=(sizes[0] + (1 << 20)) * prefault,
+                **TRUST,
             ),
             sources=[("127.0.0.1", port)],
             active=(0, h0),
