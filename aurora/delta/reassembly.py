@@ -356,11 +356,11 @@ class Reassembler:
         if merkle_root(leaves) != delta_id:
             raise CorruptError("trailer: id(D_v) is not the Merkle root of its segment hashes")
         if self.expected_id is not None and delta_id.hex() != self.expected_id:
-            raise CorruptError("trailer: id(D_v) is not the one the Ledger published")
+            raise CorruptError("trailer: id(D_v) is not the announced one")
         if self.expected_hash is not None:
             h_v = bytes(mv[24 + (n + 1) * HASH_BYTES : 24 + (n + 2) * HASH_BYTES])
             if h_v.hex() != self.expected_hash:
-                raise CorruptError("trailer: h(v) is not the one the Ledger published")
+                raise CorruptError("trailer: h(v) is not the announced one")
         self._trailer = (plen, seg_size, leaves)
         self._trailer_bytes = bytes(seg.data)
         bad = []

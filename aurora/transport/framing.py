@@ -239,7 +239,8 @@ def _segment_meta(raw: memoryview) -> tuple[int, str, int, int, str, bool]:
         version, key, seq, offset, checksum, trailer = msgpack.unpackb(raw)
         meta = (int(version), str(key), int(seq), int(offset), str(checksum), bool(trailer))
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise ProtocolError(f"malformed segment header: {exc}") from None
+        why = "nested too deeply" if isinstance(exc, msgpack.StackError) else str(exc)
+        raise ProtocolError(f"malformed segment header: {why or type(exc).__name__}") from None
     if meta[2] < 0 or meta[3] < 0:
         raise ProtocolError(f"segment header with a negative seq or offset: {meta[:4]}")
     return meta

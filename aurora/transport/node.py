@@ -937,6 +937,9 @@ class Node:
                         else _reason(exc)
                     )
                     errors.append(f"{where}: {reason}")
+                    self._log.warning(
+                        f"connect:{source}", "%s: cannot use %s: %s", self.id, where, reason
+                    )
                     self._choice.connected(source)  # so that next() moves past it
                     self._choice.unreachable(source, self._waiting(), reason, time.monotonic())
                     continue
@@ -946,10 +949,6 @@ class Node:
                 log.info("%s: subscribed to %s with %d streams", self.id, where, len(streams))
                 streams[0].send([self._subscribe_msg()])
                 return errors
-            if errors:
-                self._log.warning(
-                    "unreachable", "%s: no source reachable (%s)", self.id, "; ".join(errors)
-                )
             return errors
         finally:
             self._reconnecting = False

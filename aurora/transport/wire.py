@@ -130,7 +130,8 @@ def parse_control(body: bytes) -> dict[str, Any]:
     try:
         msg = msgpack.unpackb(body)
     except (ValueError, msgpack.UnpackException) as exc:
-        raise ProtocolError(f"malformed control frame: {exc}") from None
+        why = "nested too deeply" if isinstance(exc, msgpack.StackError) else str(exc)
+        raise ProtocolError(f"malformed control frame: {why or type(exc).__name__}") from None
     if not isinstance(msg, dict) or "op" not in msg:
         raise ProtocolError(f"control frame without an op: {msg!r}"[:200])
     return msg
@@ -166,7 +167,8 @@ def _unpack(body: bytes, what: str) -> Any:
     try:
         return msgpack.unpackb(body)
     except (ValueError, msgpack.UnpackException) as exc:
-        raise AuthError(f"malformed {what} ({exc or type(exc).__name__})") from None
+        why = "nested too deeply" if isinstance(exc, msgpack.StackError) else str(exc)
+        raise AuthError(f"malformed {what} ({why or type(exc).__name__})") from None
 
 
 def _peer_id(hello: object) -> str:
