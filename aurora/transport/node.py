@@ -18,7 +18,9 @@ subscribes. A subscription is ``S`` TCP connections to the source, each authenti
   ``id(D_v)``.
 * **Before the announcement** (the Trainer streams segments while it is still extracting,
   cut-through) a node takes segments of one version only - the one after the newest announced -
-  and at most ``unannounced_bytes`` of them, charged in whole pages; no trailer is accepted.
+  and at most ``unannounced_bytes`` of them (by default 1.25 x the largest delta announced so
+  far, 64 MiB before any), charged in whole pages; no trailer is accepted. Whatever was dropped
+  for it is fetched the moment the announcement comes.
   When the announcement comes, whatever it does not describe is dropped.
 * **Blame and switch.** A source that sends something the announcement refutes (a segment of
   another delta or off its grid, a trailer with another id, bytes that do not match their
@@ -136,10 +138,11 @@ class TransportConfig:
     send_timeout_s: float = 30.0
     """Seconds a connection to a subscriber may go without the kernel taking any of its bytes
     before the subscriber is dropped (it stopped reading; it must re-subscribe)."""
-    unannounced_bytes: int = 256 << 20
+    unannounced_bytes: int | None = None
     """Bytes (whole pages) of one version a node takes before that version's signed
-    announcement arrives (segments cut through while the Trainer is still extracting); set it
-    above the expected delta size for full cut-through."""
+    announcement arrives (segments cut through while the Trainer is still extracting). None:
+    1.25 x the largest delta announced so far plus 1 MiB (a delta no larger than that cuts
+    through whole), and ``UNANNOUNCED_FIRST`` (64 MiB) before any announcement."""
     control_rate: float = 64.0
     """Control frames per second a connection may send on average (a token bucket)."""
     control_burst: int = 256
@@ -186,8 +189,10 @@ class TransportConfig:
             raise bad("max_pending_handshakes", ">= 1")
         if self.max_delta_bytes < 1024:
             raise bad("max_delta_bytes", ">= 1024")
-        if not 0 <= self.unannounced_bytes <= self.max_delta_bytes:
-            raise bad("unannounced_bytes", "in 0..max_delta_bytes")
+        if self.unannounced_bytes is not None and not (
+            0 <= self.unannounced_bytes <= self.max_delta_bytes
+        ):
+            raise bad("unannounced_bytes", "None or in 0..max_delta_bytes")
         if not 0 <= self.prefault_bytes <= self.max_delta_bytes:
             raise bad("prefault_bytes", "in 0..max_delta_bytes")
 
@@ -227,6 +232,8 @@ class NodeMetrics:
     """Announcements verified."""
 
 
+UNANNOUNCED_FIRST = 64 << 20
+"""Bytes of a version a node takes before its announcement while it has seen none (bytes)."""
 _SILENT_LIMIT_STALLS = 10
 """A stream in the middle of a frame that has received no byte for this many ``stall_s`` is
 stuck (5 s by default: longer than TCP's retransmission backoff after three losses in a row)
@@ -398,8 +405,9 @@ class _Version:
     published: bool = False
     """A source's own version, whole."""
     commit_pending: bool = False
-    trailer_missed: bool = False
-    """A trailer arrived before the announcement and was dropped: fetch it once announced."""
+    missed: bool = False
+    """Something of this version was dropped before its announcement (the trailer, segments
+    over the budget): fetch what is missing as soon as it is announced."""
     progress: float = field(default_factory=time.monotonic)
     received_at: float | None = None
     """When the last segment arrived verified (monotonic s), before the whole-file parse."""
@@ -506,7 +514,10 @@ class Node:
         self._progress_mark: tuple[float, int] = (time.monotonic(), 0)
         self._progress_bytes = 0
         """Wanted bytes received from the current source (into slots), for the progress rule."""
+        self._last_tick = time.monotonic()
         self._newest_announced: int | None = None
+        self._largest_announced = 0
+        """Size of the largest delta announced to this node (bytes)."""
         self._seen_signed: dict[bytes, VersionAnnouncement] = {}
         self._pending_handshakes: collections.Counter[str] = collections.Counter()
         self._log = _RateLimitedLog()
@@ -612,9 +623,13 @@ class Node:
                 f"({self.config.max_delta_bytes})",
             )
             return
+        if not self._waiting():
+            # Nothing was owed before: the progress window starts now, not at the last tick.
+            self._progress_mark = (time.monotonic(), self._progress_bytes)
         st = self.versions.setdefault(v, _Version())
         st.ann, st.signed = ann, signed
         self.announcements[v] = ann
+        self._largest_announced = max(self._largest_announced, ann.size)
         st.progress = time.monotonic()
         if self._newest_announced is None or v > self._newest_announced:
             self._newest_announced = v
@@ -644,10 +659,10 @@ class Node:
         if st.whole:
             return
         live = self._live()
-        if live and (via is None or via != live[0].source or st.trailer_missed):
-            # Learned elsewhere, or the trailer came first and was dropped: ask for what is
+        if live and (via is None or via != live[0].source or st.missed):
+            # Learned elsewhere, or something came before it and was dropped: ask for what is
             # missing now rather than after a stall.
-            st.trailer_missed = False
+            st.missed = False
             live[0].send([self._fetch_msg(v, st)])
         self._changed.set()
 
@@ -730,6 +745,7 @@ class Node:
 
     def _set_own_announcement(self, st: _Version, ann: VersionAnnouncement, signed: bytes) -> None:
         st.ann, st.signed = ann, signed
+        self._largest_announced = max(self._largest_announced, ann.size)
         self.announcements[ann.version] = ann
         if self._newest_announced is None or ann.version > self._newest_announced:
             self._newest_announced = ann.version
@@ -1153,25 +1169,34 @@ class Node:
                 for v, s in self.versions.items()
             ):
                 return None
-            if trailer:
-                if st is not None:
-                    st.trailer_missed = True
-                return None
             if offset + length > self.config.max_delta_bytes:
                 return None
             if st is None:
                 st = self.versions[version] = _Version()
+            if trailer:
+                st.missed = True
+                return None
             if st.reassembler is None:
                 st.reassembler = Reassembler(
-                    key=key, arena=self._arenas.take(), budget=self.config.unannounced_bytes
+                    key=key, arena=self._arenas.take(), budget=self._unannounced_budget()
                 )
-            return st.reassembler.slot(key, seq, offset, length, trailer)
+            view = st.reassembler.slot(key, seq, offset, length, trailer)
+            if view is None and key == st.reassembler.key and seq not in st.segments:
+                st.missed = True  # over the budget, most likely: fetch it once announced
+            return view
         assert st.reassembler is not None
         refuted = st.reassembler.refutes(key, seq, offset, length, trailer)
         if refuted is not None:
             self._blame(up, version, refuted, "segment")
             return None
         return st.reassembler.slot(key, seq, offset, length, trailer)
+
+    def _unannounced_budget(self) -> int:
+        if self.config.unannounced_bytes is not None:
+            return self.config.unannounced_bytes
+        if self._largest_announced == 0:
+            return UNANNOUNCED_FIRST
+        return min(self.config.max_delta_bytes, self._largest_announced * 5 // 4 + (1 << 20))
 
     def _abandon(self, version: int, view: memoryview) -> None:
         st = self.versions.get(version)
@@ -1245,7 +1270,8 @@ class Node:
             return
         st.delta = delta
         st.reassembler = None
-        self._choice.done(version)
+        live = self._upstream
+        self._choice.done(version, live[0].source if live else None)
         if st.commit_pending:
             self._on_commit(version)
         if self.active is None:
@@ -1450,9 +1476,12 @@ class Node:
         live = [s for s in live if s.alive]
         waiting = self._waiting()
         # The progress rule: an announced version is incomplete, and the source delivered fewer
-        # than min_rate x progress_s wanted bytes over the last progress_s.
+        # than min_rate x progress_s wanted bytes over the last progress_s. A tick that comes
+        # late (this process's loop was busy) judges nothing: the window starts again.
+        late = now - self._last_tick > 2 * self.config.stall_s
+        self._last_tick = now
         mark_t, mark_b = self._progress_mark
-        if not waiting:
+        if not waiting or late:
             self._progress_mark = (now, self._progress_bytes)
         elif now - mark_t >= self.config.progress_s:
             got = self._progress_bytes - mark_b

@@ -14,9 +14,12 @@ version it is waiting for, :class:`SourceChoice` remembers two things per source
   (``TransportConfig.progress_s``). After ``attempts`` tries it is not used again for that
   version either.
 
-:meth:`SourceChoice.next` returns the next usable source after the current one (round robin),
-and :meth:`SourceChoice.refusal` says, in one line naming every source, why a version cannot be
-completed anywhere once no source is usable: the node refuses it instead of waiting forever.
+:meth:`SourceChoice.next` returns the usable source with the fewest *strikes* (a refutation or a
+try left behind counts one; a version completed from a source clears its strikes), the first
+after the current one in list order among equals, so a source that keeps failing is tried last
+instead of once per version. :meth:`SourceChoice.refusal` says, in one line naming every source,
+why a version cannot be completed anywhere once no source is usable: the node refuses it
+instead of waiting forever.
 Between rounds that found no source at all, :meth:`SourceChoice.delay` backs off exponentially
 (``backoff_s``, doubled per failed round, at most ``max_backoff_s``); verified progress resets
 it. Nothing here does I/O or reads a clock: the node passes ``now``.
@@ -47,6 +50,8 @@ class SourceChoice:
         self.attempts = attempts
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self.current: int | None = None
+        self.strikes = [0] * len(self.names)
+        """Per source: refutations and tries left behind since it last completed a version."""
         self._versions: dict[int, _VersionSources] = {}
         self._failed_rounds = 0
         self._failed_in_round = 0
@@ -61,10 +66,13 @@ class SourceChoice:
         if source in vs.refuted:
             return False
         vs.refuted[source] = reason
+        self.strikes[source] += 1
         return True
 
     def left(self, source: int, versions: list[int], reason: str) -> None:
         """The node left ``source`` while ``versions`` were incomplete: one try each."""
+        if versions:
+            self.strikes[source] += 1
         for v in versions:
             self._versions.setdefault(v, _VersionSources()).tries.setdefault(source, []).append(
                 reason
@@ -90,9 +98,12 @@ class SourceChoice:
         self._failed_in_round = 0
         self._retry_at = 0.0
 
-    def done(self, version: int) -> None:
-        """``version`` is complete or given up: forget its history."""
+    def done(self, version: int, source: int | None = None) -> None:
+        """``version`` is complete (from ``source``, whose strikes are cleared) or given up:
+        forget its history."""
         self._versions.pop(version, None)
+        if source is not None:
+            self.strikes[source] = 0
 
     def forget(self, version: int) -> None:
         """Try ``version`` again from scratch (the runtime asked for it again)."""
@@ -107,19 +118,17 @@ class SourceChoice:
         return source not in vs.refuted and len(vs.tries.get(source, ())) < self.attempts
 
     def next(self, waiting: list[int]) -> int | None:
-        """The next source to connect to after the current one: the first, in round-robin
-        order, that is usable for the oldest waiting version (any source when none waits);
-        None when there is none."""
+        """The source to connect to next: among those usable for the oldest waiting version
+        (any source when none waits), the one with the fewest strikes, the first after the
+        current one in list order among equals; None when there is none."""
         n = len(self.names)
         if n == 0:
             return None
         start = 0 if self.current is None else self.current + 1
         oldest = min(waiting) if waiting else None
-        for i in range(n):
-            s = (start + i) % n
-            if oldest is None or self.usable(oldest, s):
-                return s
-        return None
+        order = [(start + i) % n for i in range(n)]
+        usable = [s for s in order if oldest is None or self.usable(oldest, s)]
+        return min(usable, key=lambda s: self.strikes[s]) if usable else None
 
     def delay(self) -> float:
         """Seconds to wait before the next round after ``_failed_rounds`` failed rounds."""
