@@ -895,3 +895,34 @@ def test_an_announcement_handed_by_the_runtime_is_verified_and_forwarded():
         return actor
 
     assert_bit_exact(run(main()))
+
+
+def test_a_delta_cut_through_past_the_unannounced_budget_still_completes_without_a_stall():
+    """The Trainer streams D_1 while 'extracting' (a generator: the announcement comes just
+    before the trailer); the Actor takes 32 KiB before the announcement and fetches the rest the
+    moment it arrives, well inside the stall period it would otherwise wait."""
+
+    async def main():
+        trainer = Node("trainer", cfg(), signing_key=KEY)
+        port = await trainer.serve()
+        actor = Node(
+            "actor",
+            cfg(unannounced_bytes=32 << 10, stall_s=2.0),
+            sources=[("127.0.0.1", port)],
+            active=(0, H0),
+        )
+        await actor.subscribe()
+        await asyncio.sleep(0.05)
+        await trainer.publish(1, iter(SEGS[:-1]))  # extraction running: no trailer, no id yet
+        await actor.wait_for(lambda: actor.metrics.segments_discarded > 0, 2)
+        await asyncio.sleep(0.2)
+        t = time.monotonic()
+        await trainer.publish(1, [SEGS[-1]])  # done: signed, announced, the trailer follows
+        await actor.wait_for(lambda: 1 in actor.staged, 5)
+        elapsed = time.monotonic() - t
+        await close(actor, trainer)
+        return actor, elapsed
+
+    actor, elapsed = run(main())
+    assert_bit_exact(actor)
+    assert actor.metrics.segments_discarded > 0 and elapsed < 1.0  # stall_s is 2 s

@@ -286,3 +286,75 @@ def test_a_deeply_nested_header_is_a_corrupt_delta_not_a_recursion_error():
     big = json.dumps({"x": "y" * (70 << 10)}).encode()
     with pytest.raises(CorruptError, match="exceeds"):
         read_delta(b"AURDELTA" + struct.pack("<HI", 2, len(big)) + big)
+
+
+# ---- which source next ------------------------------------------------------------------------
+
+
+def _choice(n=3, attempts=2):
+    from aurora.transport.sources import SourceChoice
+
+    return SourceChoice(
+        [f"s{i}:1" for i in range(n)], attempts=attempts, backoff_s=0.5, max_backoff_s=2.0
+    )
+
+
+def test_a_refuted_source_is_never_used_again_for_that_version_and_the_refusal_names_all():
+    c = _choice()
+    c.connected(0)
+    assert c.refute(7, 0, "a forged trailer") and not c.refute(7, 0, "again")
+    assert c.next([7]) == 1 and c.usable(8, 0)  # other versions may still use it
+    c.connected(1)
+    c.left(1, [7], "no progress")
+    c.left(1, [7], "no progress")
+    assert c.next([7]) == 2
+    c.unreachable(2, [7], "connection refused", now=0.0)
+    assert c.refusal(7) is None  # s2 has one try left
+    c.unreachable(2, [7], "connection refused", now=0.0)
+    assert c.next([7]) is None
+    assert c.refusal(7) == (
+        "no source can complete it: s0:1 sent a forged trailer; s1:1 failed 2 tries (last: no "
+        "progress); s2:1 failed 2 tries (last: connection refused)"
+    )
+    c.forget(7)
+    assert c.refusal(7) is None and c.next([7]) is not None
+
+
+def test_a_source_that_keeps_failing_is_tried_last_until_it_completes_a_version():
+    c = _choice()
+    c.connected(0)
+    c.left(0, [1], "no progress")
+    assert c.next([1]) == 1
+    c.connected(1)
+    c.done(1, source=1)
+    c.left(1, [2], "lost")  # s1 had a good run, then one strike; s0 still has its strike
+    assert c.strikes == [1, 1, 0] and c.next([2]) == 2
+    c.done(2, source=0)
+    assert c.strikes[0] == 0
+
+
+def test_rounds_that_reach_no_source_back_off_exponentially_and_progress_resets_it():
+    c = _choice(n=2, attempts=9)
+    delays = []
+    for r in range(4):
+        c.unreachable(0, [], "refused", now=10.0 * r)
+        c.unreachable(1, [], "refused", now=10.0 * r)
+        delays.append(c.delay())
+    assert delays == [0.5, 1.0, 2.0, 2.0]
+    assert not c.ready(30.0 + 1.9) and c.ready(32.0)
+    c.progressed()
+    assert c.delay() == 0 and c.ready(0.0)
+
+
+def test_an_unknown_source_is_refused_and_changes_nothing():
+    c = _choice()
+    before = (list(c.strikes), c.current, dict(c._versions))
+    for call in (
+        lambda: c.refute(1, 5, "x"),
+        lambda: c.left(-1, [1], "x"),
+        lambda: c.connected(3),
+        lambda: c.done(1, source=True),
+    ):
+        with pytest.raises(ValueError, match="source"):
+            call()
+    assert (list(c.strikes), c.current, dict(c._versions)) == before

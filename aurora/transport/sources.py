@@ -57,11 +57,18 @@ class SourceChoice:
         self._failed_in_round = 0
         self._retry_at = 0.0
 
+    def _check(self, source: int) -> None:
+        if isinstance(source, bool) or not isinstance(source, int):
+            raise ValueError(f"source must be an index into {self.names}, got {source!r}")
+        if not 0 <= source < len(self.names):
+            raise ValueError(f"no source {source}: there are {len(self.names)} ({self.names})")
+
     # -- what happened ------------------------------------------------------------------------
 
     def refute(self, version: int, source: int, reason: str) -> bool:
         """``source`` sent something for ``version`` that the announcement refutes; returns
         True the first time (a new refutation)."""
+        self._check(source)
         vs = self._versions.setdefault(version, _VersionSources())
         if source in vs.refuted:
             return False
@@ -71,6 +78,7 @@ class SourceChoice:
 
     def left(self, source: int, versions: list[int], reason: str) -> None:
         """The node left ``source`` while ``versions`` were incomplete: one try each."""
+        self._check(source)
         if versions:
             self.strikes[source] += 1
         for v in versions:
@@ -81,6 +89,7 @@ class SourceChoice:
     def unreachable(self, source: int, versions: list[int], reason: str, now: float) -> None:
         """Connecting to ``source`` failed: one try for each waiting version, and one more
         failure towards a backoff once every source failed in a row."""
+        self._check(source)
         self.left(source, versions, reason)
         self._failed_in_round += 1
         if self._failed_in_round >= len(self.names):
@@ -89,6 +98,7 @@ class SourceChoice:
             self._retry_at = now + self.delay()
 
     def connected(self, source: int) -> None:
+        self._check(source)
         self.current = source
         self._failed_in_round = 0
 
@@ -101,9 +111,10 @@ class SourceChoice:
     def done(self, version: int, source: int | None = None) -> None:
         """``version`` is complete (from ``source``, whose strikes are cleared) or given up:
         forget its history."""
-        self._versions.pop(version, None)
         if source is not None:
+            self._check(source)
             self.strikes[source] = 0
+        self._versions.pop(version, None)
 
     def forget(self, version: int) -> None:
         """Try ``version`` again from scratch (the runtime asked for it again)."""
