@@ -602,6 +602,9 @@ class Node:
         v = ann.version
         if (self.active is not None and v <= self.active[0]) or v in self.refused:
             return
+        whole = [u for u, st in self.versions.items() if st.whole]
+        if self.active is None and whole and v <= max(whole) - self.config.cache_versions:
+            return  # a relay would drop it from its cache at once
         st = self.versions.get(v)
         if st is not None and st.ann is not None:
             if st.ann != ann:
@@ -651,8 +654,6 @@ class Node:
                 for seq in dropped:
                     st.segments.pop(seq, None)
                     st.origin.pop(seq, None)
-        if st.reassembler is None and not st.whole:
-            st.reassembler = Reassembler(arena=self._arenas.take(), expected=ann)
         for sub in self.subscribers.values():
             if sub.subscribed:
                 sub.send_control({"op": "announce", "a": signed}, every_stream=True)
@@ -744,6 +745,11 @@ class Node:
         self._set_own_announcement(st, ann, sign(ann, self._signing_key))
 
     def _set_own_announcement(self, st: _Version, ann: VersionAnnouncement, signed: bytes) -> None:
+        if st.ann is not None and st.ann != ann:
+            raise ValueError(
+                f"node {self.id}: D_{ann.version} is announced already with id "
+                f"{st.ann.delta_id[:12]}..; publish the same bytes again, not other ones"
+            )
         st.ann, st.signed = ann, signed
         self._largest_announced = max(self._largest_announced, ann.size)
         self.announcements[ann.version] = ann
@@ -1184,7 +1190,8 @@ class Node:
             if view is None and key == st.reassembler.key and seq not in st.segments:
                 st.missed = True  # over the budget, most likely: fetch it once announced
             return view
-        assert st.reassembler is not None
+        if st.reassembler is None:  # the first wanted byte of an announced version
+            st.reassembler = Reassembler(arena=self._arenas.take(), expected=st.ann)
         refuted = st.reassembler.refutes(key, seq, offset, length, trailer)
         if refuted is not None:
             self._blame(up, version, refuted, "segment")
@@ -1314,7 +1321,7 @@ class Node:
         self.staged[version] = delta
         assert st.ann is not None
         if self.on_staged is not None:
-            self.on_staged(delta, st.ann)
+            self._call_back("on_staged", self.on_staged, delta, st.ann)
         nxt = self.versions.get(version + 1)
         if nxt is not None and nxt.delta is not None:
             self._try_stage(version + 1)
@@ -1334,8 +1341,22 @@ class Node:
             st.origin.clear()
         self._choice.done(version)
         if self.on_refused is not None:
-            self.on_refused(version, reason)
+            self._call_back("on_refused", self.on_refused, version, reason)
         self._changed.set()
+
+    def _call_back(self, name: str, fn: Callable[..., object], *args: object) -> None:
+        """Run the runtime's callback; what it raises is its bug, logged in one line, and does
+        not break this node's receive path."""
+        try:
+            fn(*args)
+        except Exception as exc:
+            log.error(
+                "%s: the %s callback failed: %s: %s",
+                self.id,
+                name,
+                type(exc).__name__,
+                _reason(exc),
+            )
 
     def _check_refusals(self) -> None:
         """Refuse every waiting version that no source can complete (after the fallback)."""
@@ -1406,16 +1427,16 @@ class Node:
         refusals and source history are forgotten and the current source is asked for what is
         missing (the next source on connecting)."""
         live = self._live()
+        if not self._waiting():
+            self._progress_mark = (time.monotonic(), self._progress_bytes)
         for v in range(first, last + 1):
             if self.active is not None and v <= self.active[0]:
                 continue
             if self.refused.pop(v, None) is not None:
-                self.versions.pop(v, None)
-                ann = self.announcements.get(v)
-                if ann is not None:
-                    self._choice.forget(v)
-                    st = self.versions[v] = _Version(ann=ann)
-                    st.reassembler = Reassembler(arena=self._arenas.take(), expected=ann)
+                self._choice.forget(v)
+                old = self.versions.pop(v, None)
+                if old is not None and old.ann is not None:
+                    self.versions[v] = _Version(ann=old.ann, signed=old.signed)
             st = self.versions.get(v)
             if live and (st is None or not st.whole):
                 msg = (
