@@ -295,6 +295,8 @@ class _Stream:
 
     async def _run(self) -> None:
         timeout = self.node.config.send_timeout_s
+        transport = self.writer.transport
+        low = transport.get_write_buffer_limits()[0]
         try:
             while True:
                 if self.own:
@@ -315,7 +317,13 @@ class _Stream:
                     view = memoryview(piece)
                     for at in range(0, len(view), _WRITE_CHUNK):
                         self.writer.write(view[at : at + _WRITE_CHUNK])
-                        await asyncio.wait_for(self.writer.drain(), timeout)
+                        if transport.get_write_buffer_size() <= low:
+                            await self.writer.drain()  # not paused: returns at once
+                        else:
+                            # A timer only when the kernel did not take the chunk: the send
+                            # path costs what it did when the socket keeps up.
+                            async with asyncio.timeout(timeout):
+                                await self.writer.drain()
                     del view
                 del pieces
         except TimeoutError:
