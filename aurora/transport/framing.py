@@ -124,6 +124,10 @@ class FrameReader(asyncio.BufferedProtocol):
             log.warning("%s: closing the connection: %s", self.name, exc)
             assert self.transport is not None
             self.transport.abort()
+        except Exception as exc:  # a bug in an owner's callback: one line, this connection only
+            log.error("%s: closing the connection: %s: %s", self.name, type(exc).__name__, exc)
+            assert self.transport is not None
+            self.transport.abort()
 
     def eof_received(self) -> bool:
         return False  # close

@@ -330,8 +330,8 @@ class _Stream:
             self.node._drop_subscriber(
                 self.sub, f"it took no byte for {timeout:g} s (stopped reading)"
             )
-        except (ConnectionError, OSError):
-            pass
+        except (ConnectionError, OSError, RuntimeError):
+            pass  # the connection is gone (RuntimeError: written after the transport closed)
         finally:
             self.alive = False
 
@@ -862,6 +862,8 @@ class Node:
             self.metrics.refused["control"] += 1
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
+        except Exception as exc:  # a bug: one line, this subscriber only
+            log.error("%s: subscriber %r: %s: %s", self.id, hello["id"], type(exc).__name__, exc)
         finally:
             stream.abort()
             if not sub.live() and self.subscribers.get(key) is sub:
