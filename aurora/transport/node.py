@@ -529,6 +529,8 @@ class Node:
         self._seen_signed: dict[bytes, VersionAnnouncement] = {}
         self._pending_handshakes: collections.Counter[str] = collections.Counter()
         self._log = _RateLimitedLog()
+        self._in_fallback: set[int] = set()
+        """Versions the fallback is fetching now (not refused meanwhile)."""
         self._watching = False
 
     @property
@@ -1381,20 +1383,19 @@ class Node:
                 st.fallback_tried = True
                 self._spawn(self._from_fallback(v, reason))
                 continue
-            if self.fallback is None or not self._fallback_running(v):
+            if v not in self._in_fallback:
                 self._refuse(v, reason)
 
-    def _fallback_running(self, version: int) -> bool:
-        return any(getattr(t, "aurora_fallback", None) == version for t in self._tasks)
-
     async def _from_fallback(self, version: int, why: str) -> None:
-        asyncio.current_task().aurora_fallback = version  # type: ignore[union-attr]
         assert self.fallback is not None
+        self._in_fallback.add(version)
         try:
             data = await self.fallback(version)
             self.add_file(data)
         except Exception as exc:  # anything the fallback raises is its one-line reason
             self._refuse(version, f"{why}; the fallback failed too: {_reason(exc)}")
+        finally:
+            self._in_fallback.discard(version)
 
     def add_file(self, data: bytes | bytearray | memoryview) -> Delta:
         """Take ``D_v`` as a whole file (the Checkpoint Store, a fallback): verified against its
