@@ -260,8 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_bench)
+    from aurora import keys
     from aurora.runtime.cli import add_parsers
 
+    keys.add_parser(sub)
     add_parsers(sub)
     return parser
 

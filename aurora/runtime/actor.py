@@ -70,6 +70,8 @@ class ActorRun:
     """The Ledger's control address."""
     secret: bytes
     """The job secret."""
+    public_key: bytes
+    """The job's public key: every announcement, delta and snapshot is checked against it."""
     host: str = "127.0.0.1"
     """Address its data-plane node listens on (other Actors fetch from it when it relays)."""
     engine: str | None = None
@@ -116,6 +118,9 @@ class ActorProcess:
         self.draining_until: float | None = None
         self.sampling: Sampling | None = None
         self.stats = {"generated": 0, "activations": 0, "catch_ups": 0}
+        self.announcements: list[bytes] = []
+        """Signed announcements heard from the Ledger (the newest 32), handed to the node."""
+        self._subscribed = False
         self.failed: str | None = None
         self.leaving = False
 
@@ -186,6 +191,12 @@ class ActorProcess:
             self.sources.update({k: v for k, v in (msg.get("sources") or {}).items() if v})
             if msg.get("job") is not None and self.job is None:
                 self.job = msg["job"]
+        elif op == "announce":
+            data = bytes(msg["data"])
+            self.announcements.append(data)
+            del self.announcements[:-32]
+            if self.node is not None:
+                self._announce(data)
         elif op == "assign":
             leases = []
             for lease, prompt in msg["leases"]:
@@ -217,6 +228,13 @@ class ActorProcess:
         elif op == "exclude":
             log.info("%s: excluded from step v%s", self.id, msg.get("version"))
 
+    def _announce(self, data: bytes) -> None:
+        assert self.node is not None
+        try:
+            self.node.announce(data)
+        except Exception as exc:  # a bad announcement from anyone is refused, never fatal
+            log.warning("%s: refused an announcement: %s", self.id, exc)
+
     def _set_sources(self) -> None:
         if self.node is None:
             return
@@ -226,7 +244,17 @@ class ActorProcess:
         for a in dict.fromkeys(addrs):
             host, port = a.rsplit(":", 1)
             parsed.append((host, int(port)))
-        self.node.sources = parsed
+        self.node.set_sources(parsed)
+        if parsed and not self._subscribed:
+            self._subscribed = True
+            asyncio.get_running_loop().create_task(self._subscribe())
+
+    async def _subscribe(self) -> None:
+        assert self.node is not None
+        try:
+            await self.node.subscribe()
+        except ConnectionError as exc:  # it keeps trying in the background
+            log.warning("%s: %s", self.id, exc)
 
     # -- catch-up ------------------------------------------------------------------------------
 
@@ -242,17 +270,13 @@ class ActorProcess:
         self.in_flight.update(wanted)
         try:
             if snapshot is not None:
-                state, content = await asyncio.to_thread(self.store.snapshot, snapshot)
-                chain, digest = self.snapshot_hashes[snapshot]
-                if digest is not None and content != digest:
-                    raise ValueError(
-                        f"snapshot v{snapshot} from the store hashes to {content[:12]}.., not the "
-                        f"published {digest[:12]}..; not loaded"
-                    )
-                # Deltas after it, and leases, build on the chain hash h(v), not the content's.
-                self.snapshots[snapshot] = (state, chain)
+                # Checked against the Trainer's signature; its announcement names the chain
+                # hash h(v) the deltas after it build on (not the content hash of the file).
+                state, ann = await asyncio.to_thread(self.store.verified_snapshot, snapshot)
+                self.snapshots[snapshot] = (state, ann.chain_hash)
             for v in deltas:
-                self.fetched[v] = await asyncio.to_thread(self.store.delta, v)
+                delta, _ann = await asyncio.to_thread(self.store.verified_delta, v)
+                self.fetched[v] = delta
         except Exception as exc:  # the store is untrusted: a bad piece is refused, not applied
             log.warning("%s: catch-up fetch failed: %s", self.id, exc)
         finally:
@@ -275,7 +299,9 @@ class ActorProcess:
         self.pending_commit = None
         self.fetched = {v: d for v, d in self.fetched.items() if v > plan.target}
         self.snapshots.clear()
-        await self._rebase_node()
+        assert self.node is not None and self.engine.version is not None
+        assert self.engine.weights_hash is not None
+        self.node.caught_up(self.engine.version, self.engine.weights_hash)
         self.stats["catch_ups"] += 1
         digest = await asyncio.to_thread(self.engine.digest)
         self.send(
@@ -291,33 +317,38 @@ class ActorProcess:
             {"op": "span", "activity": "catch-up", "version": plan.target, "start": t0, "end": t1}
         )
 
-    async def _rebase_node(self) -> None:
-        """A data-plane node whose base is the engine's version (after a jump of versions)."""
-        assert self.engine is not None and self.job is not None
-        if self.node is not None:
-            await self.node.close()
+    async def _start_node(self) -> None:
+        """The data-plane node: no weights yet (it relays and collects until the first
+        catch-up), announcements checked against the job's key, the store as last source."""
+        assert self.job is not None and self.store is not None
         strat = self.job["strategy"]
-        config = TransportConfig(secret=self.run.secret, streams=int(strat["streams"]))
+        config = TransportConfig(
+            secret=self.run.secret,
+            job=self.job["job_id"],
+            public_key=self.run.public_key,
+            streams=int(strat["streams"]),
+        )
 
-        def staged(delta: Delta) -> None:
+        def staged(delta: Delta, _ann: object) -> None:
             self.send({"op": "staged", "version": delta.version})
             self.wake.set()
 
-        assert self.engine.version is not None and self.engine.weights_hash is not None
+        def refused(version: int, reason: str) -> None:
+            log.warning("%s: D_%d refused: %s", self.id, version, reason)
+
+        store = self.store
         self.node = Node(
             self.id,
             config,
-            active=(self.engine.version, self.engine.weights_hash),
             on_staged=staged,
+            on_refused=refused,
+            fallback=lambda v: asyncio.to_thread(store.delta_bytes, v),
         )
         port = await self.node.serve(self.run.host, 0)
         self.send({"op": "data", "addr": f"{self.run.host}:{port}"})
+        for data in self.announcements:
+            self._announce(data)
         self._set_sources()
-        if self.node.sources:
-            try:
-                await self.node.subscribe()
-            except ConnectionError as exc:
-                log.warning("%s: %s (deltas come from the store meanwhile)", self.id, exc)
 
     # -- the worker ------------------------------------------------------------------------------
 
@@ -478,8 +509,11 @@ class ActorProcess:
             temperature=float(job["temperature"]),
             seed=int(job["seed"]),
         )
-        self.store = CheckpointStore(job["store"])
+        self.store = CheckpointStore(
+            job["store"], job=job["job_id"], public_key=self.run.public_key
+        )
         self.engine = await asyncio.to_thread(make_engine, job, engine=self.run.engine)
+        await self._start_node()
         pump = asyncio.create_task(self._pump())
         try:
             await self._worker()

@@ -1,9 +1,11 @@
 """The role subcommands: ``aurora trainer``, ``ledger``, ``relay``, ``actor``, ``real``.
 
 Each role is its own process so that a deployment starts them on different hosts; ``aurora
-real`` starts them all on one. Secrets come from files (``--secret-file`` or the environment
-variable ``AURORA_SECRET_FILE``), never from the command line. A role that cannot start prints
-one line naming what is wrong and exits with 2 (bad input) or 1 (a failure at run time).
+real`` starts them all on one. Keys come from files (``--secret-file``, ``--public-key``,
+``--signing-key``, made by ``aurora keys new``) or environment variables (``AURORA_JOB_SECRET``,
+``AURORA_JOB_PUBLIC_KEY``, ``AURORA_TRAINER_KEY``), never from the command line. A role that
+cannot start prints one line naming what is wrong and exits with 2 (bad input) or 1 (a failure
+at run time).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def _run_role(role: str, make: Any) -> int:
         return int(asyncio.run(make()))
     except KeyboardInterrupt:
         return 130
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError) as exc:  # KeyFileError is a ValueError
         print(f"aurora {role}: {exc}", file=sys.stderr)
         return 2
     except (ConnectionError, OSError, RuntimeError) as exc:
@@ -50,9 +52,15 @@ def _run_role(role: str, make: Any) -> int:
 
 
 def _secret(args: argparse.Namespace) -> bytes:
-    from aurora.runtime.trainer import env_secret
+    from aurora.keys import load_job_secret
 
-    return env_secret(args.secret_file)
+    return load_job_secret(args.secret_file)
+
+
+def _public_key(args: argparse.Namespace) -> bytes:
+    from aurora.keys import load_public_key
+
+    return load_public_key(args.public_key)
 
 
 def _load_job(args: argparse.Namespace) -> dict[str, Any]:
@@ -83,12 +91,15 @@ def _load_job(args: argparse.Namespace) -> dict[str, Any]:
 
 def _trainer(args: argparse.Namespace) -> int:
     async def main() -> int:
+        from aurora.keys import load_signing_key
         from aurora.runtime.trainer import TrainerProcess, TrainerRun
 
         run = TrainerRun(
             spec=_load_job(args),
             run_dir=args.run_dir,
             secret=_secret(args),
+            signing_key=load_signing_key(args.signing_key),
+            public_key=_public_key(args),
             host=args.host,
             data_port=args.data_port,
             ledger=_addr(args.ledger, "--ledger") if args.ledger else None,
@@ -110,12 +121,18 @@ def _job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="rl", choices=["rl", "standin"], help=argparse.SUPPRESS)
 
 
-def _secret_arg(p: argparse.ArgumentParser) -> None:
+def _secret_arg(p: argparse.ArgumentParser, *, public_key: bool = True) -> None:
     p.add_argument(
         "--secret-file",
         default=None,
-        help="file holding the job secret (default: $AURORA_SECRET_FILE)",
+        help="file holding the job secret (default: the value of $AURORA_JOB_SECRET)",
     )
+    if public_key:
+        p.add_argument(
+            "--public-key",
+            default=None,
+            help="file holding the job's public key (default: $AURORA_JOB_PUBLIC_KEY)",
+        )
 
 
 # -- ledger -------------------------------------------------------------------------------------
@@ -155,6 +172,7 @@ def _relay(args: argparse.Namespace) -> int:
             region=args.region,
             ledger=_addr(args.join, "--join"),
             secret=_secret(args),
+            public_key=_public_key(args),
             host=args.host,
             port=args.port,
         )
@@ -175,6 +193,7 @@ def _actor(args: argparse.Namespace) -> int:
             region=args.region,
             ledger=_addr(args.join, "--join"),
             secret=_secret(args),
+            public_key=_public_key(args),
             host=args.host,
             engine=args.engine,
             notice_s=args.notice_s,
@@ -262,6 +281,11 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--ledger", default=None, help="HOST:PORT of a standalone aurora ledger")
     p.add_argument("--ports-file", default=None, help="write the bound ports here (JSON)")
     _secret_arg(p)
+    p.add_argument(
+        "--signing-key",
+        default=None,
+        help="file holding the Trainer's signing key (default: $AURORA_TRAINER_KEY)",
+    )
     p.set_defaults(func=_trainer)
 
     p = sub.add_parser("ledger", help="run a standalone Job Ledger (durable, SQLite)")
@@ -270,7 +294,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--db", required=True, help="SQLite log (replayed if it exists)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
-    _secret_arg(p)
+    _secret_arg(p, public_key=False)
     p.set_defaults(func=_ledger)
 
     p = sub.add_parser("relay", help="run a region's relay")

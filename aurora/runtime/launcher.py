@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import secrets
 import shutil
 import signal
 import socket
@@ -146,15 +144,14 @@ class Launcher:
                     EXIT_BAD_INPUT,
                 )
             shutil.rmtree(self.dir)
+        from aurora.keys import new_job_keys
+
         try:
-            (self.dir / "keys").mkdir(parents=True)
+            self.dir.mkdir(parents=True)
+            self.keys = new_job_keys(self.dir / "keys")
         except OSError as exc:
             raise LaunchError(f"cannot write {self.dir}: {exc.strerror}", EXIT_BAD_INPUT) from None
-        secret = self.dir / "keys" / "secret"
-        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
-        self.secret_file = str(secret)
+        self.secret_file = str(self.keys.secret)
         store = self.real.store or str(self.dir / "store")
         self.spec = make_spec(
             self.topo,
@@ -204,8 +201,11 @@ class Launcher:
             f"regime {self.real.regime}; {self.dir}"
         )
 
-    def _common(self) -> list[str]:
-        return ["--secret-file", self.secret_file]
+    def _common(self, *, public_key: bool = True) -> list[str]:
+        out = ["--secret-file", self.secret_file]
+        if public_key:
+            out += ["--public-key", str(self.keys.public_key)]
+        return out
 
     def _trainer_args(self) -> list[str]:
         return [
@@ -221,6 +221,8 @@ class Launcher:
             str(self.ports["data"]),
             "--ports-file",
             str(self.dir / "ports.json"),
+            "--signing-key",
+            str(self.keys.signing_key),
             *self._common(),
         ]
 
@@ -254,7 +256,7 @@ class Launcher:
             self.host,
             "--port",
             str(self.ports["ledger"]),
-            *self._common(),
+            *self._common(public_key=False),
         ]
         p = self.procs.procs.get("ledger") or self._add("ledger", "ledger", args)
         p.start()
@@ -393,7 +395,9 @@ class Launcher:
 
     async def _observe(self) -> None:
         """Follow the run through the Ledger (reconnecting across Trainer restarts)."""
-        secret = Path(self.secret_file).read_bytes().strip()
+        from aurora.keys import load_job_secret
+
+        secret = load_job_secret(self.secret_file)
         while not self.finished.is_set():
             try:
                 ch = await connect(

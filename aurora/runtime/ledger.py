@@ -571,8 +571,15 @@ class LedgerService:
             "snapshot_bytes": msg.get("snapshot_bytes"),
             "stats": msg.get("stats") or {},
             "at": self.clock(),
+            "announcement": bytes(msg["announcement"]).hex() if msg.get("announcement") else None,
         }
         self.note(rec)
+        if rec["announcement"]:
+            # Anyone may carry a signed announcement: every peer gets it from here too, so a
+            # node whose source withholds it still learns the version exists (and its deadline
+            # starts).
+            for peer_ch in list(self.channels.values()):
+                peer_ch.send_nowait({"op": "announce", "data": bytes(msg["announcement"])})
         self.feed(
             DeltaPublished(
                 version=v,
@@ -637,6 +644,11 @@ class LedgerService:
 
     def _welcome(self, ch: Channel, role: str) -> None:
         spec = self.job.spec if self.job is not None else None
+        recent = sorted(v for v, r in self.published.items() if r.get("announcement"))[-16:]
+        for v in recent:
+            ch.send_nowait(
+                {"op": "announce", "data": bytes.fromhex(self.published[v]["announcement"])}
+            )
         ch.send_nowait(
             {
                 "op": "welcome",

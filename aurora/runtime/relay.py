@@ -36,6 +36,8 @@ class RelayRun:
     """The Ledger's control address."""
     secret: bytes
     """The job secret."""
+    public_key: bytes
+    """The job's public key (announcements are verified before anything is forwarded)."""
     host: str = "127.0.0.1"
     """Address its data-plane node listens on."""
     port: int = 0
@@ -81,6 +83,11 @@ class RelayProcess:
                 if msg.get("job") is not None and self.node is None:
                     self.job = msg["job"]
                     await self._start(channel)
+            elif op == "announce" and self.node is not None:
+                try:
+                    self.node.announce(bytes(msg["data"]))
+                except Exception as exc:  # refused, never fatal
+                    log.warning("%s: refused an announcement: %s", self.run.id, exc)
             elif op == "stop":
                 break
         if self.node is not None:
@@ -93,6 +100,8 @@ class RelayProcess:
         strat = self.job["strategy"]
         config = TransportConfig(
             secret=self.run.secret,
+            job=self.job["job_id"],
+            public_key=self.run.public_key,
             streams=int(strat["streams"]),
             cache_versions=max(8, int(strat["max_lag"]) + 2),
         )
@@ -102,5 +111,8 @@ class RelayProcess:
         port_bound = await self.node.serve(self.run.host, self.run.port)
         self._addr = f"{self.run.host}:{port_bound}"
         channel.send_nowait({"op": "data", "addr": self._addr})
-        await self.node.subscribe()
+        try:
+            await self.node.subscribe()
+        except ConnectionError as exc:  # it keeps reconnecting in the background
+            log.warning("%s: %s", self.run.id, exc)
         log.info("%s: relaying %s from %s on %s", self.run.id, self.run.region, trainer, self._addr)

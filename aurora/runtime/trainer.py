@@ -27,7 +27,6 @@ behind the same TCP interface as a standalone ``aurora ledger``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -59,6 +58,10 @@ class TrainerRun:
     """Folder of this run: the Trainer's checkpoint, the Ledger's log, exports."""
     secret: bytes
     """The job secret (admission control on every connection)."""
+    signing_key: bytes
+    """The Trainer's Ed25519 private key: it signs every version and snapshot it publishes."""
+    public_key: bytes
+    """The job's public key (the signing key's; every node verifies against it)."""
     host: str = "127.0.0.1"
     """Address the data plane (and an in-process Ledger) listen on."""
     data_port: int = 0
@@ -98,10 +101,14 @@ class TrainerProcess:
         self.dir = Path(run.run_dir)
         self.state_dir = self.dir / "trainer"
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.store = CheckpointStore(self.spec["store"])
+        self.store = CheckpointStore(
+            self.spec["store"], job=self.spec["job_id"], public_key=run.public_key
+        )
         self.compute: TrainerSide | None = None
         self.hashes: dict[int, str] = {}
         """h(v) of every version published, by version (persisted beside the checkpoint)."""
+        self.announcements: dict[int, bytes] = {}
+        """Signed announcements of the versions published by this process (or re-served)."""
         self.ledger_service: LedgerService | None = None
         self.node: Node | None = None
         self.channel: Channel | None = None
@@ -151,7 +158,11 @@ class TrainerProcess:
         spec = self.spec
         meta = self._resume()
         if meta is None:
-            h0 = await asyncio.to_thread(self.store.publish_snapshot, 0, self.compute.published())
+            h0 = await asyncio.to_thread(
+                lambda: self.store.publish_snapshot(
+                    0, self.compute.published(), signing_key=self.run.signing_key
+                )
+            )
             self.hashes = {0: h0}
             reward_first = await asyncio.to_thread(self.compute.evaluate)
             meta = {"version": 0, "hashes": {"0": h0}, "reward_first": reward_first}
@@ -163,10 +174,14 @@ class TrainerProcess:
         strat = spec["strategy"]
         config = TransportConfig(
             secret=self.run.secret,
+            job=spec["job_id"],
+            public_key=self.run.public_key,
             streams=int(strat["streams"]),
             cache_versions=max(8, int(strat["max_lag"]) + 2),
         )
-        self.node = Node("trainer", config, active=(v, self.hashes[v]))
+        self.node = Node(
+            "trainer", config, active=(v, self.hashes[v]), signing_key=self.run.signing_key
+        )
         await self._refill_cache(v)
         data_port = await self.node.serve(self.run.host, self.run.data_port)
         spec = {**spec, "trainer_data": f"{self.run.host}:{data_port}"}
@@ -212,9 +227,10 @@ class TrainerProcess:
         assert self.node is not None
         first = max(1, v - self.node.config.cache_versions + 1)
         for u in range(first, v + 1):
-            with contextlib.suppress(Exception):
-                data = await asyncio.to_thread(self.store.delta_bytes, u)
-                await self.node.publish(u, segments_of(data))
+            data = await asyncio.to_thread(self.store.delta_bytes, u)
+            signed = await asyncio.to_thread(self.store.announcement, u)
+            self.announcements[u] = signed
+            await self.node.publish(u, segments_of(data), announcement=signed)
 
     async def _connect(self, addr: tuple[str, int]) -> Channel:
         deadline = time.monotonic() + 30.0
@@ -328,6 +344,7 @@ class TrainerProcess:
         enc = self.compute.encoder(version=k, base_hash=self.hashes[k - 1], codec=codec)
         queue = _segments_in_thread(enc.segments(), asyncio.get_running_loop())
         pieces: list[bytes] = []
+        signed: bytes | None = None
         while True:
             seg = await queue.get()
             if seg is None:
@@ -335,16 +352,24 @@ class TrainerProcess:
             if isinstance(seg, BaseException):
                 raise seg
             pieces.append(bytes(seg.data))
-            await self.node.publish(k, [seg])
+            signed = await self.node.publish(k, [seg]) or signed
         t2 = time.time()
+        assert signed is not None and enc.weights_hash is not None
+        self.announcements[k] = signed
         data = b"".join(pieces)
-        await asyncio.to_thread(self.store.publish_delta, data)
+        await asyncio.to_thread(lambda: self.store.publish_delta(data, announcement=signed))
+        self.hashes[k] = enc.weights_hash
         snapshot_bytes = None
         if k % int(spec["snapshot_interval"]) == 0:
-            await asyncio.to_thread(self.store.publish_snapshot, k, self.compute.published())
+            await asyncio.to_thread(
+                lambda: self.store.publish_snapshot(
+                    k,
+                    self.compute.published(),
+                    chain_hash=self.hashes[k],
+                    signing_key=self.run.signing_key,
+                )
+            )
             snapshot_bytes = self.store.sizes()[1].get(k)
-        assert enc.weights_hash is not None
-        self.hashes[k] = enc.weights_hash
         digest = await asyncio.to_thread(self.compute.digest)
         dense = sum(a.nbytes for a in self.compute.published().values())
         nnz = sum(t.nnz for t in enc.tensors)
@@ -384,10 +409,14 @@ class TrainerProcess:
             delta_bytes = self.store.sizes()[0].get(v)
         if digest is None and v == self.compute.version:
             digest = await asyncio.to_thread(self.compute.digest)
+        signed = self.announcements.get(v)
+        if signed is None and v > 0:
+            signed = await asyncio.to_thread(self.store.announcement, v)
         await self.channel.send(
             {
                 "op": "published",
                 "version": v,
+                "announcement": signed,
                 "weights_hash": self.hashes[v],
                 "digest": digest,
                 "delta_bytes": delta_bytes,
@@ -437,17 +466,3 @@ def ledger_config(
         staging_grace_s=grace,
         stats_path=stats_path,
     )
-
-
-def env_secret(path: str | None) -> bytes:
-    """The job secret from ``path`` or the file named by ``AURORA_SECRET_FILE``."""
-    path = path or os.environ.get("AURORA_SECRET_FILE")
-    if not path:
-        raise ValueError("no job secret: pass --secret-file or set AURORA_SECRET_FILE")
-    try:
-        data = Path(path).read_bytes().strip()
-    except OSError as exc:
-        raise ValueError(f"cannot read the job secret {path}: {exc.strerror}") from None
-    if len(data) < 16:
-        raise ValueError(f"the job secret in {path} is shorter than 16 bytes")
-    return data

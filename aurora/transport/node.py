@@ -565,6 +565,26 @@ class Node:
         if not self._live():
             raise ConnectionError(f"node {self.id}: no source reachable ({'; '.join(errors)})")
 
+    def set_sources(self, sources: Iterable[tuple[str, int]]) -> None:
+        """Replace the list of sources (the Ledger re-routed this node: a new relay, a
+        fallback). A node subscribed elsewhere leaves its source and connects to the first of the
+        new list; what each source was blamed for is forgotten with the old list."""
+        new = list(sources)
+        if new == self.sources:
+            return
+        self.sources = new
+        self._choice = SourceChoice(
+            [f"{h}:{p}" for h, p in self.sources],
+            attempts=self.config.attempts,
+            backoff_s=self.config.backoff_s,
+            max_backoff_s=self.config.max_backoff_s,
+        )
+        for s in self._upstream:
+            s.abort()
+        self._upstream = []
+        if self._watching and self.sources:
+            self._spawn(self._reconnect())
+
     async def close(self) -> None:
         for t in list(self._tasks):
             t.cancel()
@@ -1583,6 +1603,25 @@ class Node:
         self._staging.activate(version)  # the version rule: only onto its base v-1
         self.active = (version, self.staged[version].weights_hash)
         self.release(version)
+
+    def caught_up(self, version: int, weights_hash: str) -> None:
+        """The weights jumped to ``version`` (a verified snapshot and/or chain applied by the
+        caller, or this node had no weights yet): it becomes the base later deltas are checked
+        against, everything up to it is released, and complete versions above it that build on
+        it are staged (a catch-up planned while they arrived)."""
+        if self.active is not None and version < self.active[0]:
+            raise ValueError(
+                f"node {self.id}: cannot catch up backwards from v{self.active[0]} to v{version}"
+            )
+        if self._staging.active is None or version > self._staging.active:
+            self._staging.catch_up(version)
+        self.active = (version, weights_hash)
+        self.staged = {v: d for v, d in self.staged.items() if v > version}
+        self.release(version)
+        for v in sorted(x for x in self.versions if x > version):
+            if self.versions[v].delta is not None and v not in self.staged:
+                self._try_stage(v)
+        self._changed.set()
 
     # -- waiting (tests, runtime) -------------------------------------------------------------
 
