@@ -1,0 +1,321 @@
+"""NFQUEUE delay line: a fixed one-way propagation delay for kernels without netem.
+
+Theory of operation
+-------------------
+An iptables rule in the router namespace sends every packet of one link direction to an
+NFQUEUE (``-j NFQUEUE --queue-num Q``). The kernel keeps the packet and sends this process a
+*metadata-only* notification (copy mode ``NFQNL_COPY_META``: the packet id, no payload) over a
+netlink socket. The process stamps each id with its arrival time and holds it in a FIFO; when
+the head is due (arrival + delay), it releases every due packet at once with one
+``NFQNL_MSG_VERDICT_BATCH`` (accept all ids up to N). The packets never leave the kernel, so
+their bytes are never copied to user space, and since the delay is the same for every packet of
+a queue they leave in the order they came. ``NFQA_CFG_F_GSO`` lets the kernel hand over GSO
+super-packets whole instead of segmenting them for us.
+
+Failure is closed, not open: the iptables rule has no ``--queue-bypass``, so when this process
+is gone the direction drops everything rather than running undelayed while the run claims a
+delay. The process exits when its standard input reaches end of file (the builder that started
+it died or closed it), on SIGTERM, or on SIGINT, and prints one JSON line of statistics.
+
+Accuracy: a packet's delay starts when this process reads its notification and ends when the
+verdict is sent, so the error is the wake-up latency of ``select`` (timer slack set to 1 ns with
+``prctl``) plus the time to read the batch, typically 20-200 us per direction; measured numbers
+are in ``docs/EMULATION.md``. A lost notification (``ENOBUFS``: the socket's receive buffer
+overflowed) does not strand its packet: the next batch verdict covers every lower id. Counted.
+
+Standalone, standard library only, so it runs by path under any Python 3.9+ inside
+``ip netns exec``::
+
+    python delayline.py --queue 1:20.0 --queue 2:20.0 --maxlen 8192
+
+Why raw netlink rather than NetfilterQueue (libnetfilter_queue): that binding gives one Python
+callback and one verdict system call per packet and needs a C toolchain and
+``libnetfilter-queue-dev`` to install; batch verdicts and metadata-only copies are what keep
+this process at 13-33% of a core at 100 Mbit/s (``shared/notes/wan-emulation-on-this-kernel.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+
+NETLINK_NETFILTER = 12
+NFNL_SUBSYS_QUEUE = 3
+NFQNL_MSG_PACKET = 0
+NFQNL_MSG_CONFIG = 2
+NFQNL_MSG_VERDICT_BATCH = 3
+NLM_F_REQUEST = 1
+NLM_F_ACK = 4
+NLMSG_ERROR = 2
+NFQA_CFG_CMD = 1
+NFQA_CFG_PARAMS = 2
+NFQA_CFG_QUEUE_MAXLEN = 3
+NFQA_CFG_MASK = 4
+NFQA_CFG_FLAGS = 5
+NFQNL_CFG_CMD_BIND = 1
+NFQNL_COPY_META = 1
+NFQA_CFG_F_GSO = 4
+NFQA_PACKET_HDR = 1
+NFQA_VERDICT_HDR = 2
+NF_ACCEPT = 1
+PR_SET_TIMERSLACK = 29
+RCVBUF_BYTES = 16 << 20
+"""Netlink receive buffer (bytes): ~16k notifications of backlog before ENOBUFS."""
+
+_NLHDR = struct.Struct("=IHHII")
+_PACKET_TYPE = (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET
+
+
+class _Stop(Exception):
+    pass
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    length = 4 + len(payload)
+    return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
+
+
+def _message(msg_type: int, queue: int, attrs: list[bytes], flags: int, seq: int) -> bytes:
+    # nfgenmsg: family AF_UNSPEC, version NFNETLINK_V0, res_id = queue number (big endian).
+    body = struct.pack("!BBH", socket.AF_UNSPEC, 0, queue) + b"".join(attrs)
+    kind = (NFNL_SUBSYS_QUEUE << 8) | msg_type
+    return _NLHDR.pack(_NLHDR.size + len(body), kind, flags, seq, 0) + body
+
+
+class DelayLine:
+    """Holds the packets of one or more NFQUEUE queues for a fixed delay each."""
+
+    def __init__(self, delays_s: dict[int, float], maxlen: int) -> None:
+        self.delays = delays_s
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        try:  # SO_RCVBUFFORCE (root) ignores net.core.rmem_max
+            self.sock.setsockopt(socket.SOL_SOCKET, 33, RCVBUF_BYTES)
+        except OSError:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+        self.sock.bind((0, 0))
+        self.held: dict[int, collections.deque[tuple[float, int]]] = {
+            q: collections.deque() for q in delays_s
+        }
+        self.seq = 0
+        self.early = 0.0
+        """Expected lateness of a timer wake-up (s), learnt; verdicts go out this early."""
+        self.stats = {
+            "queues": sorted(delays_s),
+            "packets": 0,
+            "batches": 0,
+            "enobufs": 0,
+            "verdict_errors": 0,
+            "late_max_us": 0.0,
+            "late_sum_us": 0.0,
+            "max_held": 0,
+        }
+        for q in delays_s:
+            self._configure(q, maxlen)
+
+    def _request(self, queue: int, attrs: list[bytes]) -> None:
+        self.seq += 1
+        self.sock.send(
+            _message(NFQNL_MSG_CONFIG, queue, attrs, NLM_F_REQUEST | NLM_F_ACK, self.seq)
+        )
+        data = self.sock.recv(65536)
+        _len, kind, _flags, _seq, _pid = _NLHDR.unpack_from(data)
+        if kind == NLMSG_ERROR:
+            (err,) = struct.unpack_from("=i", data, _NLHDR.size)
+            if err:
+                raise OSError(-err, f"NFQUEUE {queue}: {os.strerror(-err)}")
+
+    def _configure(self, queue: int, maxlen: int) -> None:
+        self._request(queue, [_attr(NFQA_CFG_CMD, struct.pack("!BxH", NFQNL_CFG_CMD_BIND, 2))])
+        self._request(
+            queue,
+            [
+                _attr(NFQA_CFG_PARAMS, struct.pack("!IB", 0, NFQNL_COPY_META)),
+                _attr(NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", maxlen)),
+                _attr(NFQA_CFG_FLAGS, struct.pack("!I", NFQA_CFG_F_GSO)),
+                _attr(NFQA_CFG_MASK, struct.pack("!I", NFQA_CFG_F_GSO)),
+            ],
+        )
+
+    def _drain(self, buf: bytearray) -> None:
+        """Read every pending notification; stamp them all with one clock reading."""
+        view = memoryview(buf)
+        while True:
+            try:
+                n = self.sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.ENOBUFS:
+                    self.stats["enobufs"] += 1
+                    continue
+                raise
+            now = time.monotonic()
+            off = 0
+            while off + _NLHDR.size <= n:
+                length, kind, _f, _s, _p = _NLHDR.unpack_from(view, off)
+                if length < _NLHDR.size:
+                    break
+                if kind == _PACKET_TYPE:
+                    (queue,) = struct.unpack_from("!H", view, off + 18)
+                    pid = self._packet_id(view, off + 20, off + length)
+                    held = self.held.get(queue)
+                    if pid is not None and held is not None:
+                        held.append((now + self.delays[queue], pid))
+                        self.stats["packets"] += 1
+                elif kind == NLMSG_ERROR:
+                    (err,) = struct.unpack_from("=i", view, off + _NLHDR.size)
+                    if err:
+                        self.stats["verdict_errors"] += 1
+                        self.stats["last_error"] = os.strerror(-err)
+                off += (length + 3) & ~3
+
+    @staticmethod
+    def _packet_id(view: memoryview, off: int, end: int) -> int | None:
+        # NFQA_PACKET_HDR comes first in practice; walk the attributes to be safe.
+        while off + 4 <= end:
+            alen, atype = struct.unpack_from("=HH", view, off)
+            if alen < 4:
+                return None
+            if atype & 0x7FFF == NFQA_PACKET_HDR:
+                return struct.unpack_from("!I", view, off + 4)[0]
+            off += (alen + 3) & ~3
+        return None
+
+    def _release(self) -> float | None:
+        """Accept every packet due by now plus the expected wake-up latency; return seconds
+        until the next one is (None: nothing held)."""
+        now = time.monotonic()
+        horizon = now + self.early
+        soonest = None
+        for queue, held in self.held.items():
+            if len(held) > self.stats["max_held"]:
+                self.stats["max_held"] = len(held)
+            last = None
+            while held and held[0][0] <= horizon:
+                due, last = held.popleft()
+                late = (now - due) * 1e6
+                self.stats["late_sum_us"] += late
+                if late > self.stats["late_max_us"]:
+                    self.stats["late_max_us"] = late
+            if last is not None:
+                self.seq += 1
+                hdr = _attr(NFQA_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, last))
+                self.sock.send(_message(NFQNL_MSG_VERDICT_BATCH, queue, [hdr], NLM_F_REQUEST, 0))
+                self.stats["batches"] += 1
+            if held:
+                wait = held[0][0] - horizon
+                soonest = wait if soonest is None else min(soonest, wait)
+        return soonest
+
+    def run(self, control_fd: int | None) -> None:
+        buf = bytearray(1 << 20)
+        fds = [self.sock] if control_fd is None else [self.sock, control_fd]
+        timeout: float | None = None
+        while True:
+            asked = time.monotonic()
+            ready, _, _ = select.select(fds, [], [], timeout)
+            if not ready and timeout is not None:
+                # Woke on the timer: learn how late the timer fires (EWMA, capped at 0.5 ms).
+                over = time.monotonic() - asked - timeout
+                self.early = min(max(0.9 * self.early + 0.1 * over, 0.0), 5e-4)
+            if control_fd is not None and control_fd in ready and not os.read(control_fd, 4096):
+                return  # the builder is gone
+            if self.sock in ready:
+                self._drain(buf)
+            timeout = self._release()
+            if timeout is not None:
+                timeout = max(timeout, 0.0)
+
+
+def _parse_queue(text: str) -> tuple[int, float]:
+    num, _, ms = text.partition(":")
+    try:
+        queue, delay_ms = int(num), float(ms)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected QUEUE:DELAY_MS, got {text!r}") from None
+    if not (0 <= queue < 65536 and delay_ms >= 0):
+        raise argparse.ArgumentTypeError(f"queue must be 0-65535 and delay >= 0, got {text!r}")
+    return queue, delay_ms
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--queue",
+        type=_parse_queue,
+        action="append",
+        required=True,
+        help="QUEUE:DELAY_MS (one-way delay of that NFQUEUE); repeat for more",
+    )
+    ap.add_argument(
+        "--maxlen",
+        type=int,
+        default=8192,
+        help="packets the kernel may hold per queue before dropping",
+    )
+    ap.add_argument(
+        "--no-control", action="store_true", help="do not exit at end of file on standard input"
+    )
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=-10,
+        help="scheduling niceness when not real-time (negative: ahead of compute)",
+    )
+    ap.add_argument(
+        "--rt-priority",
+        type=int,
+        default=0,
+        help="SCHED_FIFO priority (1-99; 0: normal scheduling with --nice)",
+    )
+    args = ap.parse_args(argv)
+    # A late wake-up is added delay: ask for hrtimer precision.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
+    sched = "other"
+    if args.rt_priority > 0:
+        try:  # the wire must not wait for the roles' compute; kernel RT throttling still
+            # leaves 5% of each second to everything else if this ever spins
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(args.rt_priority))
+            sched = f"fifo:{args.rt_priority}"
+        except OSError:
+            pass
+    if sched == "other" and args.nice:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, args.nice)
+            sched = f"nice:{args.nice}"
+    try:
+        line = DelayLine({q: ms / 1e3 for q, ms in args.queue}, args.maxlen)
+    except OSError as exc:
+        print(f"delay line: cannot bind NFQUEUE: {exc}", file=sys.stderr)
+        return 2
+
+    def stop(_sig: int, _frame: object) -> None:
+        raise _Stop
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print("ready", flush=True)
+    with contextlib.suppress(_Stop):
+        line.run(None if args.no_control else sys.stdin.fileno())
+    stats = dict(line.stats)
+    stats["late_mean_us"] = stats.pop("late_sum_us") / max(stats["packets"], 1)
+    stats["early_us"] = line.early * 1e6
+    stats["scheduling"] = sched
+    print(json.dumps(stats), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

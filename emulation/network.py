@@ -1,0 +1,917 @@
+"""Build a topology's WAN as Linux network namespaces: one per region, joined through a router.
+
+Theory of operation
+-------------------
+:func:`build_network` probes what the kernel can do (:func:`probe_capabilities`, in a scratch
+namespace), computes a plan (:mod:`emulation.plan`: addresses, htb classes, queues, which
+mechanism delays and drops), and carries it out:
+
+1. registry file and reaper (:mod:`emulation.cleanup`), before anything exists;
+2. namespaces, veths created directly inside them (never in the host's namespace), addresses,
+   routes, loopback up, IP forwarding on the router, ``ip rule ... prohibit`` between regions
+   with no link; segmentation settings (``gso_max_segs``) per the plan. With
+   ``backend="mininet"`` Mininet's Python API builds the hosts, router, links and addresses
+   instead (:mod:`emulation.mininet_backend`) and its namespaces are given our names with
+   ``ip netns attach``; everything after this step is the same for both backends;
+3. ``tc -batch`` on the router: per direction an htb class, a bfifo (or netem) leaf, a u32
+   filter on the source subnet;
+4. the NFQUEUE delay lines (one process per direction, in the router namespace, started and
+   answering "ready" before any packet is queued to them), then the iptables rules that feed
+   them and the loss rules at each region's ingress;
+5. the fluctuation controller (one thread per fluctuating link, changing both directions' htb
+   classes at ``t0 + k x period_s``);
+6. a probe of every direction (:meth:`Network.probe`): median idle RTT of UDP echoes and TCP
+   goodput of 4 bbr streams at the receiver; with ``verify=True`` (default) a direction that
+   misses its configured RTT or rate by more than the tolerance fails the build, naming the
+   link, the numbers and the likely cause, rather than letting a run claim a shape it did not
+   get.
+
+Commands are iproute2's ``ip``/``tc`` (``-batch`` per namespace, so a build is a few dozen
+processes) and ``iptables-restore``. Why not pyroute2: every step here is one batch of the
+commands a person would type to inspect or reproduce the setup (``docs/EMULATION.md`` lists
+them), ``ip netns exec`` is needed anyway to run roles in a namespace, pyroute2 has no bfifo
+plugin (it forces the parent to root and fails with EEXIST) and no NFQUEUE verdicts, and it would
+be one more dependency in CI for no capability iproute2 lacks.
+
+The runtime's API: ``namespace``, ``address``, ``wrap``/``popen``, ``cut``/``restore``,
+``probe``, ``describe`` (the content of ``emulation.json``), ``close``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from emulation import cleanup
+from emulation.plan import (
+    SUBNET,
+    Capabilities,
+    DirectionPlan,
+    EmulationError,
+    EmulationUnavailable,
+    NetworkPlan,
+    PlanLink,
+    htb_rate,
+    iptables_loss_rules,
+    iptables_router_rules,
+    links_of,
+    make_plan,
+    rate_draws,
+    tc_commands,
+)
+
+HERE = Path(__file__).resolve().parent
+DELAYLINE = str(HERE / "delayline.py")
+PROBE = str(HERE / "probe.py")
+CLEANUP = str(HERE / "cleanup.py")
+MININET = str(HERE / "mininet_backend.py")
+SYSTEM_PYTHON = "/usr/bin/python3"
+"""Mininet's Python (the apt package installs it for the system interpreter only)."""
+READY_TIMEOUT_S = 30.0
+"""Longest wait for a helper process to say it is ready (s)."""
+
+
+def _run(argv: Sequence[str], *, stdin: str | None = None, check: bool = True) -> str:
+    proc = subprocess.run(list(argv), input=stdin, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        msg = (proc.stderr or proc.stdout).strip().splitlines()
+        raise EmulationError(f"`{' '.join(argv)}` failed: {' / '.join(msg[-3:])}")
+    return proc.stdout
+
+
+def _batch(tool: str, namespace: str | None, lines: list[str]) -> None:
+    if not lines:
+        return
+    argv = [tool] + (["-n", namespace] if namespace else []) + ["-batch", "-"]
+    _run(argv, stdin="\n".join(lines) + "\n")
+
+
+def _in_ns(namespace: str, argv: Sequence[str]) -> list[str]:
+    return ["ip", "netns", "exec", namespace, *argv]
+
+
+def _read_line(proc: subprocess.Popen, what: str, timeout_s: float = READY_TIMEOUT_S) -> str:
+    """One line of ``proc``'s stdout within ``timeout_s``; fail naming ``what`` otherwise."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    ready, _, _ = select.select([fd], [], [], timeout_s)
+    line = proc.stdout.readline() if ready else ""
+    if not line:
+        proc.kill()
+        err = ""
+        if proc.stderr is not None:
+            with contextlib.suppress(Exception):
+                err = proc.stderr.read().strip()
+        raise EmulationError(f"{what} did not start: {err or 'no answer in time'}")
+    return line.strip()
+
+
+def check_available() -> None:
+    """Raise :class:`EmulationUnavailable` saying why namespaces cannot be made here."""
+    if sys.platform != "linux":
+        raise EmulationUnavailable("network namespaces are Linux only")
+    if os.geteuid() != 0:
+        raise EmulationUnavailable("network namespaces need root (this process is not root)")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise EmulationUnavailable(f"the `{tool}` command (apt iproute2) is not installed")
+    probe = f"aurem-{uuid.uuid4().hex[:6]}-chk"
+    proc = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EmulationUnavailable(f"cannot create a network namespace: {proc.stderr.strip()}")
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+
+
+_CAPS: Capabilities | None = None
+
+
+def probe_capabilities(*, refresh: bool = False) -> Capabilities:
+    """Find out what this kernel offers by trying it in a scratch namespace (cached)."""
+    global _CAPS
+    if _CAPS is not None and not refresh:
+        return _CAPS
+    check_available()
+    ns = f"aurem-{uuid.uuid4().hex[:6]}-caps"
+    missing: list[str] = []
+    _run(["ip", "netns", "add", ns])
+    try:
+        _run(["ip", "-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1"])
+
+        def tc(*args: str) -> str | None:
+            proc = subprocess.run(["tc", "-n", ns, *args], capture_output=True, text=True)
+            return None if proc.returncode == 0 else (proc.stderr.strip() or "failed")
+
+        err = (
+            tc("qdisc", "add", "dev", "p0", "root", "handle", "1:", "htb", "default", "0")
+            or tc(
+                "class",
+                "add",
+                "dev",
+                "p0",
+                "parent",
+                "1:",
+                "classid",
+                "1:11",
+                "htb",
+                "rate",
+                "10mbit",
+            )
+            or tc(
+                "qdisc",
+                "add",
+                "dev",
+                "p0",
+                "parent",
+                "1:11",
+                "handle",
+                "11:",
+                "bfifo",
+                "limit",
+                "30000",
+            )
+            or tc(
+                "filter",
+                "add",
+                "dev",
+                "p0",
+                "parent",
+                "1:",
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "u32",
+                "match",
+                "ip",
+                "src",
+                "10.0.0.0/8",
+                "flowid",
+                "1:11",
+            )
+        )
+        htb = err is None
+        if not htb:
+            missing.append(f"htb: `tc` htb/bfifo/u32 failed: {err}")
+        err = tc("qdisc", "add", "dev", "p1", "root", "netem", "delay", "1ms")
+        netem = err is None
+        if not netem:
+            missing.append(f"netem: the kernel has no netem qdisc ({err})")
+        iptables = shutil.which("iptables")
+        nfqueue = statistic = False
+        if iptables is None:
+            missing.append("nfqueue: the iptables command is not installed (apt iptables)")
+            missing.append("statistic: the iptables command is not installed (apt iptables)")
+        else:
+            for name, rule in (
+                ("nfqueue", ["-j", "NFQUEUE", "--queue-num", "7"]),
+                (
+                    "statistic",
+                    ["-m", "statistic", "--mode", "random", "--probability", "0.5", "-j", "DROP"],
+                ),
+            ):
+                proc = subprocess.run(
+                    _in_ns(ns, [iptables, "-w", "5", "-A", "FORWARD", *rule]),
+                    capture_output=True,
+                    text=True,
+                )
+                if proc.returncode == 0:
+                    if name == "nfqueue":
+                        nfqueue = True
+                    else:
+                        statistic = True
+                else:
+                    missing.append(
+                        f"{name}: `iptables ... {' '.join(rule)}` failed: {proc.stderr.strip()}"
+                    )
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    _CAPS = Capabilities(
+        htb=htb, netem=netem, nfqueue=nfqueue, statistic=statistic, missing=tuple(missing)
+    )
+    return _CAPS
+
+
+def netem_available() -> bool:
+    """Whether this kernel has the netem qdisc (False where namespaces cannot be made)."""
+    try:
+        return probe_capabilities().netem
+    except EmulationUnavailable:
+        return False
+
+
+class Network:
+    """An emulated WAN; build it with :func:`build_network` (a context manager)."""
+
+    def __init__(
+        self,
+        plan: NetworkPlan,
+        *,
+        backend: str,
+        caps: Capabilities,
+        links: Sequence[PlanLink],
+        seed: int,
+    ) -> None:
+        self.plan = plan
+        self.tag = plan.tag
+        self.backend = backend
+        self.scale = plan.scale
+        self.caps = caps
+        self.seed = seed
+        self._links = {link.index: link for link in links}
+        self._reaper: subprocess.Popen | None = None
+        self._mininet: subprocess.Popen | None = None
+        self._delaylines: dict[int, subprocess.Popen] = {}
+        self._delayline_stats: dict[int, dict] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._cut: set[frozenset[str]] = set()
+        self._probe: dict[tuple[str, str], dict] = {}
+        self._schedule: dict[int, list[dict]] = {}
+        self._current_gbps: dict[int, float] = {}
+        self.started = time.time()
+        self.closed = False
+
+    # -- the runtime's API -------------------------------------------------------------------
+
+    def namespace(self, region: str) -> str:
+        """Network namespace of ``region`` (every role of the region runs in it)."""
+        return self.plan.region(region).namespace
+
+    def address(self, region: str) -> str:
+        """IPv4 address at which other regions reach ``region``."""
+        return self.plan.region(region).address
+
+    @property
+    def router_namespace(self) -> str:
+        return self.plan.router_namespace
+
+    @property
+    def regions(self) -> list[str]:
+        return [r.name for r in self.plan.regions]
+
+    def wrap(self, region: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside ``region``'s namespace (``ip netns exec NS argv...``)."""
+        return _in_ns(self.namespace(region), argv)
+
+    def popen(self, region: str, argv: Sequence[str], **kw: Any) -> subprocess.Popen:
+        """Start ``argv`` inside ``region``'s namespace."""
+        return subprocess.Popen(self.wrap(region, argv), **kw)
+
+    def cut(self, a: str, b: str) -> None:
+        """Drop every packet between ``a`` and ``b``, both ways (a ``blackhole`` ip rule on
+        the router: the packets vanish without an ICMP error, as on a severed path). Packets
+        already inside the link (in the delay line or the queue) still arrive."""
+        key = self._link_key(a, b)
+        with self._lock:
+            if key in self._cut:
+                raise EmulationError(f"link {a}-{b} is already cut")
+            _batch("ip", self.router_namespace, self._cut_rules("add", a, b))
+            self._cut.add(key)
+
+    def restore(self, a: str, b: str) -> None:
+        """Undo :meth:`cut`."""
+        key = self._link_key(a, b)
+        with self._lock:
+            if key not in self._cut:
+                raise EmulationError(f"link {a}-{b} is not cut")
+            _batch("ip", self.router_namespace, self._cut_rules("del", a, b))
+            self._cut.discard(key)
+
+    def is_cut(self, a: str, b: str) -> bool:
+        return self._link_key(a, b) in self._cut
+
+    def probe(
+        self,
+        *,
+        pings: int = 10,
+        seconds: float | None = None,
+        streams: int = 4,
+        cc: str = "bbr",
+    ) -> list[dict]:
+        """Measure every direction: median idle RTT (UDP echo) and TCP goodput of ``streams``
+        streams with congestion control ``cc``, measured at the receiver over the second half
+        of the transfer (after the ramp-up). ``seconds`` defaults to max(2, 25 RTTs), at most
+        5 s. Also stored for :meth:`describe`."""
+        reports = []
+        for d in self.plan.directions:
+            if self.is_cut(d.src, d.dst):
+                continue
+            secs = seconds if seconds is not None else min(max(2.0, 25 * d.rtt_ms / 1e3), 5.0)
+            report = self._probe_direction(d, pings=pings, seconds=secs, streams=streams, cc=cc)
+            self._probe[(d.src, d.dst)] = report
+            reports.append(report)
+        return reports
+
+    def describe(self) -> dict:
+        """Everything about this network as data (written as ``emulation.json``)."""
+        links = []
+        for d in self.plan.directions:
+            measured = self._probe.get((d.src, d.dst), {})
+            mech = d.mechanisms
+            links.append(
+                {
+                    "a": d.src,
+                    "b": d.dst,
+                    "gbps": d.gbps,
+                    "rtt_ms": d.rtt_ms,
+                    "loss": d.loss,
+                    "fluctuation": None
+                    if d.fluctuation is None
+                    else {
+                        "low_gbps": d.fluctuation[0],
+                        "high_gbps": d.fluctuation[1],
+                        "period_s": d.fluctuation[2],
+                    },
+                    "scale": self.scale,
+                    "backend": self.backend,
+                    "mechanism": "+".join(
+                        dict.fromkeys(
+                            v for v in (mech["rate"], mech["delay"], mech["loss"]) if v != "none"
+                        )
+                    ),
+                    "mechanisms": mech,
+                    "one_way_delay_ms": d.delay_ms,
+                    "queue_bytes": d.queue_bytes,
+                    "queue_delay_ms": round(d.queue_delay_ms, 3),
+                    "nfqueue": d.nfqueue,
+                    "measured_rtt_ms": measured.get("measured_rtt_ms"),
+                    "measured_gbps": measured.get("measured_gbps"),
+                    "probe": measured or None,
+                    "cut": self.is_cut(d.src, d.dst),
+                }
+            )
+        return {
+            "tag": self.tag,
+            "backend": self.backend,
+            "scale": self.scale,
+            "seed": self.seed,
+            "segmentation": self.plan.segmentation,
+            "queue_bdp": self.plan.queue_bdp,
+            "kernel": platform.release(),
+            "capabilities": {
+                "htb": self.caps.htb,
+                "netem": self.caps.netem,
+                "nfqueue": self.caps.nfqueue,
+                "statistic": self.caps.statistic,
+                "missing": list(self.caps.missing),
+            },
+            "router": self.router_namespace,
+            "regions": {
+                r.name: {"namespace": r.namespace, "address": r.address} for r in self.plan.regions
+            },
+            "unlinked": [list(p) for p in self.plan.unlinked],
+            "tcp": self._tcp_settings(),
+            "links": links,
+            "rate_schedule": {
+                f"{self._links[i].a}-{self._links[i].b}": s for i, s in self._schedule.items()
+            },
+            "delay_lines": {str(q): s for q, s in self._delayline_stats.items()},
+            "started_unix": self.started,
+        }
+
+    def rate_schedule(self, a: str, b: str) -> list[dict]:
+        """Rate changes applied so far to link ``a-b``: ``{"t_s", "gbps"}`` (after scaling;
+        ``t_s`` from the start of the schedule, ``unix`` the wall time)."""
+        for i, link in self._links.items():
+            if {link.a, link.b} == {a, b}:
+                with self._lock:
+                    return list(self._schedule.get(i, []))
+        raise KeyError(f"no link {a}-{b} in this network")
+
+    def class_bytes(self, src: str, dst: str) -> int:
+        """Bytes sent so far by the htb class of direction ``src -> dst``."""
+        d = self.plan.direction(src, dst)
+        dev = self.plan.region(dst).router_if
+        out = _run(
+            [
+                "tc",
+                "-s",
+                "-n",
+                self.router_namespace,
+                "class",
+                "show",
+                "dev",
+                dev,
+                "classid",
+                f"1:{d.classid:x}",
+            ]
+        )
+        for line in out.splitlines():
+            line = line.strip()
+            if line.startswith("Sent "):
+                return int(line.split()[1])
+        raise EmulationError(f"no byte counter for {src}->{dst} in `tc -s class show`: {out!r}")
+
+    def close(self) -> None:
+        """Stop the helpers and remove every namespace, interface, rule and process."""
+        if self.closed:
+            return
+        self.closed = True
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+        for q, proc in self._delaylines.items():
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                out, _ = proc.communicate(timeout=5)
+                last = (out or "").strip().splitlines()
+                if last and last[-1].startswith("{"):
+                    self._delayline_stats[q] = json.loads(last[-1])
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+        if self._mininet is not None:
+            with contextlib.suppress(Exception):
+                assert self._mininet.stdin is not None
+                self._mininet.stdin.write("stop\n")
+                self._mininet.stdin.flush()
+                self._mininet.stdin.close()
+            try:
+                self._mininet.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._mininet.kill()
+                self._mininet.wait()
+        cleanup.remove_network(self.tag)
+        if self._reaper is not None:
+            with contextlib.suppress(Exception):
+                assert self._reaper.stdin is not None
+                self._reaper.stdin.close()
+            try:
+                self._reaper.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+                self._reaper.wait()
+
+    def __enter__(self) -> Network:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- building ----------------------------------------------------------------------------
+
+    def _build(self, *, verify: bool, tolerance: float) -> None:
+        cleanup.register(self.tag, backend=self.backend, pid_note="builder")
+        self._reaper = subprocess.Popen(
+            [sys.executable, CLEANUP, "--reap", self.tag],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        cleanup.add_helper(self.tag, self._reaper.pid)
+        if self.backend == "mininet":
+            self._build_mininet()
+        else:
+            self._build_namespaces()
+        self._configure_namespaces()
+        _batch("tc", self.router_namespace, tc_commands(self.plan))
+        self._start_delaylines()
+        rules = iptables_router_rules(self.plan)
+        if rules:
+            self._iptables_restore(self.router_namespace, rules)
+        for r in self.plan.regions:
+            rules = iptables_loss_rules(self.plan, r.name)
+            if rules:
+                self._iptables_restore(r.namespace, rules)
+        self._start_fluctuation()
+        if verify:
+            self.probe()
+            self._verify(tolerance)
+
+    def _build_namespaces(self) -> None:
+        lines = [f"netns add {self.router_namespace}"]
+        lines += [f"netns add {r.namespace}" for r in self.plan.regions]
+        _batch("ip", None, lines)
+        # Both ends created straight inside their namespaces: nothing appears in the host's.
+        _batch(
+            "ip",
+            None,
+            [
+                f"link add {r.host_if} netns {r.namespace} type veth peer name {r.router_if} "
+                f"netns {self.router_namespace}"
+                for r in self.plan.regions
+            ],
+        )
+        for r in self.plan.regions:
+            _batch(
+                "ip",
+                r.namespace,
+                [
+                    f"addr add {r.address}/24 dev {r.host_if}",
+                    f"link set {r.host_if} up",
+                    f"route add default via {r.router_address}",
+                ],
+            )
+        _batch(
+            "ip",
+            self.router_namespace,
+            [f"addr add {r.router_address}/24 dev {r.router_if}" for r in self.plan.regions]
+            + [f"link set {r.router_if} up" for r in self.plan.regions],
+        )
+
+    def _build_mininet(self) -> None:
+        if not Path(SYSTEM_PYTHON).exists():
+            raise EmulationUnavailable(f"the Mininet backend needs {SYSTEM_PYTHON}")
+        check = subprocess.run([SYSTEM_PYTHON, "-c", "import mininet.net"], capture_output=True)
+        if check.returncode != 0:
+            raise EmulationUnavailable(
+                f"Mininet is not installed for {SYSTEM_PYTHON} (apt-get install mininet)"
+            )
+        spec = {
+            "tag": self.tag,
+            "router": {"name": f"{self.tag}rt"},
+            "hosts": [
+                {
+                    "name": f"{self.tag}h{r.index}",
+                    "intf": r.host_if,
+                    "router_intf": r.router_if,
+                    "ip": r.address,
+                    "router_ip": r.router_address,
+                }
+                for r in self.plan.regions
+            ],
+        }
+        proc = subprocess.Popen(
+            [SYSTEM_PYTHON, MININET, json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._mininet = proc
+        cleanup.add_helper(self.tag, proc.pid)
+        line = _read_line(proc, "Mininet (emulation/mininet_backend.py)", 60)
+        while not line.startswith("AUREM "):
+            line = _read_line(proc, "Mininet (emulation/mininet_backend.py)", 60)
+        pids = json.loads(line[len("AUREM ") :])["pids"]
+        lines = [f"netns attach {self.router_namespace} {pids[spec['router']['name']]}"]
+        for r, h in zip(self.plan.regions, spec["hosts"], strict=True):
+            lines.append(f"netns attach {r.namespace} {pids[h['name']]}")
+        _batch("ip", None, lines)
+
+    def _configure_namespaces(self) -> None:
+        mtu = self.plan.segmentation == "mtu"
+        for r in self.plan.regions:
+            lines = ["link set lo up"]
+            if mtu:  # senders send MTU-sized packets (the delay line sees one per packet)
+                lines.append(f"link set {r.host_if} gso_max_segs 1")
+            _batch("ip", r.namespace, lines)
+        lines = ["link set lo up"]
+        # The router segments whatever it sends toward a region, after the bottleneck queue,
+        # so the loss at the region's ingress is per MTU packet.
+        lines += [f"link set {r.router_if} gso_max_segs 1" for r in self.plan.regions]
+        for a, b in self.plan.unlinked:
+            lines.append(f"rule add from {self._subnet(a)} to {self._subnet(b)} prohibit pref 1000")
+        _batch("ip", self.router_namespace, lines)
+        _run(_in_ns(self.router_namespace, ["sysctl", "-qw", "net.ipv4.ip_forward=1"]))
+
+    def _iptables_restore(self, namespace: str, rules: str) -> None:
+        _run(_in_ns(namespace, ["iptables-restore", "-w", "5", "--noflush"]), stdin=rules)
+
+    def _start_delaylines(self) -> None:
+        for d in self.plan.directions:
+            if d.nfqueue is None:
+                continue
+            proc = subprocess.Popen(
+                _in_ns(
+                    self.router_namespace,
+                    [
+                        sys.executable,
+                        DELAYLINE,
+                        "--queue",
+                        f"{d.nfqueue}:{d.delay_ms}",
+                        "--maxlen",
+                        str(d.nfqueue_maxlen),
+                        "--rt-priority",
+                        os.environ.get("AURORA_DELAYLINE_RT", "10"),
+                    ],
+                ),
+                stdin=subprocess.PIPE,  # end of file (the builder died) stops it
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            self._delaylines[d.nfqueue] = proc
+            line = _read_line(proc, f"the delay line of {d.src}->{d.dst} (NFQUEUE {d.nfqueue})")
+            if line != "ready":
+                raise EmulationError(f"delay line {d.src}->{d.dst}: unexpected {line!r}")
+
+    def _start_fluctuation(self) -> None:
+        for index, link in self._links.items():
+            if link.fluctuation is None:
+                continue
+            low, high, period = link.fluctuation
+            draws = rate_draws(self.seed, index, low, high)
+            t0 = time.monotonic()
+            self._apply_rate(index, next(draws) * self.scale, 0.0)  # the draw for [0, period)
+            t = threading.Thread(
+                target=self._fluctuate,
+                args=(index, draws, t0, period),
+                name=f"aurem-{self.tag}-fluctuation-{index}",
+                daemon=True,
+            )
+            t.start()
+            self._threads.append(t)
+
+    def _fluctuate(self, index: int, draws: Any, t0: float, period: float) -> None:
+        k = 1
+        while not self._stop.wait(max(t0 + k * period - time.monotonic(), 0.0)):
+            try:
+                self._apply_rate(index, next(draws) * self.scale, time.monotonic() - t0)
+            except EmulationError:
+                if self._stop.is_set():
+                    return
+                raise
+            k += 1
+
+    def _apply_rate(self, index: int, gbps: float, t: float) -> None:
+        lines = []
+        for d in self.plan.directions:
+            if d.link == index:
+                dev = self.plan.region(d.dst).router_if
+                lines.append(
+                    f"class change dev {dev} parent 1: classid 1:{d.classid:x} htb {htb_rate(gbps)}"
+                )
+        _batch("tc", self.router_namespace, lines)
+        with self._lock:
+            self._current_gbps[index] = gbps
+            self._schedule.setdefault(index, []).append(
+                {"t_s": round(t, 4), "gbps": gbps, "unix": time.time()}
+            )
+
+    # -- probing -----------------------------------------------------------------------------
+
+    def _probe_direction(
+        self, d: DirectionPlan, *, pings: int, seconds: float, streams: int, cc: str
+    ) -> dict:
+        server = self.popen(
+            d.dst,
+            [sys.executable, PROBE, "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            ports = json.loads(_read_line(server, f"the probe server in {d.dst}"))
+            host = self.address(d.dst)
+            timeout = 2.0 + 4 * d.rtt_ms / 1e3
+            rtt = self._client(
+                d.src,
+                [
+                    "rtt",
+                    host,
+                    str(ports["udp"]),
+                    "--count",
+                    str(pings),
+                    "--interval",
+                    str(max(d.rtt_ms / 1e3, 0.01)),
+                    "--timeout",
+                    str(timeout),
+                ],
+                timeout=pings * (timeout + 1) + 10,
+            )
+            gbps_now = self._current_gbps.get(d.link, d.gbps)
+            sent = self._client(
+                d.src,
+                [
+                    "tcp",
+                    host,
+                    str(ports["tcp"]),
+                    "--streams",
+                    str(streams),
+                    "--seconds",
+                    str(seconds),
+                    "--cc",
+                    cc,
+                ],
+                timeout=seconds * 10 + 60,
+            )
+            got = json.loads(_read_line(server, f"the probe server in {d.dst}", 30))
+        finally:
+            assert server.stdin is not None
+            server.stdin.close()
+            try:
+                server.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        tail = tail_gbps(got["samples"], skip_fraction=0.5, until_s=got["first_close_s"])
+        rtts = rtt["rtt_ms"]
+        return {
+            "a": d.src,
+            "b": d.dst,
+            "rtt_ms": d.rtt_ms,
+            "gbps": gbps_now,
+            "measured_rtt_ms": statistics.median(rtts) if rtts else None,
+            "rtt_min_ms": min(rtts) if rtts else None,
+            "rtt_max_ms": max(rtts) if rtts else None,
+            "pings": pings,
+            "pings_lost": rtt["lost"],
+            "measured_gbps": tail,
+            "tcp_streams": streams,
+            "tcp_cc": sent["cc"],
+            "tcp_seconds": seconds,
+            "tcp_bytes": got["bytes"],
+        }
+
+    def _client(self, region: str, args: list[str], *, timeout: float) -> dict:
+        try:
+            out = subprocess.run(
+                self.wrap(region, [sys.executable, PROBE, *args]),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            raise EmulationError(
+                f"probe {args[0]} from {region} took over {timeout:.0f} s"
+            ) from None
+        if out.returncode != 0:
+            raise EmulationError(f"probe {args[0]} from {region} failed: {out.stderr.strip()}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def _verify(self, tolerance: float) -> None:
+        """Fail when a direction misses its configured RTT or rate by more than ``tolerance``
+        (a fraction; the RTT also gets 1 ms of slack for the delay line's wake-ups)."""
+        for d in self.plan.directions:
+            got = self._probe.get((d.src, d.dst))
+            if got is None:
+                continue
+            rtt = got["measured_rtt_ms"]
+            if rtt is None:
+                raise EmulationError(f"link {d.src}->{d.dst}: no probe echo came back")
+            if d.rtt_ms > 0 and abs(rtt - d.rtt_ms) > tolerance * d.rtt_ms + 1.0:
+                raise EmulationError(
+                    f"link {d.src}->{d.dst}: measured RTT {rtt:.2f} ms against "
+                    f"{d.rtt_ms:g} ms configured (delay by {d.delay_by}); the delay line may "
+                    f"be starved of CPU"
+                )
+            want = got["gbps"]
+            if got["measured_gbps"] < (1 - tolerance) * want * (1 - d.loss) or (
+                got["measured_gbps"] > (1 + tolerance) * want
+            ):
+                raise EmulationError(
+                    f"link {d.src}->{d.dst}: measured {got['measured_gbps'] * 1e3:.1f} Mbit/s "
+                    f"against {want * 1e3:.1f} configured; this machine cannot emulate that "
+                    f"rate here (lower the scale, or see docs/EMULATION.md)"
+                )
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _subnet(self, region: str) -> str:
+        return SUBNET.format(self.plan.region(region).index)
+
+    def _link_key(self, a: str, b: str) -> frozenset[str]:
+        self.plan.region(a), self.plan.region(b)
+        if not any({d.src, d.dst} == {a, b} for d in self.plan.directions):
+            raise KeyError(f"no link {a}-{b} in this network")
+        return frozenset((a, b))
+
+    def _cut_rules(self, op: str, a: str, b: str) -> list[str]:
+        return [
+            f"rule {op} from {self._subnet(x)} to {self._subnet(y)} blackhole pref 100"
+            for x, y in ((a, b), (b, a))
+        ]
+
+    def _tcp_settings(self) -> dict:
+        out: dict[str, str] = {}
+        if self.closed or not self.plan.regions:
+            return out
+        ns = self.plan.regions[0].namespace
+        for key in ("tcp_congestion_control", "tcp_rmem", "tcp_wmem"):
+            with contextlib.suppress(EmulationError):
+                out[key] = _run(_in_ns(ns, ["sysctl", "-n", f"net.ipv4.{key}"])).strip()
+        return out
+
+
+def tail_gbps(samples: list, *, skip_fraction: float = 0.5, until_s: float | None = None) -> float:
+    """Goodput (Gbit/s) from cumulative ``(seconds, bytes)`` receiver samples, over the part
+    of ``[0, until_s]`` after ``skip_fraction`` of it (the ramp-up is skipped)."""
+    if until_s is not None:
+        kept = [s for s in samples if s[0] <= until_s]
+        samples = kept if len(kept) >= 2 else samples
+    if not samples or samples[-1][0] <= 0:
+        return 0.0
+    end_t, end_b = samples[-1]
+    start = skip_fraction * end_t
+    t0, b0 = samples[0]
+    for t, b in samples:
+        if t > start:
+            break
+        t0, b0 = t, b
+    span = end_t - t0
+    return (end_b - b0) * 8 / span / 1e9 if span > 0 else 0.0
+
+
+def new_tag() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+def build_network(
+    topology: Any,
+    *,
+    scale: float = 1.0,
+    backend: str = "auto",
+    tag: str | None = None,
+    seed: int = 0,
+    verify: bool = True,
+    tolerance: float = 0.2,
+    segmentation: str = "auto",
+    queue_bdp: float = 1.0,
+    links: Sequence[PlanLink] | None = None,
+    regions: Sequence[str] | None = None,
+) -> Network:
+    """Build ``topology``'s WAN (an ``aurora.topology.Topology``) and return it, built.
+
+    ``scale`` multiplies every link rate; ``backend`` is ``netns`` (ours), ``mininet``
+    (Mininet's Python API builds the nodes and links) or ``auto`` (``netns``); ``tag`` (six
+    characters a-z0-9, random by default) names everything created; ``seed`` keys the
+    fluctuation draws as in the simulator; ``verify`` probes every direction at the start and
+    fails when one misses its RTT or rate by more than ``tolerance``. Raises
+    :class:`EmulationUnavailable` where namespaces cannot be made and :class:`EmulationError`
+    (naming the missing facility) when the topology asks for what this machine cannot give.
+    Use it as a context manager, or call ``close()``.
+    """
+    if backend not in ("auto", "netns", "mininet"):
+        raise ValueError(f"backend must be auto, netns or mininet, got {backend!r}")
+    backend = "netns" if backend == "auto" else backend
+    if topology is not None:
+        links = links_of(topology)
+        regions = [r.name for r in topology.regions]
+    assert links is not None and regions is not None
+    caps = probe_capabilities()
+    plan = make_plan(
+        regions,
+        links,
+        tag=tag or new_tag(),
+        scale=scale,
+        caps=caps,
+        segmentation=segmentation,
+        queue_bdp=queue_bdp,
+    )
+    if cleanup.registry_path(plan.tag).exists() or cleanup.namespaces(plan.tag):
+        raise EmulationError(f"an emulated network tagged {plan.tag!r} already exists")
+    net = Network(plan, backend=backend, caps=caps, links=links, seed=seed)
+    try:
+        net._build(verify=verify, tolerance=tolerance)
+    except BaseException:
+        net.close()
+        raise
+    return net
