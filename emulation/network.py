@@ -613,9 +613,13 @@ class Network:
                 lines.append(f"link set {r.host_if} gso_max_segs 1")
             _batch("ip", r.namespace, lines)
         lines = ["link set lo up"]
-        # The router segments whatever it sends toward a region, after the bottleneck queue,
-        # so the loss at the region's ingress is per MTU packet.
-        lines += [f"link set {r.router_if} gso_max_segs 1" for r in self.plan.regions]
+        # In gso mode the router segments what it sends toward a region with a lossy link,
+        # after the bottleneck queue, so the loss at the region's ingress is per MTU packet.
+        lines += [
+            f"link set {r.router_if} gso_max_segs 1"
+            for r in self.plan.regions
+            if self.plan.segments_toward(r.name)
+        ]
         for a, b in self.plan.unlinked:
             lines.append(f"rule add from {self._subnet(a)} to {self._subnet(b)} prohibit pref 1000")
         _batch("ip", self.router_namespace, lines)
@@ -875,6 +879,7 @@ def build_network(
     tolerance: float = 0.2,
     segmentation: str = "auto",
     queue_bdp: float = 1.0,
+    queue_bytes: int | None = None,
     links: Sequence[PlanLink] | None = None,
     regions: Sequence[str] | None = None,
 ) -> Network:
@@ -884,7 +889,10 @@ def build_network(
     (Mininet's Python API builds the nodes and links) or ``auto`` (``netns``); ``tag`` (six
     characters a-z0-9, random by default) names everything created; ``seed`` keys the
     fluctuation draws as in the simulator; ``verify`` probes every direction at the start and
-    fails when one misses its RTT or rate by more than ``tolerance``. Raises
+    fails when one misses its RTT or rate by more than ``tolerance``; ``segmentation`` and
+    ``queue_bdp``/``queue_bytes`` override the plan's choices (:func:`emulation.plan.make_plan`);
+    ``links``/``regions`` replace ``topology`` (pass None) for links the topology format cannot
+    state (no delay). Raises
     :class:`EmulationUnavailable` where namespaces cannot be made and :class:`EmulationError`
     (naming the missing facility) when the topology asks for what this machine cannot give.
     Use it as a context manager, or call ``close()``.
@@ -905,6 +913,7 @@ def build_network(
         caps=caps,
         segmentation=segmentation,
         queue_bdp=queue_bdp,
+        queue_bytes=queue_bytes,
     )
     if cleanup.registry_path(plan.tag).exists() or cleanup.namespaces(plan.tag):
         raise EmulationError(f"an emulated network tagged {plan.tag!r} already exists")

@@ -33,8 +33,10 @@ between them fails at once instead of crossing an unshaped path.
 Segmentation. With every link at most ``gso_above_mbit`` (after scaling), senders send
 MTU-sized packets (``gso_max_segs 1`` on the region side): the delay line then handles one
 notification per packet, which this 2-core machine sustains to about 300 Mbit/s. Above it,
-senders keep GSO (64 KB super-packets: fewer notifications) and the router's egress segments
-them after the bottleneck queue, whose floor is then 128 KB so one super-packet fits.
+senders keep GSO (64 KB super-packets: fewer notifications), the bottleneck queue's floor is
+then 128 KB so one super-packet fits, and the router's egress toward a region with a lossy link
+segments them after the bottleneck queue (``gso_max_segs 1``), so the loss at that region's
+ingress is still per MTU packet.
 
 Fluctuation follows the simulator (``sim/model.py``): at the start and every ``period_s`` the
 link's rate is redrawn uniformly in ``[low_gbps, high_gbps]``, piecewise constant in between;
@@ -180,6 +182,13 @@ class NetworkPlan:
     queue_bdp: float
     region_index: dict[str, RegionPlan] = field(default_factory=dict, compare=False)
 
+    def segments_toward(self, region: str) -> bool:
+        """Whether the router must cut super-packets into MTU packets toward ``region``: in
+        ``gso`` mode, where a link into it drops per packet at its ingress."""
+        return self.segmentation == "gso" and any(
+            d.dst == region and d.loss_by == "iptables" for d in self.directions
+        )
+
     def region(self, name: str) -> RegionPlan:
         try:
             return self.region_index[name]
@@ -227,6 +236,7 @@ def make_plan(
     caps: Capabilities,
     segmentation: str = "auto",
     queue_bdp: float = 1.0,
+    queue_bytes: int | None = None,
     gso_above_mbit: float = 300.0,
 ) -> NetworkPlan:
     """Plan the network; raise :class:`EmulationError` naming what this machine lacks."""
@@ -238,6 +248,8 @@ def make_plan(
         raise ValueError(f"scale must be a positive number, got {scale!r}")
     if not queue_bdp > 0:
         raise ValueError(f"queue_bdp must be > 0, got {queue_bdp!r}")
+    if queue_bytes is not None and queue_bytes < MTU_FRAME_BYTES:
+        raise ValueError(f"queue_bytes must be >= {MTU_FRAME_BYTES} (one frame), got {queue_bytes}")
     if segmentation not in ("auto", "mtu", "gso"):
         raise ValueError(f"segmentation must be auto, mtu or gso, got {segmentation!r}")
     if len(regions) > 250:
@@ -305,11 +317,11 @@ def make_plan(
             low, high, period = link.fluctuation
             fl = (low * scale, high * scale, period)
         bdp = gbps * 1e9 / 8 * link.rtt_ms / 1e3
-        queue_bytes = int(max(queue_bdp * bdp, floor))
+        queue = int(max(queue_bdp * bdp, floor)) if queue_bytes is None else queue_bytes
         peak = max(gbps, fl[1] if fl else 0.0)
         # Packets in the delay line: up to a window per flow in flight, plus the ACKs of the
         # other direction; 8 x (BDP + queue) in MTU packets covers several windows.
-        held = 8 * (peak * 1e9 / 8 * link.rtt_ms / 1e3 + queue_bytes) / MTU_FRAME_BYTES
+        held = 8 * (peak * 1e9 / 8 * link.rtt_ms / 1e3 + queue) / MTU_FRAME_BYTES
         maxlen = int(min(max(8192, math.ceil(held)), 1 << 20))
         for src, dst in ((link.a, link.b), (link.b, link.a)):
             per_dst[dst] = per_dst.get(dst, 0) + 1
@@ -327,7 +339,7 @@ def make_plan(
                     loss=link.loss,
                     fluctuation=fl,
                     delay_ms=link.rtt_ms / 2,
-                    queue_bytes=queue_bytes,
+                    queue_bytes=queue,
                     classid=0x10 + per_dst[dst],
                     nfqueue=nfq,
                     nfqueue_maxlen=maxlen,
