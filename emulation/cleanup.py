@@ -63,13 +63,17 @@ def interface_name(tag: str, side: str, index: int) -> str:
 
 
 def start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (None when no such process)."""
+    """Start time of ``pid`` in clock ticks since boot (None when no such process, or when it
+    has exited and only its zombie is left for its parent to reap)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
 
 
 def alive(pid: int, started: int | None) -> bool:

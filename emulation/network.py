@@ -43,6 +43,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import select
 import shutil
 import statistics
@@ -278,6 +279,7 @@ class Network:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._cut: set[frozenset[str]] = set()
         self._probe: dict[tuple[str, str], dict] = {}
         self._schedule: dict[int, list[dict]] = {}
@@ -342,7 +344,7 @@ class Network:
         streams: int = 4,
         cc: str = "bbr",
     ) -> list[dict]:
-        """Measure every direction: median idle RTT (UDP echo) and TCP goodput of ``streams``
+        """Measure every direction: median idle RTT (:meth:`ping`) and TCP goodput of ``streams``
         streams with congestion control ``cc``, measured at the receiver over the second half
         of the transfer (after the ramp-up). ``seconds`` defaults to max(2, 25 RTTs), at most
         5 s. Also stored for :meth:`describe`."""
@@ -355,6 +357,78 @@ class Network:
             self._probe[(d.src, d.dst)] = report
             reports.append(report)
         return reports
+
+    def ping(
+        self,
+        src: str,
+        dst: str,
+        *,
+        count: int = 10,
+        interval_s: float = 0.01,
+        timeout_s: float = 2.0,
+    ) -> dict:
+        """RTTs from ``src`` to ``dst``'s address, one echo at a time: ICMP ``ping`` where
+        installed (the kernel answers, so no user-space scheduling on the far side), else the
+        UDP echo of :mod:`emulation.probe`. Returns ``{"rtt_ms": [...], "lost", "method"}``."""
+        ping = shutil.which("ping")
+        if ping is None:
+            return self._udp_ping(src, dst, count=count, interval_s=interval_s, timeout_s=timeout_s)
+        argv = [
+            ping,
+            "-n",
+            "-c",
+            str(count),
+            "-i",
+            f"{interval_s:.3f}",
+            "-W",
+            f"{max(timeout_s, 0.001):.3f}",
+            self.address(dst),
+        ]
+        try:
+            out = subprocess.run(
+                self.wrap(src, argv),
+                capture_output=True,
+                text=True,
+                timeout=count * (interval_s + timeout_s) + 10,
+            )
+        except subprocess.TimeoutExpired:
+            raise EmulationError(f"ping {src}->{dst} did not finish") from None
+        rtts = [float(m.group(1)) for m in re.finditer(r"time=([\d.]+) ms", out.stdout)]
+        return {"rtt_ms": rtts, "lost": count - len(rtts), "method": "ping"}
+
+    def _udp_ping(
+        self, src: str, dst: str, *, count: int, interval_s: float, timeout_s: float
+    ) -> dict:
+        server = self.popen(
+            dst,
+            [sys.executable, PROBE, "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            ports = json.loads(_read_line(server, f"the probe server in {dst}"))
+            got = self._client(
+                src,
+                [
+                    "rtt",
+                    self.address(dst),
+                    str(ports["udp"]),
+                    "--count",
+                    str(count),
+                    "--interval",
+                    str(interval_s),
+                    "--timeout",
+                    str(timeout_s),
+                ],
+                timeout=count * (interval_s + timeout_s) + 10,
+            )
+        finally:
+            assert server.stdin is not None
+            server.stdin.close()
+            server.wait(timeout=10)
+        return {"rtt_ms": got["rtt_ms"], "lost": got["lost"], "method": "udp-echo"}
 
     def describe(self) -> dict:
         """Everything about this network as data (written as ``emulation.json``)."""
@@ -426,11 +500,51 @@ class Network:
     def rate_schedule(self, a: str, b: str) -> list[dict]:
         """Rate changes applied so far to link ``a-b``: ``{"t_s", "gbps"}`` (after scaling;
         ``t_s`` from the start of the schedule, ``unix`` the wall time)."""
+        index = self._link_index(a, b)
+        with self._lock:
+            return list(self._schedule.get(index, []))
+
+    def _link_index(self, a: str, b: str) -> int:
         for i, link in self._links.items():
             if {link.a, link.b} == {a, b}:
-                with self._lock:
-                    return list(self._schedule.get(i, []))
+                return i
         raise KeyError(f"no link {a}-{b} in this network")
+
+    def wait_for_rate_changes(self, a: str, b: str, count: int, timeout_s: float) -> list[dict]:
+        """Block until link ``a-b`` has had ``count`` rates applied (the first at the start);
+        return the schedule. Raises ``TimeoutError`` after ``timeout_s``."""
+        index = self._link_index(a, b)
+        with self._changed:
+            if not self._changed.wait_for(
+                lambda: len(self._schedule.get(index, [])) >= count, timeout_s
+            ):
+                raise TimeoutError(f"link {a}-{b}: under {count} rate changes in {timeout_s} s")
+            return list(self._schedule[index])
+
+    def class_rate_gbps(self, src: str, dst: str) -> float:
+        """The rate the kernel's htb class of ``src -> dst`` has now (Gbit/s)."""
+        d = self.plan.direction(src, dst)
+        dev = self.plan.region(dst).router_if
+        out = _run(
+            [
+                "tc",
+                "-n",
+                self.router_namespace,
+                "class",
+                "show",
+                "dev",
+                dev,
+                "classid",
+                f"1:{d.classid:x}",
+            ]
+        )
+        # iproute2 6.1 has no JSON for htb classes; it prints e.g. "rate 23456Kbit" (SI units,
+        # divided only while exact or above 10^6 of a unit: within 0.1%).
+        m = re.search(r"\brate (\d+(?:\.\d+)?)([KMGT]?)bit", out)
+        if m is None:
+            raise EmulationError(f"no htb class for {src}->{dst} on {dev}: {out!r}")
+        unit = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[m.group(2)]
+        return float(m.group(1)) * unit / 1e9
 
     def class_bytes(self, src: str, dst: str) -> int:
         """Bytes sent so far by the htb class of direction ``src -> dst``."""
@@ -505,7 +619,7 @@ class Network:
 
     # -- building ----------------------------------------------------------------------------
 
-    def _build(self, *, verify: bool, tolerance: float) -> None:
+    def _build(self, *, verify: bool, tolerance: float, probe_seconds: float | None) -> None:
         cleanup.register(self.tag, backend=self.backend, pid_note="builder")
         self._reaper = subprocess.Popen(
             [sys.executable, CLEANUP, "--reap", self.tag],
@@ -531,7 +645,7 @@ class Network:
                 self._iptables_restore(r.namespace, rules)
         self._start_fluctuation()
         if verify:
-            self.probe()
+            self.probe(seconds=probe_seconds)
             self._verify(tolerance)
 
     def _build_namespaces(self) -> None:
@@ -662,8 +776,9 @@ class Network:
                 continue
             low, high, period = link.fluctuation
             draws = rate_draws(self.seed, index, low, high)
+            first = next(draws)  # the draw for [0, period); the first draw imports numpy
             t0 = time.monotonic()
-            self._apply_rate(index, next(draws) * self.scale, 0.0)  # the draw for [0, period)
+            self._apply_rate(index, first * self.scale, 0.0)
             t = threading.Thread(
                 target=self._fluctuate,
                 args=(index, draws, t0, period),
@@ -693,17 +808,21 @@ class Network:
                     f"class change dev {dev} parent 1: classid 1:{d.classid:x} htb {htb_rate(gbps)}"
                 )
         _batch("tc", self.router_namespace, lines)
-        with self._lock:
+        with self._changed:
             self._current_gbps[index] = gbps
             self._schedule.setdefault(index, []).append(
                 {"t_s": round(t, 4), "gbps": gbps, "unix": time.time()}
             )
+            self._changed.notify_all()
 
     # -- probing -----------------------------------------------------------------------------
 
     def _probe_direction(
         self, d: DirectionPlan, *, pings: int, seconds: float, streams: int, cc: str
     ) -> dict:
+        rtt = self.ping(
+            d.src, d.dst, count=pings, interval_s=0.01, timeout_s=2.0 + 4 * d.rtt_ms / 1e3
+        )
         server = self.popen(
             d.dst,
             [sys.executable, PROBE, "serve"],
@@ -715,22 +834,6 @@ class Network:
         try:
             ports = json.loads(_read_line(server, f"the probe server in {d.dst}"))
             host = self.address(d.dst)
-            timeout = 2.0 + 4 * d.rtt_ms / 1e3
-            rtt = self._client(
-                d.src,
-                [
-                    "rtt",
-                    host,
-                    str(ports["udp"]),
-                    "--count",
-                    str(pings),
-                    "--interval",
-                    str(max(d.rtt_ms / 1e3, 0.01)),
-                    "--timeout",
-                    str(timeout),
-                ],
-                timeout=pings * (timeout + 1) + 10,
-            )
             gbps_now = self._current_gbps.get(d.link, d.gbps)
             sent = self._client(
                 d.src,
@@ -768,6 +871,7 @@ class Network:
             "rtt_max_ms": max(rtts) if rtts else None,
             "pings": pings,
             "pings_lost": rtt["lost"],
+            "rtt_method": rtt["method"],
             "measured_gbps": tail,
             "tcp_streams": streams,
             "tcp_cc": sent["cc"],
@@ -877,6 +981,7 @@ def build_network(
     seed: int = 0,
     verify: bool = True,
     tolerance: float = 0.2,
+    probe_seconds: float | None = None,
     segmentation: str = "auto",
     queue_bdp: float = 1.0,
     queue_bytes: int | None = None,
@@ -889,7 +994,8 @@ def build_network(
     (Mininet's Python API builds the nodes and links) or ``auto`` (``netns``); ``tag`` (six
     characters a-z0-9, random by default) names everything created; ``seed`` keys the
     fluctuation draws as in the simulator; ``verify`` probes every direction at the start and
-    fails when one misses its RTT or rate by more than ``tolerance``; ``segmentation`` and
+    fails when one misses its RTT or rate by more than ``tolerance`` (each direction's TCP
+    probe lasts ``probe_seconds``, default max(2, 25 RTTs) up to 5 s); ``segmentation`` and
     ``queue_bdp``/``queue_bytes`` override the plan's choices (:func:`emulation.plan.make_plan`);
     ``links``/``regions`` replace ``topology`` (pass None) for links the topology format cannot
     state (no delay). Raises
@@ -919,7 +1025,7 @@ def build_network(
         raise EmulationError(f"an emulated network tagged {plan.tag!r} already exists")
     net = Network(plan, backend=backend, caps=caps, links=links, seed=seed)
     try:
-        net._build(verify=verify, tolerance=tolerance)
+        net._build(verify=verify, tolerance=tolerance, probe_seconds=probe_seconds)
     except BaseException:
         net.close()
         raise
