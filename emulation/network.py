@@ -44,9 +44,7 @@ import json
 import os
 import platform
 import re
-import select
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
@@ -56,11 +54,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from emulation import cleanup
+from emulation import cleanup, measure
 from emulation.plan import (
     SUBNET,
     Capabilities,
-    DirectionPlan,
     EmulationError,
     EmulationUnavailable,
     NetworkPlan,
@@ -76,13 +73,11 @@ from emulation.plan import (
 
 HERE = Path(__file__).resolve().parent
 DELAYLINE = str(HERE / "delayline.py")
-PROBE = str(HERE / "probe.py")
+PROBE = measure.PROBE
 CLEANUP = str(HERE / "cleanup.py")
 MININET = str(HERE / "mininet_backend.py")
 SYSTEM_PYTHON = "/usr/bin/python3"
 """Mininet's Python (the apt package installs it for the system interpreter only)."""
-READY_TIMEOUT_S = 30.0
-"""Longest wait for a helper process to say it is ready (s)."""
 
 
 def _run(argv: Sequence[str], *, stdin: str | None = None, check: bool = True) -> str:
@@ -102,22 +97,6 @@ def _batch(tool: str, namespace: str | None, lines: list[str]) -> None:
 
 def _in_ns(namespace: str, argv: Sequence[str]) -> list[str]:
     return ["ip", "netns", "exec", namespace, *argv]
-
-
-def _read_line(proc: subprocess.Popen, what: str, timeout_s: float = READY_TIMEOUT_S) -> str:
-    """One line of ``proc``'s stdout within ``timeout_s``; fail naming ``what`` otherwise."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    ready, _, _ = select.select([fd], [], [], timeout_s)
-    line = proc.stdout.readline() if ready else ""
-    if not line:
-        proc.kill()
-        err = ""
-        if proc.stderr is not None:
-            with contextlib.suppress(Exception):
-                err = proc.stderr.read().strip()
-        raise EmulationError(f"{what} did not start: {err or 'no answer in time'}")
-    return line.strip()
 
 
 def check_available() -> None:
@@ -353,7 +332,15 @@ class Network:
             if self.is_cut(d.src, d.dst):
                 continue
             secs = seconds if seconds is not None else min(max(2.0, 25 * d.rtt_ms / 1e3), 5.0)
-            report = self._probe_direction(d, pings=pings, seconds=secs, streams=streams, cc=cc)
+            report = measure.probe_direction(
+                self,
+                d,
+                pings=pings,
+                seconds=secs,
+                streams=streams,
+                cc=cc,
+                gbps_now=self._current_gbps.get(d.link, d.gbps),
+            )
             self._probe[(d.src, d.dst)] = report
             reports.append(report)
         return reports
@@ -367,68 +354,28 @@ class Network:
         interval_s: float = 0.01,
         timeout_s: float = 2.0,
     ) -> dict:
-        """RTTs from ``src`` to ``dst``'s address, one echo at a time: ICMP ``ping`` where
-        installed (the kernel answers, so no user-space scheduling on the far side), else the
-        UDP echo of :mod:`emulation.probe`. Returns ``{"rtt_ms": [...], "lost", "method"}``."""
-        ping = shutil.which("ping")
-        if ping is None:
-            return self._udp_ping(src, dst, count=count, interval_s=interval_s, timeout_s=timeout_s)
-        argv = [
-            ping,
-            "-n",
-            "-c",
-            str(count),
-            "-i",
-            f"{interval_s:.3f}",
-            "-W",
-            f"{max(timeout_s, 0.001):.3f}",
-            self.address(dst),
-        ]
-        try:
-            out = subprocess.run(
-                self.wrap(src, argv),
-                capture_output=True,
-                text=True,
-                timeout=count * (interval_s + timeout_s) + 10,
-            )
-        except subprocess.TimeoutExpired:
-            raise EmulationError(f"ping {src}->{dst} did not finish") from None
-        rtts = [float(m.group(1)) for m in re.finditer(r"time=([\d.]+) ms", out.stdout)]
-        return {"rtt_ms": rtts, "lost": count - len(rtts), "method": "ping"}
+        """RTTs from ``src`` to ``dst``: ``{"rtt_ms": [...], "lost", "method"}``
+        (:func:`emulation.measure.ping`: ICMP where ``ping`` is installed, else UDP echo)."""
+        return measure.ping(self, src, dst, count=count, interval_s=interval_s, timeout_s=timeout_s)
 
-    def _udp_ping(
-        self, src: str, dst: str, *, count: int, interval_s: float, timeout_s: float
+    def tcp(
+        self,
+        src: str,
+        dst: str,
+        *,
+        streams: int = 4,
+        seconds: float = 2.0,
+        cc: str = "bbr",
+        skip_fraction: float = 0.5,
     ) -> dict:
-        server = self.popen(
-            dst,
-            [sys.executable, PROBE, "serve"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        """Goodput of ``streams`` TCP streams ``src -> dst`` (:func:`emulation.measure.tcp`)."""
+        return measure.tcp(
+            self, src, dst, streams=streams, seconds=seconds, cc=cc, skip_fraction=skip_fraction
         )
-        try:
-            ports = json.loads(_read_line(server, f"the probe server in {dst}"))
-            got = self._client(
-                src,
-                [
-                    "rtt",
-                    self.address(dst),
-                    str(ports["udp"]),
-                    "--count",
-                    str(count),
-                    "--interval",
-                    str(interval_s),
-                    "--timeout",
-                    str(timeout_s),
-                ],
-                timeout=count * (interval_s + timeout_s) + 10,
-            )
-        finally:
-            assert server.stdin is not None
-            server.stdin.close()
-            server.wait(timeout=10)
-        return {"rtt_ms": got["rtt_ms"], "lost": got["lost"], "method": "udp-echo"}
+
+    def blast(self, src: str, dst: str, *, packets: int, pps: float, size: int = 200) -> dict:
+        """UDP loss ``src -> dst`` over ``packets`` datagrams (:func:`emulation.measure.blast`)."""
+        return measure.blast(self, src, dst, packets=packets, pps=pps, size=size)
 
     def describe(self) -> dict:
         """Everything about this network as data (written as ``emulation.json``)."""
@@ -710,9 +657,9 @@ class Network:
         )
         self._mininet = proc
         cleanup.add_helper(self.tag, proc.pid)
-        line = _read_line(proc, "Mininet (emulation/mininet_backend.py)", 60)
+        line = measure.read_line(proc, "Mininet (emulation/mininet_backend.py)", 60)
         while not line.startswith("AUREM "):
-            line = _read_line(proc, "Mininet (emulation/mininet_backend.py)", 60)
+            line = measure.read_line(proc, "Mininet (emulation/mininet_backend.py)", 60)
         pids = json.loads(line[len("AUREM ") :])["pids"]
         lines = [f"netns attach {self.router_namespace} {pids[spec['router']['name']]}"]
         for r, h in zip(self.plan.regions, spec["hosts"], strict=True):
@@ -766,7 +713,9 @@ class Network:
                 text=True,
             )
             self._delaylines[d.nfqueue] = proc
-            line = _read_line(proc, f"the delay line of {d.src}->{d.dst} (NFQUEUE {d.nfqueue})")
+            line = measure.read_line(
+                proc, f"the delay line of {d.src}->{d.dst} (NFQUEUE {d.nfqueue})"
+            )
             if line != "ready":
                 raise EmulationError(f"delay line {d.src}->{d.dst}: unexpected {line!r}")
 
@@ -816,84 +765,6 @@ class Network:
             self._changed.notify_all()
 
     # -- probing -----------------------------------------------------------------------------
-
-    def _probe_direction(
-        self, d: DirectionPlan, *, pings: int, seconds: float, streams: int, cc: str
-    ) -> dict:
-        rtt = self.ping(
-            d.src, d.dst, count=pings, interval_s=0.01, timeout_s=2.0 + 4 * d.rtt_ms / 1e3
-        )
-        server = self.popen(
-            d.dst,
-            [sys.executable, PROBE, "serve"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            ports = json.loads(_read_line(server, f"the probe server in {d.dst}"))
-            host = self.address(d.dst)
-            gbps_now = self._current_gbps.get(d.link, d.gbps)
-            sent = self._client(
-                d.src,
-                [
-                    "tcp",
-                    host,
-                    str(ports["tcp"]),
-                    "--streams",
-                    str(streams),
-                    "--seconds",
-                    str(seconds),
-                    "--cc",
-                    cc,
-                ],
-                timeout=seconds * 10 + 60,
-            )
-            got = json.loads(_read_line(server, f"the probe server in {d.dst}", 30))
-        finally:
-            assert server.stdin is not None
-            server.stdin.close()
-            try:
-                server.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-        tail = tail_gbps(got["samples"], skip_fraction=0.5, until_s=got["first_close_s"])
-        rtts = rtt["rtt_ms"]
-        return {
-            "a": d.src,
-            "b": d.dst,
-            "rtt_ms": d.rtt_ms,
-            "gbps": gbps_now,
-            "measured_rtt_ms": statistics.median(rtts) if rtts else None,
-            "rtt_min_ms": min(rtts) if rtts else None,
-            "rtt_max_ms": max(rtts) if rtts else None,
-            "pings": pings,
-            "pings_lost": rtt["lost"],
-            "rtt_method": rtt["method"],
-            "measured_gbps": tail,
-            "tcp_streams": streams,
-            "tcp_cc": sent["cc"],
-            "tcp_seconds": seconds,
-            "tcp_bytes": got["bytes"],
-        }
-
-    def _client(self, region: str, args: list[str], *, timeout: float) -> dict:
-        try:
-            out = subprocess.run(
-                self.wrap(region, [sys.executable, PROBE, *args]),
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired:
-            raise EmulationError(
-                f"probe {args[0]} from {region} took over {timeout:.0f} s"
-            ) from None
-        if out.returncode != 0:
-            raise EmulationError(f"probe {args[0]} from {region} failed: {out.stderr.strip()}")
-        return json.loads(out.stdout.strip().splitlines()[-1])
 
     def _verify(self, tolerance: float) -> None:
         """Fail when a direction misses its configured RTT or rate by more than ``tolerance``
@@ -947,25 +818,6 @@ class Network:
             with contextlib.suppress(EmulationError):
                 out[key] = _run(_in_ns(ns, ["sysctl", "-n", f"net.ipv4.{key}"])).strip()
         return out
-
-
-def tail_gbps(samples: list, *, skip_fraction: float = 0.5, until_s: float | None = None) -> float:
-    """Goodput (Gbit/s) from cumulative ``(seconds, bytes)`` receiver samples, over the part
-    of ``[0, until_s]`` after ``skip_fraction`` of it (the ramp-up is skipped)."""
-    if until_s is not None:
-        kept = [s for s in samples if s[0] <= until_s]
-        samples = kept if len(kept) >= 2 else samples
-    if not samples or samples[-1][0] <= 0:
-        return 0.0
-    end_t, end_b = samples[-1]
-    start = skip_fraction * end_t
-    t0, b0 = samples[0]
-    for t, b in samples:
-        if t > start:
-            break
-        t0, b0 = t, b
-    span = end_t - t0
-    return (end_b - b0) * 8 / span / 1e9 if span > 0 else 0.0
 
 
 def new_tag() -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from aurora.topology import load_topology, topology_from_dict
 from emulation import cleanup, delayline
-from emulation.network import tail_gbps
+from emulation.measure import tail_gbps
 from emulation.plan import (
     MIN_QUEUE_GSO_BYTES,
     Capabilities,
