@@ -17,11 +17,17 @@ is gone the direction drops everything rather than running undelayed while the r
 delay. The process exits when its standard input reaches end of file (the builder that started
 it died or closed it), on SIGTERM, or on SIGINT, and prints one JSON line of statistics.
 
-Accuracy: a packet's delay starts when this process reads its notification and ends when the
-verdict is sent, so the error is the wake-up latency of ``select`` (timer slack set to 1 ns with
-``prctl``) plus the time to read the batch, typically 20-200 us per direction; measured numbers
-are in ``docs/EMULATION.md``. A lost notification (``ENOBUFS``: the socket's receive buffer
-overflowed) does not strand its packet: the next batch verdict covers every lower id. Counted.
+Accuracy: a packet's delay starts when the router received it. The process holds a socket
+with ``SO_TIMESTAMPNS`` set, which makes the kernel stamp every packet it receives, and the
+notification then carries that stamp (``NFQA_TIMESTAMP``); without one, the delay starts when
+this process reads the notification (measured 80-110 us later on average here, under load).
+It ends when the verdict is sent: timers fire late on this VM (~70-120 us), so the process
+learns that lateness (an EWMA of its own timer wake-ups) and sends each verdict that much
+early. The remaining error is a few tens of microseconds per direction plus whatever the
+scheduler adds; the process asks for SCHED_FIFO (``--rt-priority``; else ``nice``) because
+the roles' compute shares the cores. Measured numbers are in ``docs/EMULATION.md``. A lost
+notification (``ENOBUFS``: the socket's receive buffer overflowed) does not strand its packet:
+the next batch verdict covers every lower id. Counted.
 
 Standalone, standard library only, so it runs by path under any Python 3.9+ inside
 ``ip netns exec``::
@@ -67,6 +73,8 @@ NFQNL_CFG_CMD_BIND = 1
 NFQNL_COPY_META = 1
 NFQA_CFG_F_GSO = 4
 NFQA_PACKET_HDR = 1
+NFQA_TIMESTAMP = 4
+SO_TIMESTAMPNS = 35
 NFQA_VERDICT_HDR = 2
 NF_ACCEPT = 1
 PR_SET_TIMERSLACK = 29
@@ -115,6 +123,9 @@ class DelayLine:
             "packets": 0,
             "batches": 0,
             "enobufs": 0,
+            "kernel_stamped": 0,
+            "read_lag_max_us": 0.0,
+            "read_lag_sum_us": 0.0,
             "verdict_errors": 0,
             "late_max_us": 0.0,
             "late_sum_us": 0.0,
@@ -122,6 +133,13 @@ class DelayLine:
         }
         for q in delays_s:
             self._configure(q, maxlen)
+        # Any socket that asks for receive timestamps makes the kernel stamp every packet it
+        # receives (the netstamp static key, machine-wide, ~tens of ns a packet); then each
+        # notification carries NFQA_TIMESTAMP and a packet's delay starts when the router got
+        # it, not when this process got round to reading it.
+        self.stamper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        with contextlib.suppress(OSError):
+            self.stamper.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
 
     def _request(self, queue: int, attrs: list[bytes]) -> None:
         self.seq += 1
@@ -148,7 +166,8 @@ class DelayLine:
         )
 
     def _drain(self, buf: bytearray) -> None:
-        """Read every pending notification; stamp them all with one clock reading."""
+        """Read every pending notification; each packet is due its delay after the kernel
+        received it (NFQA_TIMESTAMP), or after this read when the kernel gave no stamp."""
         view = memoryview(buf)
         while True:
             try:
@@ -161,6 +180,7 @@ class DelayLine:
                     continue
                 raise
             now = time.monotonic()
+            real_minus_mono = time.time() - now
             off = 0
             while off + _NLHDR.size <= n:
                 length, kind, _f, _s, _p = _NLHDR.unpack_from(view, off)
@@ -168,10 +188,20 @@ class DelayLine:
                     break
                 if kind == _PACKET_TYPE:
                     (queue,) = struct.unpack_from("!H", view, off + 18)
-                    pid = self._packet_id(view, off + 20, off + length)
+                    pid, stamp = self._parse_packet(view, off + 20, off + length)
                     held = self.held.get(queue)
                     if pid is not None and held is not None:
-                        held.append((now + self.delays[queue], pid))
+                        arrived = now
+                        if stamp is not None:
+                            # kernel receive time on the router, real-time clock -> monotonic;
+                            # never later than now (a clock step must not hold packets longer)
+                            arrived = min(stamp - real_minus_mono, now)
+                            self.stats["kernel_stamped"] += 1
+                            lag = now - arrived
+                            if lag > self.stats["read_lag_max_us"] / 1e6:
+                                self.stats["read_lag_max_us"] = lag * 1e6
+                            self.stats["read_lag_sum_us"] += lag * 1e6
+                        held.append((arrived + self.delays[queue], pid))
                         self.stats["packets"] += 1
                 elif kind == NLMSG_ERROR:
                     (err,) = struct.unpack_from("=i", view, off + _NLHDR.size)
@@ -181,16 +211,23 @@ class DelayLine:
                 off += (length + 3) & ~3
 
     @staticmethod
-    def _packet_id(view: memoryview, off: int, end: int) -> int | None:
-        # NFQA_PACKET_HDR comes first in practice; walk the attributes to be safe.
+    def _parse_packet(view: memoryview, off: int, end: int) -> tuple[int | None, float | None]:
+        """The packet id (NFQA_PACKET_HDR) and the kernel's receive time (NFQA_TIMESTAMP, s
+        since the epoch; present while some socket asks for receive timestamps)."""
+        pid = stamp = None
         while off + 4 <= end:
             alen, atype = struct.unpack_from("=HH", view, off)
             if alen < 4:
-                return None
-            if atype & 0x7FFF == NFQA_PACKET_HDR:
-                return struct.unpack_from("!I", view, off + 4)[0]
+                break
+            atype &= 0x7FFF
+            if atype == NFQA_PACKET_HDR:
+                pid = struct.unpack_from("!I", view, off + 4)[0]
+            elif atype == NFQA_TIMESTAMP:
+                sec, usec = struct.unpack_from("!QQ", view, off + 4)
+                stamp = sec + usec * 1e-6
+                break  # the id comes first
             off += (alen + 3) & ~3
-        return None
+        return pid, stamp
 
     def _release(self) -> float | None:
         """Accept every packet due by now plus the expected wake-up latency; return seconds
@@ -311,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         line.run(None if args.no_control else sys.stdin.fileno())
     stats = dict(line.stats)
     stats["late_mean_us"] = stats.pop("late_sum_us") / max(stats["packets"], 1)
+    stats["read_lag_mean_us"] = stats.pop("read_lag_sum_us") / max(stats["kernel_stamped"], 1)
     stats["early_us"] = line.early * 1e6
     stats["scheduling"] = sched
     print(json.dumps(stats), flush=True)

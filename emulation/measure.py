@@ -176,7 +176,9 @@ def tcp(
     """Goodput of ``streams`` TCP streams ``src -> dst`` (see the module docstring).
 
     Returns ``gbps`` (the measured window), ``bytes`` (all received), ``cc`` (as the socket
-    reports it), ``first_close_s`` and the receiver's cumulative ``samples``."""
+    reports it), ``first_close_s``, the receiver's cumulative ``samples`` (seconds from the
+    first byte, bytes) and ``first_monotonic`` (the first byte on ``time.monotonic``'s clock,
+    which is the same in every process of the machine)."""
     with probe_server(net, dst) as (proc, ports):
         sent = client(
             net,
@@ -204,6 +206,7 @@ def tcp(
         "streams": streams,
         "seconds": seconds,
         "first_close_s": got["first_close_s"],
+        "first_monotonic": got["first_monotonic"],
         "samples": got["samples"],
     }
 

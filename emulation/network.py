@@ -325,13 +325,13 @@ class Network:
     ) -> list[dict]:
         """Measure every direction: median idle RTT (:meth:`ping`) and TCP goodput of ``streams``
         streams with congestion control ``cc``, measured at the receiver over the second half
-        of the transfer (after the ramp-up). ``seconds`` defaults to max(2, 25 RTTs), at most
-        5 s. Also stored for :meth:`describe`."""
+        of the transfer (after the ramp-up). ``seconds`` defaults to max(3, 25 RTTs), at most
+        6 s. Also stored for :meth:`describe`."""
         reports = []
         for d in self.plan.directions:
             if self.is_cut(d.src, d.dst):
                 continue
-            secs = seconds if seconds is not None else min(max(2.0, 25 * d.rtt_ms / 1e3), 5.0)
+            secs = seconds if seconds is not None else min(max(3.0, 25 * d.rtt_ms / 1e3), 6.0)
             report = measure.probe_direction(
                 self,
                 d,
@@ -445,8 +445,10 @@ class Network:
         }
 
     def rate_schedule(self, a: str, b: str) -> list[dict]:
-        """Rate changes applied so far to link ``a-b``: ``{"t_s", "gbps"}`` (after scaling;
-        ``t_s`` from the start of the schedule, ``unix`` the wall time)."""
+        """Rate changes applied so far to link ``a-b``: ``{"t_s", "gbps", "unix",
+        "monotonic"}`` (``gbps`` after scaling; ``t_s`` since the start of the schedule, at
+        which the change was made; ``unix`` and ``monotonic`` the same instant on those
+        clocks)."""
         index = self._link_index(a, b)
         with self._lock:
             return list(self._schedule.get(index, []))
@@ -727,7 +729,7 @@ class Network:
             draws = rate_draws(self.seed, index, low, high)
             first = next(draws)  # the draw for [0, period); the first draw imports numpy
             t0 = time.monotonic()
-            self._apply_rate(index, first * self.scale, 0.0)
+            self._apply_rate(index, first * self.scale, 0.0, t0)
             t = threading.Thread(
                 target=self._fluctuate,
                 args=(index, draws, t0, period),
@@ -741,14 +743,14 @@ class Network:
         k = 1
         while not self._stop.wait(max(t0 + k * period - time.monotonic(), 0.0)):
             try:
-                self._apply_rate(index, next(draws) * self.scale, time.monotonic() - t0)
+                self._apply_rate(index, next(draws) * self.scale, time.monotonic() - t0, t0)
             except EmulationError:
                 if self._stop.is_set():
                     return
                 raise
             k += 1
 
-    def _apply_rate(self, index: int, gbps: float, t: float) -> None:
+    def _apply_rate(self, index: int, gbps: float, t: float, t0: float) -> None:
         lines = []
         for d in self.plan.directions:
             if d.link == index:
@@ -760,7 +762,7 @@ class Network:
         with self._changed:
             self._current_gbps[index] = gbps
             self._schedule.setdefault(index, []).append(
-                {"t_s": round(t, 4), "gbps": gbps, "unix": time.time()}
+                {"t_s": round(t, 4), "gbps": gbps, "unix": time.time(), "monotonic": t0 + t}
             )
             self._changed.notify_all()
 
@@ -832,7 +834,7 @@ def build_network(
     tag: str | None = None,
     seed: int = 0,
     verify: bool = True,
-    tolerance: float = 0.2,
+    tolerance: float = 0.25,
     probe_seconds: float | None = None,
     segmentation: str = "auto",
     queue_bdp: float = 1.0,
@@ -847,7 +849,7 @@ def build_network(
     characters a-z0-9, random by default) names everything created; ``seed`` keys the
     fluctuation draws as in the simulator; ``verify`` probes every direction at the start and
     fails when one misses its RTT or rate by more than ``tolerance`` (each direction's TCP
-    probe lasts ``probe_seconds``, default max(2, 25 RTTs) up to 5 s); ``segmentation`` and
+    probe lasts ``probe_seconds``, default max(3, 25 RTTs) up to 6 s); ``segmentation`` and
     ``queue_bdp``/``queue_bytes`` override the plan's choices (:func:`emulation.plan.make_plan`);
     ``links``/``regions`` replace ``topology`` (pass None) for links the topology format cannot
     state (no delay). Raises

@@ -140,8 +140,9 @@ def test_no_htb_means_no_rate_limit_and_fails():
         plan(caps=caps)
 
 
-def test_senders_send_mtu_packets_up_to_300_mbit_and_keep_gso_above():
-    assert plan(scale=0.3).segmentation == "mtu"  # 1 Gbit/s link scaled to 300 Mbit/s
+def test_senders_send_mtu_packets_up_to_150_mbit_and_keep_gso_above():
+    assert plan(scale=0.15).segmentation == "mtu"  # 1 Gbit/s link scaled to 150 Mbit/s
+    assert plan(scale=0.16).segmentation == "gso"
     p = plan(scale=1.0, queue_bdp=0.1)
     assert p.segmentation == "gso"
     # 0.1 x 100 Mbit/s x 40 ms = 50 kB: below the floor that holds one 64 KB super-packet
