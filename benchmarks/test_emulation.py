@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import statistics
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +63,15 @@ def build(topology, **kw):
         return build_network(topology, verify=False, **kw)
     except EmulationError as exc:
         pytest.skip(f"this machine cannot build the network: {exc}")
+
+
+def delay_line_cpu_s(net) -> float:
+    """CPU seconds used so far by the network's delay-line processes (0 with netem)."""
+    total = 0.0
+    for proc in net._delaylines.values():
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def pct(xs, q):
@@ -200,6 +211,7 @@ def test_rates_this_machine_can_emulate_with_delay(caps, benchmark):
         for mbit in (100, 300, 1000):
             with build(two_regions(mbit / 1e3, 20)) as net:
                 load = {}
+                cpu0, wall0 = delay_line_cpu_s(net), time.monotonic()
                 t = threading.Thread(
                     target=lambda net=net, load=load: load.update(
                         tcp=net.tcp("us", "ca", streams=4, seconds=6, cc="bbr")
@@ -211,12 +223,16 @@ def test_rates_this_machine_can_emulate_with_delay(caps, benchmark):
                     rtt = net.ping("us", "ca", count=30, interval_s=0.1)["rtt_ms"]
                 finally:
                     t.join()
-                rows.append((mbit, net.plan.segmentation, load["tcp"]["gbps"] * 1e3, rtt))
+                cpu = (delay_line_cpu_s(net) - cpu0) / (time.monotonic() - wall0)
+                rows.append((mbit, net.plan.segmentation, load["tcp"]["gbps"] * 1e3, rtt, cpu))
 
     benchmark.pedantic(run, rounds=1, iterations=1)
-    print("\n20 ms RTT, bbr x 4: configured, segmentation, goodput (share), RTT under load")
-    for mbit, seg, got, rtt in rows:
+    print(
+        "\n20 ms RTT, bbr x 4: configured, segmentation, goodput (share), RTT under load, "
+        "CPU of both delay lines (share of one core)"
+    )
+    for mbit, seg, got, rtt, cpu in rows:
         print(
             f"{mbit:5d} Mbit/s  {seg}  {got:7.1f} ({got / mbit:.0%})  "
-            f"median {statistics.median(rtt):.1f} ms, p95 {pct(rtt, 0.95):.1f} ms"
+            f"median {statistics.median(rtt):.1f} ms, p95 {pct(rtt, 0.95):.1f} ms  CPU {cpu:.0%}"
         )

@@ -82,6 +82,10 @@ RCVBUF_BYTES = 16 << 20
 """Netlink receive buffer (bytes): ~16k notifications of backlog before ENOBUFS."""
 
 _NLHDR = struct.Struct("=IHHII")
+_U16 = struct.Struct("!H").unpack_from
+_U32 = struct.Struct("!I").unpack_from
+_ATTR = struct.Struct("=HH").unpack_from
+_STAMP = struct.Struct("!QQ").unpack_from
 _PACKET_TYPE = (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET
 
 
@@ -104,7 +108,7 @@ def _message(msg_type: int, queue: int, attrs: list[bytes], flags: int, seq: int
 class DelayLine:
     """Holds the packets of one or more NFQUEUE queues for a fixed delay each."""
 
-    def __init__(self, delays_s: dict[int, float], maxlen: int) -> None:
+    def __init__(self, delays_s: dict[int, float], maxlen: int, quantum_s: float = 5e-4) -> None:
         self.delays = delays_s
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
         try:  # SO_RCVBUFFORCE (root) ignores net.core.rmem_max
@@ -116,6 +120,10 @@ class DelayLine:
             q: collections.deque() for q in delays_s
         }
         self.seq = 0
+        self.quantum = quantum_s
+        """Shortest time between two wake-ups while packets are held (s)."""
+        self.kernel_stamps = False
+        """Whether the last notification carried the kernel's receive time."""
         self.early = 0.0
         """Expected lateness of a timer wake-up (s), learnt; verdicts go out this early."""
         self.stats = {
@@ -123,6 +131,7 @@ class DelayLine:
             "packets": 0,
             "batches": 0,
             "enobufs": 0,
+            "timer_wakeups": 0,
             "kernel_stamped": 0,
             "read_lag_max_us": 0.0,
             "read_lag_sum_us": 0.0,
@@ -167,73 +176,87 @@ class DelayLine:
 
     def _drain(self, buf: bytearray) -> None:
         """Read every pending notification; each packet is due its delay after the kernel
-        received it (NFQA_TIMESTAMP), or after this read when the kernel gave no stamp."""
+        received it (NFQA_TIMESTAMP), or after this drain began when the kernel gave no stamp.
+
+        The kernel sends one notification per datagram, so this is one ``recv`` per packet:
+        the loop is kept to plain locals (it is most of this process's CPU time)."""
         view = memoryview(buf)
-        while True:
-            try:
-                n = self.sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                if exc.errno == errno.ENOBUFS:
-                    self.stats["enobufs"] += 1
-                    continue
-                raise
-            now = time.monotonic()
-            real_minus_mono = time.time() - now
-            off = 0
-            while off + _NLHDR.size <= n:
-                length, kind, _f, _s, _p = _NLHDR.unpack_from(view, off)
-                if length < _NLHDR.size:
-                    break
-                if kind == _PACKET_TYPE:
-                    (queue,) = struct.unpack_from("!H", view, off + 18)
-                    pid, stamp = self._parse_packet(view, off + 20, off + length)
-                    held = self.held.get(queue)
-                    if pid is not None and held is not None:
-                        arrived = now
-                        if stamp is not None:
-                            # kernel receive time on the router, real-time clock -> monotonic;
-                            # never later than now (a clock step must not hold packets longer)
-                            arrived = min(stamp - real_minus_mono, now)
-                            self.stats["kernel_stamped"] += 1
-                            lag = now - arrived
-                            if lag > self.stats["read_lag_max_us"] / 1e6:
-                                self.stats["read_lag_max_us"] = lag * 1e6
-                            self.stats["read_lag_sum_us"] += lag * 1e6
-                        held.append((arrived + self.delays[queue], pid))
-                        self.stats["packets"] += 1
-                elif kind == NLMSG_ERROR:
-                    (err,) = struct.unpack_from("=i", view, off + _NLHDR.size)
-                    if err:
-                        self.stats["verdict_errors"] += 1
-                        self.stats["last_error"] = os.strerror(-err)
-                off += (length + 3) & ~3
-
-    @staticmethod
-    def _parse_packet(view: memoryview, off: int, end: int) -> tuple[int | None, float | None]:
-        """The packet id (NFQA_PACKET_HDR) and the kernel's receive time (NFQA_TIMESTAMP, s
-        since the epoch; present while some socket asks for receive timestamps)."""
-        pid = stamp = None
-        while off + 4 <= end:
-            alen, atype = struct.unpack_from("=HH", view, off)
-            if alen < 4:
-                break
-            atype &= 0x7FFF
-            if atype == NFQA_PACKET_HDR:
-                pid = struct.unpack_from("!I", view, off + 4)[0]
-            elif atype == NFQA_TIMESTAMP:
-                sec, usec = struct.unpack_from("!QQ", view, off + 4)
-                stamp = sec + usec * 1e-6
-                break  # the id comes first
-            off += (alen + 3) & ~3
-        return pid, stamp
-
-    def _release(self) -> float | None:
-        """Accept every packet due by now plus the expected wake-up latency; return seconds
-        until the next one is (None: nothing held)."""
+        recv_into, dontwait = self.sock.recv_into, socket.MSG_DONTWAIT
+        hdr, u16, u32, attr, stamp_of = _NLHDR.unpack_from, _U16, _U32, _ATTR, _STAMP
+        held_of, delays = self.held, self.delays
         now = time.monotonic()
-        horizon = now + self.early
+        real_minus_mono = time.time() - now
+        packets = stamped = 0
+        lag_sum = lag_max = 0.0
+        stamp = None
+        try:
+            while True:
+                try:
+                    n = recv_into(buf, 0, dontwait)
+                except BlockingIOError:
+                    return
+                except OSError as exc:
+                    if exc.errno == errno.ENOBUFS:
+                        self.stats["enobufs"] += 1
+                        continue
+                    raise
+                off = 0
+                while off + 16 <= n:
+                    length, kind, _f, _s, _p = hdr(view, off)
+                    if length < 16:
+                        break
+                    end = off + length
+                    if kind == _PACKET_TYPE:
+                        (queue,) = u16(view, off + 18)
+                        pid = stamp = None
+                        a = off + 20
+                        while a + 4 <= end:  # the attributes: the id first, the stamp later
+                            alen, atype = attr(view, a)
+                            if alen < 4:
+                                break
+                            atype &= 0x7FFF
+                            if atype == NFQA_PACKET_HDR:
+                                (pid,) = u32(view, a + 4)
+                            elif atype == NFQA_TIMESTAMP:
+                                sec, usec = stamp_of(view, a + 4)
+                                stamp = sec + usec * 1e-6
+                                break
+                            a += (alen + 3) & ~3
+                        held = held_of.get(queue)
+                        if pid is not None and held is not None:
+                            arrived = now
+                            if stamp is not None:
+                                # the router's receive time (real-time clock) on the monotonic
+                                # clock; never after now (a clock step must not add delay)
+                                arrived = min(stamp - real_minus_mono, now)
+                                stamped += 1
+                                lag = now - arrived
+                                lag_sum += lag
+                                if lag > lag_max:
+                                    lag_max = lag
+                            held.append((arrived + delays[queue], pid))
+                            packets += 1
+                    elif kind == NLMSG_ERROR:
+                        (err,) = struct.unpack_from("=i", view, off + 16)
+                        if err:
+                            self.stats["verdict_errors"] += 1
+                            self.stats["last_error"] = os.strerror(-err)
+                    off += (length + 3) & ~3
+        finally:
+            stats = self.stats
+            stats["packets"] += packets
+            stats["kernel_stamped"] += stamped
+            stats["read_lag_sum_us"] += lag_sum * 1e6
+            stats["read_lag_max_us"] = max(stats["read_lag_max_us"], lag_max * 1e6)
+            if packets:
+                self.kernel_stamps = stamp is not None
+
+    def _release(self, now: float) -> float | None:
+        """Accept every packet due by ``now`` plus the expected wake-up latency plus half a
+        quantum (the next wake-up is a quantum away at the soonest: a follower is released at
+        most Q/2 early here rather than up to Q late there); return when the head of what is
+        left is due (None: nothing held)."""
+        horizon = now + self.early + self.quantum / 2
         soonest = None
         for queue, held in self.held.items():
             if len(held) > self.stats["max_held"]:
@@ -241,7 +264,7 @@ class DelayLine:
             last = None
             while held and held[0][0] <= horizon:
                 due, last = held.popleft()
-                late = (now - due) * 1e6
+                late = (now + self.early - due) * 1e6
                 self.stats["late_sum_us"] += late
                 if late > self.stats["late_max_us"]:
                     self.stats["late_max_us"] = late
@@ -251,28 +274,44 @@ class DelayLine:
                 self.sock.send(_message(NFQNL_MSG_VERDICT_BATCH, queue, [hdr], NLM_F_REQUEST, 0))
                 self.stats["batches"] += 1
             if held:
-                wait = held[0][0] - horizon
-                soonest = wait if soonest is None else min(soonest, wait)
+                due = held[0][0] - self.early  # the head on time; its followers within Q/2
+                soonest = due if soonest is None else min(soonest, due)
         return soonest
 
     def run(self, control_fd: int | None) -> None:
+        """Serve until ``control_fd`` reaches end of file.
+
+        While packets are held and the kernel stamps them, the socket is not watched: a new
+        packet is due no sooner than the shortest delay, and its delay runs from the kernel's
+        stamp, so reading it at the next wake-up loses nothing. Wake-ups are then at most one
+        per ``quantum`` (each releases every packet due within half a quantum either side),
+        which is what keeps the CPU cost down at ~10^4 packets/s. Without stamps every packet
+        is read the moment it arrives (its delay runs from the read)."""
         buf = bytearray(1 << 20)
-        fds = [self.sock] if control_fd is None else [self.sock, control_fd]
-        timeout: float | None = None
+        ctl = [] if control_fd is None else [control_fd]
+        longest_sleep = max(min(min(self.delays.values()) / 2, 5e-3), 1e-4)
+        next_release: float | None = None
+        last_wake = 0.0
         while True:
-            asked = time.monotonic()
-            ready, _, _ = select.select(fds, [], [], timeout)
+            now = time.monotonic()
+            watch = next_release is None or not self.kernel_stamps
+            timeout = None
+            if next_release is not None:
+                timeout = max(next_release, last_wake + self.quantum) - now
+                if not watch:
+                    timeout = min(timeout, longest_sleep)
+                timeout = max(timeout, 0.0)
+            ready, _, _ = select.select(([self.sock] if watch else []) + ctl, [], [], timeout)
+            last_wake = time.monotonic()
             if not ready and timeout is not None:
                 # Woke on the timer: learn how late the timer fires (EWMA, capped at 0.5 ms).
-                over = time.monotonic() - asked - timeout
+                over = last_wake - now - timeout
                 self.early = min(max(0.9 * self.early + 0.1 * over, 0.0), 5e-4)
+                self.stats["timer_wakeups"] += 1
             if control_fd is not None and control_fd in ready and not os.read(control_fd, 4096):
                 return  # the builder is gone
-            if self.sock in ready:
-                self._drain(buf)
-            timeout = self._release()
-            if timeout is not None:
-                timeout = max(timeout, 0.0)
+            self._drain(buf)
+            next_release = self._release(time.monotonic())
 
 
 def _parse_queue(text: str) -> tuple[int, float]:
@@ -294,6 +333,12 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         required=True,
         help="QUEUE:DELAY_MS (one-way delay of that NFQUEUE); repeat for more",
+    )
+    ap.add_argument(
+        "--quantum-us",
+        type=float,
+        default=500.0,
+        help="shortest time between wake-ups while packets are held (us)",
     )
     ap.add_argument(
         "--maxlen",
@@ -333,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             os.setpriority(os.PRIO_PROCESS, 0, args.nice)
             sched = f"nice:{args.nice}"
     try:
-        line = DelayLine({q: ms / 1e3 for q, ms in args.queue}, args.maxlen)
+        line = DelayLine({q: ms / 1e3 for q, ms in args.queue}, args.maxlen, args.quantum_us / 1e6)
     except OSError as exc:
         print(f"delay line: cannot bind NFQUEUE: {exc}", file=sys.stderr)
         return 2

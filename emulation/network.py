@@ -250,6 +250,8 @@ class Network:
         self.scale = plan.scale
         self.caps = caps
         self.seed = seed
+        self.delay_quantum_us = 500.0
+        """Shortest time between two releases of a delay line while it holds packets (us)."""
         self._links = {link.index: link for link in links}
         self._reaper: subprocess.Popen | None = None
         self._mininet: subprocess.Popen | None = None
@@ -705,6 +707,8 @@ class Network:
                         f"{d.nfqueue}:{d.delay_ms}",
                         "--maxlen",
                         str(d.nfqueue_maxlen),
+                        "--quantum-us",
+                        str(self.delay_quantum_us),
                         "--rt-priority",
                         os.environ.get("AURORA_DELAYLINE_RT", "10"),
                     ],
@@ -839,6 +843,7 @@ def build_network(
     segmentation: str = "auto",
     queue_bdp: float = 1.0,
     queue_bytes: int | None = None,
+    delay_quantum_us: float = 500.0,
     links: Sequence[PlanLink] | None = None,
     regions: Sequence[str] | None = None,
 ) -> Network:
@@ -851,6 +856,8 @@ def build_network(
     fails when one misses its RTT or rate by more than ``tolerance`` (each direction's TCP
     probe lasts ``probe_seconds``, default max(3, 25 RTTs) up to 6 s); ``segmentation`` and
     ``queue_bdp``/``queue_bytes`` override the plan's choices (:func:`emulation.plan.make_plan`);
+    ``delay_quantum_us`` is the NFQUEUE delay line's shortest time between releases under load
+    (a packet leaves within half of it of its due time; smaller costs more CPU);
     ``links``/``regions`` replace ``topology`` (pass None) for links the topology format cannot
     state (no delay). Raises
     :class:`EmulationUnavailable` where namespaces cannot be made and :class:`EmulationError`
@@ -877,7 +884,10 @@ def build_network(
     )
     if cleanup.registry_path(plan.tag).exists() or cleanup.namespaces(plan.tag):
         raise EmulationError(f"an emulated network tagged {plan.tag!r} already exists")
+    if not delay_quantum_us >= 0:
+        raise ValueError(f"delay_quantum_us must be >= 0, got {delay_quantum_us!r}")
     net = Network(plan, backend=backend, caps=caps, links=links, seed=seed)
+    net.delay_quantum_us = delay_quantum_us
     try:
         net._build(verify=verify, tolerance=tolerance, probe_seconds=probe_seconds)
     except BaseException:
