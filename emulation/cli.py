@@ -25,6 +25,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=("auto", "netns", "mininet"), default="auto")
     p.add_argument("--seed", type=int, default=0, help="seed of the fluctuation draws")
     p.add_argument("--out", help="write emulation.json here (default: print it)")
+    p.add_argument(
+        "--tcp-window-bytes",
+        type=int,
+        help="TCP autotuning ceiling in the regions (default: the host's)",
+    )
     p.add_argument("--no-verify", action="store_true", help="do not fail on a probe miss")
     p.add_argument(
         "--cleanup",
@@ -61,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
             backend=args.backend,
             seed=args.seed,
             verify=not args.no_verify,
+            tcp_window_bytes=args.tcp_window_bytes,
         ) as net:
             if args.no_verify:
                 net.probe()

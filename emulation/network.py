@@ -250,6 +250,8 @@ class Network:
         self.scale = plan.scale
         self.caps = caps
         self.seed = seed
+        self.tcp_window_bytes: int | None = None
+        """Ceiling of TCP buffer autotuning in the regions (None: the host's)."""
         self.delay_quantum_us = 500.0
         """Shortest time between two releases of a delay line while it holds packets (us)."""
         self._links = {link.index: link for link in links}
@@ -689,6 +691,22 @@ class Network:
             lines.append(f"rule add from {self._subnet(a)} to {self._subnet(b)} prohibit pref 1000")
         _batch("ip", self.router_namespace, lines)
         _run(_in_ns(self.router_namespace, ["sysctl", "-qw", "net.ipv4.ip_forward=1"]))
+        if self.tcp_window_bytes is not None:
+            # Autotuning's ceiling, per namespace: a stream's window, as the simulator's
+            # tcp_window_bytes models it (the host's own may differ: 16 MiB here).
+            w = self.tcp_window_bytes
+            for r in self.plan.regions:
+                _run(
+                    _in_ns(
+                        r.namespace,
+                        [
+                            "sysctl",
+                            "-qw",
+                            f"net.ipv4.tcp_wmem=4096 16384 {w}",
+                            f"net.ipv4.tcp_rmem=4096 131072 {w}",
+                        ],
+                    )
+                )
 
     def _iptables_restore(self, namespace: str, rules: str) -> None:
         _run(_in_ns(namespace, ["iptables-restore", "-w", "5", "--noflush"]), stdin=rules)
@@ -844,6 +862,7 @@ def build_network(
     queue_bdp: float = 1.0,
     queue_bytes: int | None = None,
     delay_quantum_us: float = 500.0,
+    tcp_window_bytes: int | None = None,
     links: Sequence[PlanLink] | None = None,
     regions: Sequence[str] | None = None,
 ) -> Network:
@@ -858,6 +877,8 @@ def build_network(
     ``queue_bdp``/``queue_bytes`` override the plan's choices (:func:`emulation.plan.make_plan`);
     ``delay_quantum_us`` is the NFQUEUE delay line's shortest time between releases under load
     (a packet leaves within half of it of its due time; smaller costs more CPU);
+    ``tcp_window_bytes`` sets the regions' ``tcp_wmem``/``tcp_rmem`` ceiling (e.g. the
+    simulator's ``tcp_window_bytes`` for parity; None keeps the host's);
     ``links``/``regions`` replace ``topology`` (pass None) for links the topology format cannot
     state (no delay). Raises
     :class:`EmulationUnavailable` where namespaces cannot be made and :class:`EmulationError`
@@ -888,6 +909,9 @@ def build_network(
         raise ValueError(f"delay_quantum_us must be >= 0, got {delay_quantum_us!r}")
     net = Network(plan, backend=backend, caps=caps, links=links, seed=seed)
     net.delay_quantum_us = delay_quantum_us
+    if tcp_window_bytes is not None and tcp_window_bytes < 65536:
+        raise ValueError(f"tcp_window_bytes must be >= 65536, got {tcp_window_bytes!r}")
+    net.tcp_window_bytes = tcp_window_bytes
     try:
         net._build(verify=verify, tolerance=tolerance, probe_seconds=probe_seconds)
     except BaseException:
