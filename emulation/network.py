@@ -20,7 +20,7 @@ mechanism delays and drops), and carries it out:
    them and the loss rules at each region's ingress;
 5. the fluctuation controller (one thread per fluctuating link, changing both directions' htb
    classes at ``t0 + k x period_s``);
-6. a probe of every direction (:meth:`Network.probe`): median idle RTT of UDP echoes and TCP
+6. a probe of every direction (:meth:`Network.probe`): median idle RTT (``ping``) and TCP
    goodput of 4 bbr streams at the receiver; with ``verify=True`` (default) a direction that
    misses its configured RTT or rate by more than the tolerance fails the build, naming the
    link, the numbers and the likely cause, rather than letting a run claim a shape it did not
@@ -267,6 +267,7 @@ class Network:
         self._probe: dict[tuple[str, str], dict] = {}
         self._schedule: dict[int, list[dict]] = {}
         self._current_gbps: dict[int, float] = {}
+        self._errors: list[str] = []
         self.started = time.time()
         self.closed = False
 
@@ -445,8 +446,22 @@ class Network:
                 f"{self._links[i].a}-{self._links[i].b}": s for i, s in self._schedule.items()
             },
             "delay_lines": {str(q): s for q, s in self._delayline_stats.items()},
+            "errors": self.errors(),
             "started_unix": self.started,
         }
+
+    def errors(self) -> list[str]:
+        """What has gone wrong since the build (empty when the network is as described): a
+        delay line that exited (its direction now drops everything) or a fluctuation controller
+        that stopped."""
+        with self._lock:
+            out = list(self._errors)
+        if not self.closed:
+            for d in self.plan.directions:
+                proc = self._delaylines.get(d.nfqueue) if d.nfqueue is not None else None
+                if proc is not None and proc.poll() is not None:
+                    out.append(f"the delay line of {d.src}->{d.dst} exited ({proc.returncode})")
+        return out
 
     def rate_schedule(self, a: str, b: str) -> list[dict]:
         """Rate changes applied so far to link ``a-b``: ``{"t_s", "gbps", "unix",
@@ -573,7 +588,7 @@ class Network:
     # -- building ----------------------------------------------------------------------------
 
     def _build(self, *, verify: bool, tolerance: float, probe_seconds: float | None) -> None:
-        cleanup.register(self.tag, backend=self.backend, pid_note="builder")
+        cleanup.register(self.tag, backend=self.backend)
         self._reaper = subprocess.Popen(
             [sys.executable, CLEANUP, "--reap", self.tag],
             stdin=subprocess.PIPE,
@@ -766,10 +781,11 @@ class Network:
         while not self._stop.wait(max(t0 + k * period - time.monotonic(), 0.0)):
             try:
                 self._apply_rate(index, next(draws) * self.scale, time.monotonic() - t0, t0)
-            except EmulationError:
-                if self._stop.is_set():
-                    return
-                raise
+            except EmulationError as exc:
+                if not self._stop.is_set():  # never fluctuate no more while claiming to
+                    with self._lock:
+                        self._errors.append(f"fluctuation of link {index} stopped: {exc}")
+                return
             k += 1
 
     def _apply_rate(self, index: int, gbps: float, t: float, t0: float) -> None:

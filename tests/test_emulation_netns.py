@@ -148,13 +148,31 @@ def test_a_cut_link_drops_both_ways_until_restored_and_the_other_links_keep_work
         assert net.ping("eu", "us", count=3)["lost"] == 0
         with pytest.raises(EmulationError, match="already cut"):
             net.cut("ca", "us")
+        assert net.is_cut("us", "ca")  # the refused cut changed nothing
         assert net.describe()["links"][0]["cut"] is True
         net.restore("ca", "us")
         assert net.ping("ca", "us", count=3)["lost"] == 0
         with pytest.raises(EmulationError, match="is not cut"):
             net.restore("us", "ca")
+        assert not net.is_cut("us", "ca")
+        assert net.ping("us", "ca", count=2)["lost"] == 0
         with pytest.raises(KeyError, match="no link ca-eu"):
             net.cut("ca", "eu")
+
+
+def test_a_dead_delay_line_drops_its_direction_and_is_reported(caps):
+    if caps.netem:
+        pytest.skip("netem delays here: there is no delay line to kill")
+    t = topo([{"a": "us", "b": "ca", "gbps": 0.1, "rtt_ms": 4}], ("us", "ca"))
+    with build(t) as net:
+        assert net.errors() == []
+        q = net.plan.direction("us", "ca").nfqueue
+        line = net._delaylines[q]
+        line.kill()
+        line.wait(timeout=10)
+        # fail closed: no packet crosses undelayed
+        assert net.ping("us", "ca", count=3, timeout_s=0.2)["lost"] == 3
+        assert net.errors() == [f"the delay line of us->ca exited ({line.returncode})"]
 
 
 def test_regions_without_a_link_are_refused_at_once_and_loopback_works_inside_a_region(caps):
@@ -203,7 +221,7 @@ def test_verify_probes_every_direction_and_describe_is_the_emulation_json(caps):
     t = topo([{"a": "us", "b": "ca", "gbps": 0.05, "rtt_ms": 10, "loss": 1e-4}], ("us", "ca"))
     with build(t, verify=True, probe_seconds=1.0, scale=2.0, tcp_window_bytes=4 << 20) as net:
         desc = json.loads(json.dumps(net.describe()))
-    assert desc["backend"] == "netns" and desc["scale"] == 2.0
+    assert desc["backend"] == "netns" and desc["scale"] == 2.0 and desc["errors"] == []
     assert desc["tcp"]["tcp_wmem"].split()[-1] == str(4 << 20)
     assert len(desc["links"]) == 2
     for link in desc["links"]:
