@@ -5,9 +5,11 @@ Theory of operation
 An iptables rule in the router namespace sends every packet of one link direction to an
 NFQUEUE (``-j NFQUEUE --queue-num Q``). The kernel keeps the packet and sends this process a
 *metadata-only* notification (copy mode ``NFQNL_COPY_META``: the packet id, no payload) over a
-netlink socket. The process stamps each id with its arrival time and holds it in a FIFO; when
-the head is due (arrival + delay), it releases every due packet at once with one
-``NFQNL_MSG_VERDICT_BATCH`` (accept all ids up to N). The packets never leave the kernel, so
+netlink socket. The process holds each id in a FIFO with its due time (the kernel's receive
+stamp + the delay, see below); when the head is due it releases every due packet at once with
+one ``NFQNL_MSG_VERDICT_BATCH`` (accept all ids up to N). Under load it wakes at most once per
+*quantum* (500 us by default) and releases what is due within half a quantum either side, so a
+wake-up serves many packets. The packets never leave the kernel, so
 their bytes are never copied to user space, and since the delay is the same for every packet of
 a queue they leave in the order they came. ``NFQA_CFG_F_GSO`` lets the kernel hand over GSO
 super-packets whole instead of segmenting them for us.
@@ -36,8 +38,9 @@ Standalone, standard library only, so it runs by path under any Python 3.9+ insi
 
 Why raw netlink rather than NetfilterQueue (libnetfilter_queue): that binding gives one Python
 callback and one verdict system call per packet and needs a C toolchain and
-``libnetfilter-queue-dev`` to install; batch verdicts and metadata-only copies are what keep
-this process at 13-33% of a core at 100 Mbit/s (``shared/notes/wan-emulation-on-this-kernel.md``).
+``libnetfilter-queue-dev`` to install; batch verdicts, metadata-only copies and the quantum
+are what keep this process at about a quarter of a core at 100 Mbit/s of MTU-sized packets
+(``docs/EMULATION.md``).
 """
 
 from __future__ import annotations
@@ -120,7 +123,7 @@ class DelayLine:
             q: collections.deque() for q in delays_s
         }
         self.seq = 0
-        self.quantum = quantum_s
+        self.quantum = min(quantum_s, min(delays_s.values()) / 4)
         """Shortest time between two wake-ups while packets are held (s)."""
         self.kernel_stamps = False
         """Whether the last notification carried the kernel's receive time."""
