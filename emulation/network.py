@@ -443,7 +443,9 @@ class Network:
             "tcp": self._tcp_settings(),
             "links": links,
             "rate_schedule": {
-                f"{self._links[i].a}-{self._links[i].b}": s for i, s in self._schedule.items()
+                f"{link.a}-{link.b}": self.rate_schedule(link.a, link.b)
+                for i, link in self._links.items()
+                if i in self._schedule
             },
             "delay_lines": {str(q): s for q, s in self._delayline_stats.items()},
             "errors": self.errors(),

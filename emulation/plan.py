@@ -101,25 +101,33 @@ class PlanLink:
     index: int
     """Position in the topology's ``links`` (the simulator's fluctuation generator key)."""
     a: str
+    """One end (a region name)."""
     b: str
+    """The other end (a region name)."""
     gbps: float
     """Nominal rate before scaling (Gbit/s)."""
     rtt_ms: float
     """Round-trip time (ms); 0 adds no delay (only for :class:`emulation.netns.EmulatedLink`)."""
     loss: float = 0.0
+    """Packet loss probability, each direction."""
     fluctuation: tuple[float, float, float] | None = None
     """``(low_gbps, high_gbps, period_s)`` before scaling."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class RegionPlan:
+    """Where one region lives."""
+
     name: str
+    """The topology's region name."""
     index: int
     """1-based; the third byte of the region's subnet."""
     namespace: str
+    """Its network namespace (``aurem-<tag>-<name>``)."""
     address: str
     """The address other regions reach this one at."""
     router_address: str
+    """The router's address on this region's subnet (the region's default route)."""
     host_if: str
     """The region's interface toward the router."""
     router_if: str
@@ -131,17 +139,23 @@ class DirectionPlan:
     """One direction ``src -> dst`` of one link, shaped on the router's egress toward dst."""
 
     link: int
+    """Index of the link in the topology."""
     src: str
+    """Sending region."""
     dst: str
+    """Receiving region."""
     gbps: float
     """Nominal rate after scaling (Gbit/s)."""
     rtt_ms: float
+    """The link's round-trip time (ms)."""
     loss: float
+    """Packet loss probability of this direction."""
     fluctuation: tuple[float, float, float] | None
     """``(low_gbps, high_gbps, period_s)`` after scaling."""
     delay_ms: float
     """One-way delay added (ms): half the RTT."""
     queue_bytes: int
+    """Bottleneck queue (bytes)."""
     classid: int
     """htb class minor number on the router's interface toward ``dst``."""
     nfqueue: int | None
@@ -171,17 +185,29 @@ class DirectionPlan:
 
 @dataclass(frozen=True, kw_only=True)
 class NetworkPlan:
+    """The whole emulated network, ready to be carried out."""
+
     tag: str
+    """Six characters [a-z0-9] in every name this network creates."""
     scale: float
+    """Factor applied to every rate."""
     segmentation: str
     """``mtu`` (senders send MTU-sized packets) or ``gso`` (see the module docstring)."""
     router_namespace: str
+    """The router's namespace (``aurem-<tag>-rt``)."""
     regions: tuple[RegionPlan, ...]
+    """One per region, in the topology's order."""
     directions: tuple[DirectionPlan, ...]
+    """Two per link."""
     unlinked: tuple[tuple[str, str], ...]
     """Ordered region pairs with no link (prohibited on the router)."""
     queue_bdp: float
-    region_index: dict[str, RegionPlan] = field(default_factory=dict, compare=False)
+    """Bottleneck queue in bandwidth-delay products (before the floor)."""
+    region_index: dict[str, RegionPlan] = field(init=False, repr=False, compare=False)
+    """``regions`` by name (derived)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "region_index", {r.name: r for r in self.regions})
 
     def segments_toward(self, region: str) -> bool:
         """Whether the router must cut super-packets into MTU packets toward ``region``: in
@@ -355,7 +381,7 @@ def make_plan(
         for b in region_plans
         if a.name != b.name and (a.name, b.name) not in linked
     )
-    plan = NetworkPlan(
+    return NetworkPlan(
         tag=tag,
         scale=scale,
         segmentation=segmentation,
@@ -365,8 +391,6 @@ def make_plan(
         unlinked=unlinked,
         queue_bdp=queue_bdp,
     )
-    plan.region_index.update({r.name: r for r in region_plans})
-    return plan
 
 
 def rate_draws(seed: int, link_index: int, low_gbps: float, high_gbps: float):  # noqa: ANN201
