@@ -36,9 +36,11 @@ def test_an_unreadable_topology_names_the_file(capsys, tmp_path):
 
 def test_emulate_builds_geo_probes_it_and_writes_emulation_json(tmp_path, capsys):
     try:
-        probe_capabilities()
+        caps = probe_capabilities()
     except EmulationUnavailable as exc:
         pytest.skip(f"cannot emulate a network here: {exc}")
+    if not (caps.netem or (caps.nfqueue and caps.statistic)):
+        pytest.skip(f"no delay or loss mechanism here: {'; '.join(caps.missing)}")
     out = tmp_path / "emulation.json"
     # geo.yaml: 0.5-1 Gbit/s fluctuating, 40 ms, 1e-6 loss; scaled to 25-50 Mbit/s
     code = cli.run(

@@ -28,9 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def caps():
     try:
-        return probe_capabilities()
+        found = probe_capabilities()
     except EmulationUnavailable as exc:
         pytest.skip(f"cannot emulate a network here: {exc}")
+    if not (found.netem or (found.nfqueue and found.statistic)):
+        pytest.skip(f"no delay or loss mechanism here: {'; '.join(found.missing)}")
+    return found
 
 
 def topo(links, regions=("us", "ca", "eu")):
