@@ -265,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys.add_parser(sub)
     add_parsers(sub)
+    from emulation import cli as emulation_cli
+
+    emulation_cli.add_parser(sub)
     return parser
 
 

@@ -36,6 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="remove networks left by killed runs (their builder is gone) and exit",
     )
+    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
