@@ -96,13 +96,18 @@ async def connect(
     secret: bytes,
     hello: dict[str, Any],
     timeout_s: float = 5.0,
+    unix_path: str | None = None,
 ) -> Channel:
-    """Connect to a control server and authenticate; one-line errors for what goes wrong."""
-    where = f"{host}:{port}"
+    """Connect to a control server and authenticate; one-line errors for what goes wrong.
+    With ``unix_path`` the connection is made to that Unix socket instead (a local observer
+    reaching a Ledger inside another network namespace: the file system is shared)."""
+    where = unix_path or f"{host}:{port}"
     try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, limit=wire.CONTROL_MAX_FRAME), timeout_s
-        )
+        if unix_path is not None:
+            opened = asyncio.open_unix_connection(unix_path, limit=wire.CONTROL_MAX_FRAME)
+        else:
+            opened = asyncio.open_connection(host, port, limit=wire.CONTROL_MAX_FRAME)
+        reader, writer = await asyncio.wait_for(opened, timeout_s)
     except (OSError, TimeoutError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "timed out"
         raise ConnectionError(f"cannot reach the Ledger at {where}: {reason}") from None
@@ -132,9 +137,16 @@ Handler = Callable[[Channel], Awaitable[None]]
 
 
 async def serve(
-    host: str, port: int, *, secret: bytes, handler: Handler, timeout_s: float = 5.0
+    host: str,
+    port: int,
+    *,
+    secret: bytes,
+    handler: Handler,
+    timeout_s: float = 5.0,
+    unix_path: str | None = None,
 ) -> asyncio.base_events.Server:
-    """Accept control connections; ``handler`` runs once per authenticated channel."""
+    """Accept control connections; ``handler`` runs once per authenticated channel. With
+    ``unix_path`` the server listens on that Unix socket instead of ``host:port``."""
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -168,4 +180,6 @@ async def serve(
         finally:
             channel.close()
 
+    if unix_path is not None:
+        return await asyncio.start_unix_server(accept, unix_path, limit=wire.CONTROL_MAX_FRAME)
     return await asyncio.start_server(accept, host, port, limit=wire.CONTROL_MAX_FRAME)

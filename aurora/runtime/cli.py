@@ -146,7 +146,12 @@ def _ledger(args: argparse.Namespace) -> int:
         spec = _load_job(args)
         service = LedgerService(ledger_config(spec, args.db))
         service.replay()
-        port = await service.start(args.host, args.port, secret=_secret(args))
+        port = await service.start(
+            args.host,
+            args.port,
+            secret=_secret(args),
+            unix_path=str(Path(args.db).with_suffix(".sock")),
+        )
         logging.getLogger("aurora.runtime.ledger").info(
             "ledger: serving on %s:%d (log %s)", args.host, port, args.db
         )

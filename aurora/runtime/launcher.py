@@ -405,6 +405,7 @@ class Launcher:
                     self.ports["ledger"],
                     secret=secret,
                     hello={"id": "launcher", "role": "observer"},
+                    unix_path=str(sock) if (sock := self.dir / "ledger.sock").exists() else None,
                 )
             except ConnectionError:
                 await asyncio.sleep(0.3)

@@ -176,6 +176,7 @@ class LedgerService:
         self._ticks: dict[float, asyncio.TimerHandle] = {}
         self._lost_timers: dict[str, asyncio.TimerHandle] = {}
         self._server: asyncio.base_events.Server | None = None
+        self._unix: asyncio.base_events.Server | None = None
         self._spans = Path(
             config.log_path if config.log_path != ":memory:" else (config.stats_path or "x")
         ).with_suffix(".spans.jsonl")
@@ -440,9 +441,20 @@ class LedgerService:
 
     # -- connections -------------------------------------------------------------------------
 
-    async def start(self, host: str, port: int, *, secret: bytes) -> int:
-        """Serve the control plane; returns the port."""
+    async def start(
+        self, host: str, port: int, *, secret: bytes, unix_path: str | None = None
+    ) -> int:
+        """Serve the control plane; returns the port. With ``unix_path`` it also listens on that
+        Unix socket (for observers on this host outside the Ledger's network namespace)."""
         self._server = await serve(host, port, secret=secret, handler=self._session)
+        if unix_path is not None and len(unix_path.encode()) < 100:  # sun_path holds 108 bytes
+            import os
+
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(unix_path)
+            self._unix = await serve(
+                "", 0, secret=secret, handler=self._session, unix_path=unix_path
+            )
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
 
@@ -485,10 +497,11 @@ class LedgerService:
             ch.close()
         if self.trainer is not None:
             self.trainer.close()
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        for server in (self._server, self._unix):
+            if server is not None:
+                server.close()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(server.wait_closed(), 1.0)
         self.log.close()
 
     async def _session(self, ch: Channel) -> None:

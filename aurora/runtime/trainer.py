@@ -197,7 +197,10 @@ class TrainerProcess:
             )
             self.ledger_service.replay()
             port = await self.ledger_service.start(
-                self.run.host, self.run.ledger_port, secret=self.run.secret
+                self.run.host,
+                self.run.ledger_port,
+                secret=self.run.secret,
+                unix_path=str(self.dir / "ledger.sock"),
             )
             ledger_addr = (self.run.host, port)
         if self.run.ports_file:
