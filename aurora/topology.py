@@ -201,6 +201,10 @@ class RealSpec:
     """Checkpoint Store URL (a directory or an fsspec URL); None: ``<run dir>/store``."""
     eval_prompts: int = 200
     """Held-out prompts scored at the start and the end of the run."""
+    window_s: float = 0.5
+    """Generation window of one step of this run's model on this machine (s), used only to scale
+    an emulated WAN to the paper's transfer regime (``aurora.runtime.regime``); ``summary.json``
+    reports the window the run actually had."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -221,6 +225,7 @@ class RealSpec:
             "lease_initial_s",
             "threads_per_process",
             "eval_prompts",
+            "window_s",
         )
         for name in ("actors", "max_new_tokens", "learning_rate"):
             value = getattr(self, name)

@@ -76,6 +76,8 @@ class ActorRun:
     """Address its data-plane node listens on (other Actors fetch from it when it relays)."""
     engine: str | None = None
     """Engine override (None: the job's engine)."""
+    advertise: str | None = None
+    """Address peers reach its data-plane node at (None: ``host``)."""
     notice_s: float = 30.0
     """Preemption notice on SIGTERM: time to drain before leaving (s)."""
     connect_timeout_s: float = 30.0
@@ -345,7 +347,7 @@ class ActorProcess:
             fallback=lambda v: asyncio.to_thread(store.delta_bytes, v),
         )
         port = await self.node.serve(self.run.host, 0)
-        self.send({"op": "data", "addr": f"{self.run.host}:{port}"})
+        self.send({"op": "data", "addr": f"{self.run.advertise or self.run.host}:{port}"})
         for data in self.announcements:
             self._announce(data)
         self._set_sources()

@@ -101,6 +101,7 @@ def _trainer(args: argparse.Namespace) -> int:
             signing_key=load_signing_key(args.signing_key),
             public_key=_public_key(args),
             host=args.host,
+            advertise=args.advertise,
             data_port=args.data_port,
             ledger=_addr(args.ledger, "--ledger") if args.ledger else None,
             ledger_port=args.ledger_port,
@@ -179,6 +180,7 @@ def _relay(args: argparse.Namespace) -> int:
             secret=_secret(args),
             public_key=_public_key(args),
             host=args.host,
+            advertise=args.advertise,
             port=args.port,
         )
         return await RelayProcess(run).main()
@@ -200,6 +202,7 @@ def _actor(args: argparse.Namespace) -> int:
             secret=_secret(args),
             public_key=_public_key(args),
             host=args.host,
+            advertise=args.advertise,
             engine=args.engine,
             notice_s=args.notice_s,
         )
@@ -212,10 +215,23 @@ def _actor(args: argparse.Namespace) -> int:
 
 
 def _real(args: argparse.Namespace) -> int:
+    if not args.topology and not args.cleanup:
+        print("aurora real: --topology is required (or --emulate --cleanup)", file=sys.stderr)
+        return 2
     from aurora.faults import parse_fault
     from aurora.runtime.launcher import Launcher, RealRun
     from aurora.topology import load_topology
 
+    if args.cleanup:
+        from emulation.cleanup import cleanup_leftovers
+
+        try:
+            removed = cleanup_leftovers()
+        except PermissionError as exc:
+            print(f"aurora real: --cleanup: {exc}", file=sys.stderr)
+            return 1
+        print(f"removed {len(removed)} emulated network(s) left by killed runs")
+        return 0
     try:
         topology = load_topology(args.topology)
         faults = tuple(parse_fault(f) for f in args.fault)
@@ -234,6 +250,8 @@ def _real(args: argparse.Namespace) -> int:
             backend=args.backend,
             extra=extra,
             progress=not args.quiet,
+            emulate=args.emulate,
+            scale=args.scale,
         )
         from aurora.runtime.job import strategy_spec
 
@@ -247,7 +265,7 @@ def _real(args: argparse.Namespace) -> int:
 def add_parsers(sub: Any) -> None:
     """Add every role subcommand to ``aurora``'s subparsers."""
     p = sub.add_parser("real", help="run a topology on real processes on this host")
-    p.add_argument("--topology", required=True, help="topology YAML (examples/geo.yaml)")
+    p.add_argument("--topology", help="topology YAML (examples/geo.yaml)")
     p.add_argument(
         "--strategy",
         default="aurora",
@@ -273,6 +291,27 @@ def add_parsers(sub: Any) -> None:
         choices=["rl", "standin"],
         help="compute: rl (real models) or standin (labelled stand-in for load/fault tests)",
     )
+    p.add_argument(
+        "--emulate",
+        nargs="?",
+        const="auto",
+        default=None,
+        choices=["auto", "netns", "mininet"],
+        help="run over an emulated WAN (root): regions as network namespaces behind a shaping "
+        "router (docs/EMULATION.md)",
+    )
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=None,
+        help="multiply every emulated link rate (default: the paper's transfer regime for this "
+        "model, printed)",
+    )
+    p.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="with --emulate: remove the namespaces, rules and processes a killed run left, exit",
+    )
     p.add_argument("--extra", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no live line")
     p.set_defaults(func=_real)
@@ -281,6 +320,7 @@ def add_parsers(sub: Any) -> None:
     _job_args(p)
     p.add_argument("--run-dir", required=True, help="folder for the Trainer's state and logs")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--advertise", default=None, help="address others reach it at (default --host)")
     p.add_argument("--data-port", type=int, default=0, help="data-plane port (0: any)")
     p.add_argument("--ledger-port", type=int, default=0, help="in-process Ledger port (0: any)")
     p.add_argument("--ledger", default=None, help="HOST:PORT of a standalone aurora ledger")
@@ -308,6 +348,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--region", required=True, help="region it serves")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=0, help="data-plane port (0: any)")
+    p.add_argument("--advertise", default=None, help="address others reach it at (default --host)")
     _secret_arg(p)
     p.set_defaults(func=_relay)
 
@@ -317,6 +358,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--region", required=True, help="region it runs in")
     p.add_argument("--host", default="127.0.0.1", help="address its data-plane node listens on")
     p.add_argument("--engine", default=None, help="engine override (transformers, vllm, standin)")
+    p.add_argument("--advertise", default=None, help="address others reach it at (default --host)")
     p.add_argument("--notice-s", type=float, default=30.0, help="drain time on SIGTERM (s)")
     _secret_arg(p)
     p.set_defaults(func=_actor)

@@ -165,6 +165,21 @@ def make_spec(
         "store": store,
         "trainer_region": topology.trainer.region,
         "strategy": strat,
+        "window_s": real.window_s,
     }
     spec.update(extra or {})
+    if "dense_bytes" not in spec:
+        spec["dense_bytes"] = dense_bytes(spec)
     return spec
+
+
+def dense_bytes(spec: dict[str, Any]) -> int:
+    """bf16 bytes of the job's model (what a dense broadcast sends per step)."""
+    if spec["backend"] == "standin":
+        from aurora.runtime.standin import standin_shapes
+
+        shapes = standin_shapes(int(spec.get("standin_hidden", 64)))
+        return sum(2 * math.prod(s) for s in shapes.values())
+    from aurora.runtime.rlbackend import model_dense_bytes
+
+    return model_dense_bytes(spec)

@@ -88,6 +88,12 @@ class RealRun:
     ledger_process: bool = False
     """Run the Ledger as its own process (``aurora ledger``) instead of inside the Trainer's;
     implied by a ``ledger_crash`` fault."""
+    emulate: str | None = None
+    """Run over an emulated WAN (``auto``, ``netns`` or ``mininet``; needs root): every region a
+    network namespace behind a shaping router (:mod:`emulation.network`). None: loopback."""
+    scale: float | None = None
+    """Multiplier of every link rate under ``emulate``; None: :func:`aurora.runtime.regime.
+    regime_scale` (the paper's ratio of dense transfer to generation window, for this model)."""
     hooks: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Fault-injection hooks per process id (:mod:`aurora.runtime.hooks`; the reliability
     matrix's tests only)."""
@@ -125,6 +131,9 @@ class Launcher:
         self.stats: dict[int, dict[str, Any]] = {}
         self.actors_live: list[str] = []
         self.injector: Injector | None = None
+        self.net: Any = None
+        """The emulated network (``emulation.network.Network``) under ``emulate``."""
+        self.scale: float | None = None
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -214,7 +223,9 @@ class Launcher:
             "--run-dir",
             str(self.dir),
             "--host",
-            self.host,
+            self._listen(),
+            "--advertise",
+            self._reach(self.topo.trainer.region),
             "--ledger-port",
             str(self.ports["ledger"]),
             "--data-port",
@@ -229,13 +240,15 @@ class Launcher:
     def _actor_args(self, aid: str, region: str, engine: str | None) -> list[str]:
         args = [
             "--join",
-            f"{self.host}:{self.ports['ledger']}",
+            self._ledger_addr(),
             "--id",
             aid,
             "--region",
             region,
             "--host",
-            self.host,
+            self._listen(),
+            "--advertise",
+            self._reach(region),
             *self._common(),
         ]
         if engine is not None:
@@ -253,7 +266,7 @@ class Launcher:
             "--db",
             str(self.dir / "ledger.db"),
             "--host",
-            self.host,
+            self._listen(),
             "--port",
             str(self.ports["ledger"]),
             *self._common(public_key=False),
@@ -261,8 +274,21 @@ class Launcher:
         p = self.procs.procs.get("ledger") or self._add("ledger", "ledger", args)
         p.start()
 
+    # -- where a role listens and how others reach it (loopback, or an emulated region) ------
+
+    def _listen(self) -> str:
+        return "0.0.0.0" if self.net is not None else self.host
+
+    def _reach(self, region: str) -> str:
+        return self.net.address(region) if self.net is not None else self.host
+
+    def _ledger_addr(self) -> str:
+        return f"{self._reach(self.topo.trainer.region)}:{self.ports['ledger']}"
+
     def _add(self, pid: str, role: str, args: list[str]):  # type: ignore[no-untyped-def]
-        proc = self.procs.add(pid, role, args)
+        region = self.region_of.get(pid, self.topo.trainer.region)
+        wrap = (lambda argv: self.net.wrap(region, argv)) if self.net is not None else None
+        proc = self.procs.add(pid, role, args, wrap=wrap)
         if pid in self.run.hooks:
             proc.env["AURORA_FAULT_HOOKS"] = json.dumps(self.run.hooks[pid])
         return proc
@@ -270,7 +296,7 @@ class Launcher:
     def start_trainer(self) -> None:
         args = self._trainer_args()
         if self.standalone_ledger:
-            args += ["--ledger", f"{self.host}:{self.ports['ledger']}"]
+            args += ["--ledger", self._ledger_addr()]
         p = self.procs.procs.get("trainer") or self._add("trainer", "trainer", args)
         with contextlib.suppress(FileNotFoundError):
             (self.dir / "ports.json").unlink()
@@ -288,13 +314,15 @@ class Launcher:
     def start_relay(self, rid: str, region: str) -> None:
         args = [
             "--join",
-            f"{self.host}:{self.ports['ledger']}",
+            self._ledger_addr(),
             "--id",
             rid,
             "--region",
             region,
             "--host",
-            self.host,
+            self._listen(),
+            "--advertise",
+            self._reach(region),
             *self._common(),
         ]
         p = self.procs.procs.get(rid) or self._add(rid, "relay", args)
@@ -372,6 +400,11 @@ class Launcher:
 
         ends = link_ends(target, self.topo)
         assert ends is not None
+        if self.net is not None:
+            a, b = ends
+            self.net.cut(a, b)  # the router drops everything on the link, both ways
+            asyncio.get_running_loop().call_later(duration_s, self.net.restore, a, b)
+            return
         cut = {r for r in ends if r != self.topo.trainer.region} or set(ends)
         frozen = [
             p for pid, p in self.procs.procs.items() if self.region_of.get(pid) in cut and p.alive
@@ -529,6 +562,12 @@ class Launcher:
             print(f"aurora real: {exc}", file=sys.stderr)
             return code
         print(self.describe(), flush=True)
+        if self.run.emulate is not None:
+            try:
+                self._build_network()
+            except Exception as exc:  # EmulationError/EmulationUnavailable: one line, no run
+                print(f"aurora real: --emulate: {exc}", file=sys.stderr)
+                return EXIT_BAD_INPUT
         if self.run.progress and sys.stderr.isatty():
             from tqdm import tqdm
 
@@ -546,7 +585,31 @@ class Launcher:
             if self.live_line is not None:
                 self.live_line.close()
             self.procs.stop_all()
+            if self.net is not None:
+                with contextlib.suppress(Exception):
+                    (self.dir / "emulation.json").write_text(
+                        json.dumps(self.net.describe(), indent=2, default=str)
+                    )
+                self.net.close()
         return self._finish(code)
+
+    def _build_network(self) -> None:
+        from aurora.runtime.regime import regime_scale
+        from emulation.network import build_network
+
+        if not self.spec["strategy"]["shaped"]:
+            print(f"{self.run.strategy}: no WAN to shape (RDMA in the paper); running on loopback")
+            return
+        self.scale = (
+            self.run.scale if self.run.scale is not None else regime_scale(self.topo, self.spec)
+        )
+        print(f"emulated WAN: every link rate x {self.scale:.4g} (RTT and loss as configured)")
+        self.net = build_network(
+            self.topo, scale=self.scale, backend=self.run.emulate, seed=self.run.seed
+        )
+        (self.dir / "emulation.json").write_text(
+            json.dumps(self.net.describe(), indent=2, default=str)
+        )
 
     def _finish(self, code: int) -> int:
         from aurora.runtime.outputs import write_outputs
@@ -565,6 +628,8 @@ class Launcher:
             "actors": len(self.plan.actors),
             "seed": self.run.seed,
             "git_sha": git_sha(),
+            "emulated": self.net is not None,
+            "link_scale": self.scale,
             "spec": self.spec,
         }
         policy = ledger_config(self.spec, str(self.dir / "ledger.db")).policy

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,12 +100,18 @@ class Procs:
     env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
 
-    def add(self, pid: str, role: str, args: list[str]) -> Proc:
+    def add(
+        self, pid: str, role: str, args: list[str], *, wrap: Callable[[list[str]], list[str]]
+        | None = None
+    ) -> Proc:
+        """A role process; ``wrap`` turns its command line into the one to run (e.g. inside a
+        network namespace)."""
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        argv = [sys.executable, "-m", "aurora.cli", role, *args]
         proc = Proc(
             id=pid,
             role=role,
-            argv=[sys.executable, "-m", "aurora.cli", role, *args],
+            argv=wrap(argv) if wrap is not None else argv,
             log_path=self.run_dir / "logs" / f"{pid}.log",
             env=env,
         )

@@ -42,6 +42,8 @@ class RelayRun:
     """Address its data-plane node listens on."""
     port: int = 0
     """Data-plane port (0: any free port)."""
+    advertise: str | None = None
+    """Address the region's Actors reach it at (None: ``host``)."""
     connect_timeout_s: float = 30.0
     """How long to keep trying to reach the Ledger (s)."""
 
@@ -109,7 +111,7 @@ class RelayProcess:
         host, port = trainer.rsplit(":", 1)
         self.node = Node(self.run.id, config, sources=[(host, int(port))])
         port_bound = await self.node.serve(self.run.host, self.run.port)
-        self._addr = f"{self.run.host}:{port_bound}"
+        self._addr = f"{self.run.advertise or self.run.host}:{port_bound}"
         channel.send_nowait({"op": "data", "addr": self._addr})
         try:
             await self.node.subscribe()

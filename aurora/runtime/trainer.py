@@ -64,6 +64,9 @@ class TrainerRun:
     """The job's public key (the signing key's; every node verifies against it)."""
     host: str = "127.0.0.1"
     """Address the data plane (and an in-process Ledger) listen on."""
+    advertise: str | None = None
+    """Address other hosts reach this one at (None: ``host``; set it when listening on
+    0.0.0.0, e.g. inside an emulated region)."""
     data_port: int = 0
     """Data-plane port (0: any free port)."""
     ledger: tuple[str, int] | None = None
@@ -184,7 +187,7 @@ class TrainerProcess:
         )
         await self._refill_cache(v)
         data_port = await self.node.serve(self.run.host, self.run.data_port)
-        spec = {**spec, "trainer_data": f"{self.run.host}:{data_port}"}
+        spec = {**spec, "trainer_data": f"{self.run.advertise or self.run.host}:{data_port}"}
         ledger_addr = self.run.ledger
         if ledger_addr is None:
             memory = bool(spec.get("ledger_in_memory"))
