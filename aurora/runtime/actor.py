@@ -329,6 +329,7 @@ class ActorProcess:
             job=self.job["job_id"],
             public_key=self.run.public_key,
             streams=int(strat["streams"]),
+            cut_through=bool(strat["cut_through"]),
         )
 
         def staged(delta: Delta, _ann: object) -> None:

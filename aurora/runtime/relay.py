@@ -105,6 +105,7 @@ class RelayProcess:
             job=self.job["job_id"],
             public_key=self.run.public_key,
             streams=int(strat["streams"]),
+            cut_through=bool(strat["cut_through"]),
             cache_versions=max(8, int(strat["max_lag"]) + 2),
         )
         trainer = self.sources.get("trainer") or self.job["trainer_data"]

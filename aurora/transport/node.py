@@ -163,6 +163,9 @@ class TransportConfig:
     prefault_bytes: int = 0
     """Receive memory committed when the node is made, before the first delta (bytes): set it to
     the expected delta size so that the first one, too, arrives into committed pages."""
+    cut_through: bool = True
+    """A relay forwards each segment the moment it is verified; False: only once it holds the
+    whole version (store-and-forward, as the PrimeRL baselines' relays do)."""
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
@@ -1265,11 +1268,17 @@ class Node:
         st.progress = time.monotonic()
         self.metrics.bytes_verified += len(seg.data)
         self._choice.progressed()
-        for sub in self.subscribers.values():
-            if sub.subscribed:
-                sub.queue(version, (seg.seq,))  # cut-through: forward the moment it is verified
+        if self.config.cut_through:
+            for sub in self.subscribers.values():
+                if sub.subscribed:
+                    sub.queue(version, (seg.seq,))  # cut-through: forward once verified
         if complete:
             st.received_at = time.monotonic()
+            if not self.config.cut_through:
+                # Store-and-forward (the PrimeRL baselines' relays): the whole version, now.
+                for sub in self.subscribers.values():
+                    if sub.subscribed:
+                        sub.queue(version, sorted(st.segments))
             self._complete(version, st)
 
     def _refuted_by_trailer(self, version: int, st: _Version) -> None:
