@@ -421,7 +421,7 @@ class Trainer:
             clipped += float(bound.sum())
             m = mask.bool()
             if m.any():
-                ratio_max = max(ratio_max, float(ratio[m].max()))
+                ratio_max = max(ratio_max, float(ratio.detach()[m].max()))
                 diff_max = max(diff_max, float((logp.detach() - beh)[m].abs().max()))
         grad_norm = 0.0
         if not skip:
