@@ -172,3 +172,29 @@ def test_a_failed_warm_start_leaves_no_snapshot(tmp_path):
         root = tmp_path / "warmstart" / cfg.key()
         assert CheckpointStore(root).list().snapshots == ()
         assert list((root / "snapshots").iterdir()) == []  # no temporary file left either
+
+
+def test_the_warmstart_command_builds_then_finds_the_snapshot_and_exports(tmp_path, capsys):
+    from aurora.rl import cli
+
+    args = [
+        "warmstart",
+        "--cache",
+        str(tmp_path),
+        "--threshold",
+        "0",
+        "--eval-every",
+        "1",
+        "--batch-size",
+        "8",
+    ]
+    assert cli.main(args) == 0
+    assert "built, 1 steps" in capsys.readouterr().out
+    assert cli.main([*args, "--export", str(tmp_path / "hf")]) == 0
+    out = capsys.readouterr().out
+    assert "cached" in out and f"exported {tmp_path / 'hf'}" in out
+    assert (
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").dtype == torch.bfloat16
+    )
+    assert cli.main([*args, "--batch-size", "0"]) == 2
+    assert "WarmStartConfig.batch_size" in capsys.readouterr().err

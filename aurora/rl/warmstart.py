@@ -83,6 +83,21 @@ class WarmStartConfig:
     validation_size: int = 256
     """Validation problems (drawn from the training distribution)."""
 
+    def __post_init__(self) -> None:
+        checks = {
+            "lr": self.lr >= 0,
+            "warmup_steps": self.warmup_steps >= 0,
+            "batch_size": self.batch_size >= 1,
+            "grad_clip": self.grad_clip > 0,
+            "eval_every": self.eval_every >= 1,
+            "max_steps": self.max_steps >= 1,
+            "validation_size": self.validation_size >= 1,
+            "threshold": self.threshold >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"WarmStartConfig.{name}: invalid value {getattr(self, name)!r}")
+
     def key(self) -> str:
         """Hash of everything the cached weights depend on."""
         import transformers
