@@ -1,0 +1,290 @@
+"""Models and tokenizers: the built-in tiny Qwen3, any transformers causal LM, and HF export.
+
+Theory of operation
+-------------------
+Two ways to get ``(model, tokenizer)``:
+
+* :func:`build_default` builds the built-in default for machines without a GPU or hub access: a
+  tiny Qwen3 from ``transformers.Qwen3Config`` (the paper's architecture family, so the fused
+  ``qkv_proj`` / ``gate_up_proj`` names of the delta format are exercised) and a tokenizer made
+  with the ``tokenizers`` library for the arithmetic alphabet (:func:`arithmetic_tokenizer`).
+  Its weights are random; :mod:`aurora.rl.warmstart` gives it partial competence.
+* :func:`load` takes a local Hugging Face model directory or a hub id through
+  ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` (the real loading
+  path). A path that does not exist, a directory that is not a model, or a tokenizer whose ids do
+  not fit the model's embedding is a :class:`ModelLoadError` naming the thing.
+
+:func:`save_pretrained` writes the reverse: a Hugging Face directory (``config.json``, generation
+config, tokenizer files, ``model.safetensors`` in bf16) that stock
+``AutoModelForCausalLM.from_pretrained`` loads, from a model (its own weights) or from published
+bf16 bit patterns (what the Trainer publishes). It writes a temporary directory and renames it,
+so a failure leaves no half-written model.
+
+Weights in the rest of the package are ``{split name: uint16 array}`` bit patterns of bf16 (the
+delta package's convention, :func:`aurora.delta.hf.bf16_views`); :func:`state_to_torch` and
+:func:`load_state` convert between those and a model's own parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ALPHABET: tuple[str, ...] = (
+    "<pad>",
+    "<bos>",
+    "<eos>",
+    *"0123456789",
+    "+",
+    "-",
+    "*",
+    "=",
+)
+"""The default tokenizer's 17 symbols; ids are positions (pad 0, bos 1, eos 2)."""
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer that cannot be loaded or does not fit together."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyQwen3Config:
+    """The built-in default model: 494,464 parameters, 0.99 MB in bf16 (rl-on-cpu.md)."""
+
+    hidden_size: int = 128
+    """Width of the residual stream."""
+    intermediate_size: int = 512
+    """Width of the MLP (gate and up each)."""
+    num_hidden_layers: int = 2
+    """Transformer blocks."""
+    num_attention_heads: int = 4
+    """Query heads."""
+    num_key_value_heads: int = 2
+    """Key/value heads (grouped-query attention, as in Qwen3)."""
+    head_dim: int = 32
+    """Width of one head."""
+    max_position_embeddings: int = 64
+    """Longest sequence (prompt + completion) in tokens."""
+    init_seed: int = 0
+    """Seed of the random initialisation."""
+
+    def hf_config(self) -> Any:
+        from transformers import Qwen3Config
+
+        return Qwen3Config(
+            vocab_size=len(ALPHABET),
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            max_position_embeddings=self.max_position_embeddings,
+            tie_word_embeddings=True,
+            pad_token_id=ALPHABET.index("<pad>"),
+            bos_token_id=ALPHABET.index("<bos>"),
+            eos_token_id=ALPHABET.index("<eos>"),
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def arithmetic_tokenizer() -> Any:
+    """A ``PreTrainedTokenizerFast`` over :data:`ALPHABET`: one token per character (a
+    ``tokenizers`` WordLevel model behind a one-character split), ``<bos>`` prepended, left
+    padding (generation), decoded by plain concatenation."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {s: i for i, s in enumerate(ALPHABET)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        padding_side="left",
+    )
+
+
+def cast_weights(model: Any, dtype: torch.dtype) -> Any:
+    """Cast the parameters of ``model`` to ``dtype`` in place, leaving buffers alone.
+
+    ``model.to(torch.bfloat16)`` would also round computed constants such as the rotary
+    ``inv_freq`` buffer, which ``from_pretrained(dtype=torch.bfloat16)`` keeps in fp32; the
+    logits would then differ from a stock load of the same weights by up to a bf16 ulp.
+    """
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point() and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+    return model
+
+
+def build_default(
+    config: TinyQwen3Config | None = None, *, dtype: torch.dtype = torch.float32
+) -> tuple[Any, Any]:
+    """(randomly initialised tiny Qwen3, its tokenizer); the same ``init_seed`` gives the same
+    weights."""
+    from transformers import Qwen3ForCausalLM
+
+    cfg = config or TinyQwen3Config()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.init_seed)
+        model = Qwen3ForCausalLM(cfg.hf_config())
+    cast_weights(model, dtype)
+    model.eval()
+    return model, arithmetic_tokenizer()
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or os.sep in name.strip("/").split("/", 1)[0]
+
+
+def load(
+    path_or_id: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+) -> tuple[Any, Any]:
+    """(model, tokenizer) from a local Hugging Face directory or a hub id, via ``from_pretrained``.
+
+    Raises :class:`ModelLoadError` naming the path or id when it does not exist, is not a model,
+    or its tokenizer does not fit the model.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name = os.fspath(path_or_id)
+    path = Path(name).expanduser()
+    local = path.exists()
+    if not local and (isinstance(path_or_id, os.PathLike) or _looks_like_path(name)):
+        raise ModelLoadError(f"model path {path} does not exist")
+    if local and not path.is_dir():
+        raise ModelLoadError(f"model path {path} is a file, not a Hugging Face model directory")
+    if local and not (path / "config.json").exists():
+        raise ModelLoadError(
+            f"model path {path} is not a Hugging Face model directory (no config.json)"
+        )
+    where = str(path) if local else name
+    try:
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"cannot load model {where!r}: {first}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"cannot load the tokenizer of {where!r}: {first}") from None
+    check_tokenizer(model, tokenizer, where)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # batched generation needs a pad id
+    tokenizer.padding_side = "left"
+    model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def check_tokenizer(model: Any, tokenizer: Any, where: str) -> None:
+    """Refuse a tokenizer whose ids do not fit the model's embedding (they do not belong
+    together: every token id must index a row of the embedding)."""
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise ModelLoadError(
+            f"the tokenizer of {where!r} has {len(tokenizer)} tokens but the model's embedding "
+            f"has {rows} rows: tokenizer and model do not match"
+        )
+    if tokenizer.eos_token_id is None:
+        raise ModelLoadError(f"the tokenizer of {where!r} has no end-of-sequence token")
+
+
+# ------------------------------------------------------------------------------------------
+# Weights as bf16 bit patterns
+# ------------------------------------------------------------------------------------------
+
+
+def state_to_torch(state: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """``{name: uint16 bits}`` -> ``{name: bf16 tensor}`` (copies)."""
+    return {
+        k: torch.from_numpy(np.ascontiguousarray(v).view(np.int16).copy()).view(torch.bfloat16)
+        for k, v in state.items()
+    }
+
+
+def load_state(model: Any, state: Mapping[str, np.ndarray]) -> None:
+    """Copy bf16 bit patterns into ``model``'s parameters (any dtype: bf16 values upcast exactly
+    to fp32). Every bf16 tensor of the model must be given; names as in ``bf16_views``."""
+    params = dict(model.state_dict(keep_vars=True))
+    missing = [k for k in state if k not in params]
+    if missing:
+        raise ModelLoadError(f"weights {missing[:5]} are not parameters of the model")
+    with torch.no_grad():
+        for name, t in state_to_torch(state).items():
+            p = params[name]
+            if tuple(p.shape) != tuple(t.shape):
+                raise ModelLoadError(f"weight {name}: shape {tuple(t.shape)}, model {p.shape}")
+            p.data.copy_(t.to(p.dtype))
+
+
+def save_pretrained(
+    model: Any,
+    tokenizer: Any,
+    path: str | os.PathLike[str],
+    *,
+    state: Mapping[str, np.ndarray] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write a Hugging Face model directory (bf16 ``model.safetensors``, config, generation
+    config, tokenizer) that stock ``from_pretrained`` loads. ``state`` (bf16 bit patterns, e.g.
+    the Trainer's published weights) replaces the model's own weights in the file. Written to a
+    temporary directory and renamed: all or nothing."""
+    from safetensors.torch import save_file
+
+    out = Path(path)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists (pass overwrite=True to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, t in model.state_dict().items():
+        if t.data_ptr() in seen or not t.is_floating_point():
+            continue  # tied lm_head: saved once, under the embedding's name
+        seen.add(t.data_ptr())
+        tensors[name] = t.detach().to("cpu", torch.bfloat16).contiguous()
+    if state is not None:
+        given = state_to_torch(state)
+        unknown = sorted(set(given) - set(tensors))
+        if unknown:
+            raise ModelLoadError(f"weights {unknown[:5]} are not parameters of the model")
+        tensors.update(given)
+    config = copy.deepcopy(model.config)
+    config.dtype = torch.bfloat16
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        config.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
