@@ -18,13 +18,13 @@ Actor's completions with their token ids and log-probs; the Trainer computes rew
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from aurora.delta import Delta, DeltaEncoder
+from aurora.delta import Delta, Segment
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +39,21 @@ class Sampling:
     """Sampling temperature; log-probs are those of the distribution actually sampled."""
     seed: int = 0
     """Base seed; each lease's sampling is seeded from it and the prompt id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """``D_v`` as the Trainer published it."""
+
+    version: int
+    weights_hash: str
+    """h(v)."""
+    data: bytes
+    """The whole delta file."""
+    changed: int
+    """bf16 elements that changed."""
+    total: int
+    """bf16 elements of the model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +101,10 @@ class TrainerSide(Protocol):
         """One optimizer step on ``(task index, payload, version generated on)`` of a batch;
         returns its statistics (reward, loss, ...)."""
 
-    def encoder(self, *, version: int, base_hash: str, codec: str | None) -> DeltaEncoder:
-        """An encoder of ``D_version`` from :meth:`published` to the new weights; iterating its
-        segments also makes the new weights the published ones."""
+    def publish(self, on_segment: Callable[[Segment], None]) -> Published:
+        """Extract ``D_{version+1}`` from :meth:`published` to the trained weights, handing
+        each segment to ``on_segment`` the moment it is cut (cut-through); afterwards the new
+        weights are the published ones and :attr:`version` is one more."""
 
     def digest(self) -> str:
         """Content hash of the published bf16 weights."""

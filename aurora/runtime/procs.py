@@ -101,8 +101,12 @@ class Procs:
     procs: dict[str, Proc] = field(default_factory=dict)
 
     def add(
-        self, pid: str, role: str, args: list[str], *, wrap: Callable[[list[str]], list[str]]
-        | None = None
+        self,
+        pid: str,
+        role: str,
+        args: list[str],
+        *,
+        wrap: Callable[[list[str]], list[str]] | None = None,
     ) -> Proc:
         """A role process; ``wrap`` turns its command line into the one to run (e.g. inside a
         network namespace)."""

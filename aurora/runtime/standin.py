@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgpack
 import numpy as np
 
-from aurora.delta import Delta, DeltaEncoder, apply_delta, weights_hash
-from aurora.runtime.compute import Generated, Sampling
+from aurora.delta import Delta, DeltaEncoder, Segment, apply_delta, weights_hash
+from aurora.runtime.compute import Generated, Published, Sampling
 
 VOCAB = 17
 
@@ -77,8 +77,11 @@ class StandinTrainer:
         self.model = "standin"
         self.version = 0
         self.max_new_tokens = 5
+        self.codec = spec["strategy"].get("codec") if "strategy" in spec else None
         self._published = initial_weights(self.seed, int(spec.get("standin_hidden", 64)))
         self._next: dict[str, np.ndarray] | None = None
+        self.weights_hash = weights_hash(self._published)
+        """h(version): the snapshot's hash at v0, then the chain."""
 
     def published(self) -> Mapping[str, np.ndarray]:
         return self._published
@@ -101,20 +104,32 @@ class StandinTrainer:
                 total += len(ids)
         return {"reward": even / total if total else 0.0, "loss": 0.0, "backend": "standin"}
 
-    def encoder(self, *, version: int, base_hash: str, codec: str | None) -> DeltaEncoder:
-        if self._next is None or version != self.version + 1:
-            raise ValueError(f"no step trained for v{version}")
+    def publish(self, on_segment: Callable[[Segment], None]) -> Published:
+        if self._next is None:
+            raise ValueError(f"no step trained for v{self.version + 1}")
         enc = DeltaEncoder(
             self._published,
             self._next,
             model=self.model,
-            version=version,
-            base_hash=base_hash,
-            **({"codec": codec} if codec else {}),
+            version=self.version + 1,
+            base_hash=self.weights_hash,
+            **({"codec": self.codec} if self.codec else {}),
         )
+        pieces = []
+        for seg in enc.segments():
+            on_segment(seg)
+            pieces.append(bytes(seg.data))
+        assert enc.weights_hash is not None
         self._published, self._next = self._next, None
-        self.version = version
-        return enc
+        self.version += 1
+        self.weights_hash = enc.weights_hash
+        return Published(
+            version=self.version,
+            weights_hash=enc.weights_hash,
+            data=b"".join(pieces),
+            changed=sum(t.nnz for t in enc.tensors),
+            total=sum(int(a.size) for a in self._published.values()),
+        )
 
     def digest(self) -> str:
         return weights_hash(self._published)
@@ -124,12 +139,20 @@ class StandinTrainer:
 
     def save(self, path: str) -> None:
         with open(path, "wb") as out:
-            np.savez(out, version=self.version, **self._published)
+            np.savez(
+                out,
+                version=self.version,
+                weights_hash=np.frombuffer(bytes.fromhex(self.weights_hash), dtype=np.uint8),
+                **self._published,
+            )
 
     def load(self, path: str) -> None:
         with np.load(path, allow_pickle=False) as f:
             self.version = int(f["version"])
-            self._published = {k: f[k].copy() for k in f.files if k != "version"}
+            self.weights_hash = bytes(f["weights_hash"]).hex()
+            self._published = {
+                k: f[k].copy() for k in f.files if k not in ("version", "weights_hash")
+            }
 
     def export(self, path: str) -> None:
         from pathlib import Path

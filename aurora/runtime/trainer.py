@@ -77,22 +77,27 @@ class TrainerRun:
     """Where to write the ports actually bound (JSON), for a launcher to read."""
 
 
-def _segments_in_thread(enc_segments: Any, loop: asyncio.AbstractEventLoop) -> asyncio.Queue:
-    """Iterate a segment generator (extraction, CPU work) in a worker thread and hand each
-    segment to the event loop as it is produced, so publishing overlaps extraction."""
+def _publish_in_thread(
+    compute: TrainerSide, loop: asyncio.AbstractEventLoop
+) -> tuple[asyncio.Queue, asyncio.Future]:
+    """Run ``compute.publish`` (extraction: CPU work) in a worker thread and hand each segment
+    to the event loop as it is cut, so publishing on the data plane overlaps extraction. The
+    queue ends with None (or the exception); the future holds the :class:`Published`."""
     queue: asyncio.Queue[Segment | BaseException | None] = asyncio.Queue()
 
-    def work() -> None:
+    def on_segment(seg: Segment) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, seg)
+
+    def work():  # type: ignore[no-untyped-def]
         try:
-            for seg in enc_segments:
-                loop.call_soon_threadsafe(queue.put_nowait, seg)
-        except BaseException as exc:  # handed to the loop, which raises it
+            return compute.publish(on_segment)
+        except BaseException as exc:
             loop.call_soon_threadsafe(queue.put_nowait, exc)
-        else:
+            raise
+        finally:
             loop.call_soon_threadsafe(queue.put_nowait, None)
 
-    loop.run_in_executor(None, work)
-    return queue
+    return queue, loop.run_in_executor(None, work)
 
 
 class TrainerProcess:
@@ -346,9 +351,9 @@ class TrainerProcess:
         t0 = time.time()
         stats = await asyncio.to_thread(self.compute.train, results)
         t1 = time.time()
-        codec = spec["strategy"].get("codec")
-        enc = self.compute.encoder(version=k, base_hash=self.hashes[k - 1], codec=codec)
-        queue = _segments_in_thread(enc.segments(), asyncio.get_running_loop())
+        if self.compute.version != k - 1:
+            raise RuntimeError(f"the Trainer's compute is at v{self.compute.version}, not v{k - 1}")
+        queue, done = _publish_in_thread(self.compute, asyncio.get_running_loop())
         pieces: list[bytes] = []
         signed: bytes | None = None
         while True:
@@ -359,12 +364,13 @@ class TrainerProcess:
                 raise seg
             pieces.append(bytes(seg.data))
             signed = await self.node.publish(k, [seg]) or signed
+        pub = await done
         t2 = time.time()
-        assert signed is not None and enc.weights_hash is not None
+        assert signed is not None and pub.version == k
         self.announcements[k] = signed
-        data = b"".join(pieces)
+        data = pub.data
         await asyncio.to_thread(lambda: self.store.publish_delta(data, announcement=signed))
-        self.hashes[k] = enc.weights_hash
+        self.hashes[k] = pub.weights_hash
         snapshot_bytes = None
         if k % int(spec["snapshot_interval"]) == 0:
             await asyncio.to_thread(
@@ -378,8 +384,7 @@ class TrainerProcess:
             snapshot_bytes = self.store.sizes()[1].get(k)
         digest = await asyncio.to_thread(self.compute.digest)
         dense = sum(a.nbytes for a in self.compute.published().values())
-        nnz = sum(t.nnz for t in enc.tensors)
-        numel = sum(a.size for a in self.compute.published().values())
+        nnz, numel = pub.changed, pub.total
         step = {
             **{k2: v2 for k2, v2 in stats.items() if isinstance(v2, int | float | str)},
             "train_s": t1 - t0,

@@ -1,0 +1,287 @@
+"""The ``rl`` compute backend: real models, the GRPO Trainer and the transformers engine.
+
+Theory of operation
+-------------------
+The runtime's two compute interfaces (:mod:`aurora.runtime.compute`) mapped onto
+:mod:`aurora.rl` and :mod:`aurora.engines`, nothing more:
+
+* the model is ``tiny`` (the built-in tiny Qwen3, warm-started on the task and cached as the v0
+  snapshot: :func:`aurora.rl.warmstart.warm_start`), a local Hugging Face directory, or a hub id
+  (:func:`aurora.rl.model.load`);
+* prompts travel as ids: a lease names ``b{k}-{i}``, the Actor and the Trainer rebuild the text
+  from the task's seeded stream (:meth:`aurora.rl.tasks.ArithmeticTask.prompt`), so an Actor
+  cannot change what it was asked;
+* an Actor's result is its completions' token ids and behaviour log-probs; the Trainer decodes
+  them with its own tokenizer and scores them itself (:meth:`aurora.rl.trainer.Trainer.step`);
+* the learning rate is the regime's: ``learn`` trains at :data:`LEARN_LR` (dense deltas, the
+  model improves in minutes), ``transfer`` at :data:`TRANSFER_LR` (deltas as sparse as the
+  paper's 1-3%, no learning expected); ``learning_rate`` in the ``real:`` section overrides it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from aurora.delta import Delta, Segment
+from aurora.runtime.compute import Generated, Published, Sampling
+
+LEARN_LR = 1e-4
+"""The ``learn`` regime's learning rate: the tiny model gains about as fast as at 5e-4 in its
+first minutes at half the delta density (``experiments/learning.py``, docs/RL.md)."""
+TRANSFER_LR = 2e-6
+"""The ``transfer`` regime's learning rate: RL-scale, sparse deltas, no learning expected."""
+
+
+def _threads(spec: Mapping[str, Any]) -> None:
+    import torch
+
+    n = int(spec.get("threads") or 1)
+    torch.set_num_threads(n)
+    os.environ.setdefault("OMP_NUM_THREADS", str(n))
+
+
+def _task(spec: Mapping[str, Any]) -> Any:
+    from aurora.rl.tasks import ArithmeticConfig, ArithmeticTask
+
+    if spec.get("task", "arithmetic") != "arithmetic":
+        raise ValueError(f"real.task: unknown task {spec['task']!r} (known: arithmetic)")
+    return ArithmeticTask(
+        ArithmeticConfig(seed=int(spec["seed"]), heldout_size=int(spec.get("eval_prompts", 500)))
+    )
+
+
+def _model(spec: Mapping[str, Any], *, cache: str | None = None) -> tuple[Any, Any, str | None]:
+    """(fp32 model, tokenizer, h(v0) or None) of the job's model."""
+    name = str(spec.get("model", "tiny"))
+    if name == "tiny":
+        from aurora.rl.warmstart import warm_start
+
+        ws = warm_start(cache_dir=cache)
+        return ws.model, ws.tokenizer, ws.weights_hash
+    import torch
+
+    from aurora.rl.model import load
+
+    model, tokenizer = load(name, dtype=torch.float32)
+    return model, tokenizer, None
+
+
+def model_dense_bytes(spec: Mapping[str, Any]) -> int:
+    """bf16 bytes of the job's model, from its configuration alone (no weights are loaded)."""
+    name = str(spec.get("model", "tiny"))
+    if name == "tiny":
+        from aurora.rl.model import TinyQwen3Config
+
+        config = TinyQwen3Config().hf_config()
+    else:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(name)
+        except (OSError, ValueError) as exc:
+            raise ValueError(
+                f"real.model: cannot read the configuration of {name!r}: {exc}"
+            ) from None
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return 2 * sum(p.numel() for p in model.parameters())
+
+
+def learning_rate(spec: Mapping[str, Any]) -> float:
+    if spec.get("learning_rate") is not None:
+        return float(spec["learning_rate"])
+    return LEARN_LR if spec.get("regime", "learn") == "learn" else TRANSFER_LR
+
+
+class _Sample:
+    __slots__ = ("token_ids", "logprobs")
+
+    def __init__(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        self.token_ids, self.logprobs = token_ids, logprobs
+
+
+class RLTrainer:
+    """The Trainer side (see the module docstring)."""
+
+    def __init__(self, spec: Mapping[str, Any], *, workdir: str) -> None:
+        from aurora.rl.trainer import GRPOConfig, Trainer
+
+        _threads(spec)
+        self.spec = spec
+        self.task = _task(spec)
+        model, self.tokenizer, h0 = _model(spec)
+        self._template = copy.deepcopy(model)  # the architecture, for evaluation and export
+        strat = spec["strategy"]
+        self.trainer = Trainer(
+            model,
+            self.tokenizer,
+            self.task.reward,
+            GRPOConfig(
+                lr=learning_rate(spec),
+                temperature=float(spec.get("temperature", 1.0)),
+                max_lag=int(strat["max_lag"]),
+            ),
+            weights_hash=h0,
+            model_id=f"{spec.get('name', 'job')}:{spec.get('model', 'tiny')}",
+            codec=strat.get("codec") or "aurora",
+            seed=int(spec["seed"]),
+        )
+        self.max_new_tokens = int(self.task.max_new_tokens)
+
+    @property
+    def version(self) -> int:
+        return int(self.trainer.version)
+
+    @property
+    def weights_hash(self) -> str:
+        return str(self.trainer.weights_hash)
+
+    def published(self) -> Mapping[str, np.ndarray]:
+        return self.trainer.published
+
+    def train(self, results: Sequence[tuple[int, bytes, int]]) -> dict[str, Any]:
+        from aurora.rl.trainer import Group
+
+        groups = []
+        for index, payload, version in results:
+            body = msgpack.unpackb(payload)
+            comps = [_Sample(c["ids"], c["lp"]) for c in body["completions"]]
+            groups.append(Group(prompt=self.task.prompt(index), completions=comps, version=version))
+        s = self.trainer.step(groups)
+        return {
+            "reward": s.reward_mean,
+            "reward_std": s.reward_std,
+            "loss": s.loss,
+            "clip_frac": s.clip_frac,
+            "logp_diff_max": s.logp_diff_max,
+            "grad_norm": s.grad_norm,
+            "zero_adv_groups": s.zero_adv_groups,
+            "skipped": int(s.skipped),
+            "lr": learning_rate(self.spec),
+        }
+
+    def publish(self, on_segment: Callable[[Segment], None]) -> Published:
+        pub = self.trainer.publish(on_segment)
+        return Published(
+            version=pub.version,
+            weights_hash=pub.weights_hash,
+            data=pub.data,
+            changed=pub.changed,
+            total=pub.total,
+        )
+
+    def digest(self) -> str:
+        return str(self.trainer.published_digest())
+
+    def evaluate(self) -> float:
+        """Greedy exact-match reward of the published bf16 weights on the held-out set."""
+        from aurora.engines.transformers import TransformersEngine
+        from aurora.rl.loop import evaluate
+
+        engine = TransformersEngine(copy.deepcopy(self._template), self.tokenizer)
+        engine.load(self.trainer.published, version=self.version, weights_hash=self.weights_hash)
+        return float(
+            evaluate(
+                engine, self.task.reward, self.task.heldout(), max_new_tokens=self.max_new_tokens
+            )
+        )
+
+    def save(self, path: str) -> None:
+        self.trainer.save_checkpoint(path)
+
+    def load(self, path: str) -> None:
+        self.trainer.load_checkpoint(path)
+
+    def export(self, path: str) -> None:
+        from aurora.rl.model import save_pretrained
+
+        save_pretrained(
+            self._template, self.tokenizer, path, state=self.trainer.published, overwrite=True
+        )
+
+
+class RLEngine:
+    """The engine side: a transformers engine (the vLLM engine will sit behind the same)."""
+
+    def __init__(self, spec: Mapping[str, Any], engine: Any, task: Any) -> None:
+        self.spec, self.engine, self.task = spec, engine, task
+        self.seed = int(spec["seed"])
+
+    @property
+    def version(self) -> int | None:
+        return self.engine.version if self._loaded else None
+
+    @property
+    def weights_hash(self) -> str | None:
+        return self.engine.weights_hash if self._loaded else None
+
+    _loaded = False
+
+    def load(self, state: Mapping[str, np.ndarray], *, version: int, weights_hash: str) -> None:
+        self.engine.load(state, version=version, weights_hash=weights_hash)
+        self._loaded = True
+
+    def apply(self, delta: Delta) -> None:
+        self.engine.apply(delta)
+
+    def digest(self) -> str:
+        return str(self.engine.weights_digest())
+
+    def generate(self, prompts: Sequence[tuple[str, int]], sampling: Sampling) -> list[Generated]:
+        from aurora.engines.base import Sampling as EngineSampling
+
+        texts = [self.task.prompt(index) for _, index in prompts]
+        key = f"{self.seed}|{prompts[0][0] if prompts else ''}|{self.engine.version}".encode()
+        call_seed = int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little")
+        groups = self.engine.generate(
+            texts,
+            sampling.n,
+            EngineSampling(
+                max_new_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                seed=call_seed,
+            ),
+        )
+        out = []
+        for (pid, index), group in zip(prompts, groups, strict=True):
+            comps = [{"ids": list(c.token_ids), "lp": list(c.logprobs)} for c in group]
+            tokens = sum(c.num_tokens for c in group)
+            payload = msgpack.packb({"prompt": pid, "index": index, "completions": comps})
+            out.append(Generated(prompt=pid, payload=payload, tokens=tokens))
+        return out
+
+
+def make_rl_engine(spec: Mapping[str, Any], *, engine: str | None = None) -> RLEngine:
+    kind = engine or spec.get("engine", "transformers")
+    if kind == "vllm":
+        raise ValueError(
+            "engine vllm: needs a GPU and the vllm extra (pip install -e '.[gpu]'); use "
+            "transformers on this machine"
+        )
+    if kind not in ("transformers",):
+        raise ValueError(f"unknown engine {kind!r} (expected transformers or vllm)")
+    _threads(spec)
+    from aurora.engines.transformers import TransformersEngine
+
+    name = str(spec.get("model", "tiny"))
+    if name == "tiny":
+        from aurora.rl.model import build_default
+
+        model, tokenizer = build_default()  # the architecture; weights come from the snapshot
+    else:
+        import torch
+
+        from aurora.rl.model import load
+
+        model, tokenizer = load(name, dtype=torch.bfloat16)
+    return RLEngine(spec, TransformersEngine(model, tokenizer, seed=int(spec["seed"])), _task(spec))
