@@ -265,9 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys.add_parser(sub)
     add_parsers(sub)
+    from aurora.rl import cli as rl_cli
     from emulation import cli as emulation_cli
 
     emulation_cli.add_parser(sub)
+    rl_cli.add_parser(sub)
     return parser
 
 

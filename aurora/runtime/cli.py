@@ -264,6 +264,7 @@ def _real(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: Any) -> None:
     """Add every role subcommand to ``aurora``'s subparsers."""
+    add_export_parser(sub)
     p = sub.add_parser("real", help="run a topology on real processes on this host")
     p.add_argument("--topology", help="topology YAML (examples/geo.yaml)")
     p.add_argument(
@@ -362,3 +363,57 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--notice-s", type=float, default=30.0, help="drain time on SIGTERM (s)")
     _secret_arg(p)
     p.set_defaults(func=_actor)
+
+
+# -- export -------------------------------------------------------------------------------------
+
+
+def _export(args: argparse.Namespace) -> int:
+    """Rebuild version V from the store's snapshot + delta chain, every piece verified against
+    the Trainer's signature, and write it as a Hugging Face model directory."""
+    from aurora.delta import apply_chain
+    from aurora.keys import load_public_key
+    from aurora.policy.versions import plan_catch_up
+    from aurora.store import CheckpointStore
+
+    _logging("export")
+    try:
+        spec = _load_job(args)
+        key = load_public_key(args.public_key)
+        store = CheckpointStore(args.store or spec["store"], job=spec["job_id"], public_key=key)
+        deltas, snaps = store.sizes()
+        if args.version not in deltas and args.version not in snaps:
+            raise ValueError(f"--version {args.version}: not in the store {store.url}")
+        plan = plan_catch_up(None, args.version, deltas, snaps)
+        assert plan.snapshot is not None
+        state, snap = store.verified_snapshot(plan.snapshot)
+        chain = [store.verified_delta(v)[0] for v in plan.deltas]
+        h = apply_chain(chain, state, active_version=plan.snapshot, active_hash=snap.chain_hash)
+        want = store.verified_delta(args.version)[1].weights_hash if plan.deltas else h
+        if h != want:
+            raise ValueError(f"v{args.version} rebuilt to h={h[:16]}.., signed h={want[:16]}..")
+        from aurora.runtime.rlbackend import export_state
+
+        export_state(spec, state, args.out)
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"aurora export: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"v{args.version}: snapshot v{plan.snapshot} + {len(plan.deltas)} deltas, h(v) {h[:16]}.. "
+        f"(signed), written to {args.out}"
+    )
+    return 0
+
+
+def add_export_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "export", help="rebuild a version from the store (verified) as a Hugging Face model"
+    )
+    p.add_argument("--job", required=True, help="the run's job.json (model, store, job id)")
+    p.add_argument("--store", default=None, help="Checkpoint Store URL (default: the job's)")
+    p.add_argument("--version", type=int, required=True, help="version to rebuild")
+    p.add_argument("--out", required=True, help="output directory (must not exist)")
+    p.add_argument(
+        "--public-key", default=None, help="the job's public key (default: $AURORA_JOB_PUBLIC_KEY)"
+    )
+    p.set_defaults(func=_export, topology=None)

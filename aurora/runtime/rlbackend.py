@@ -285,3 +285,13 @@ def make_rl_engine(spec: Mapping[str, Any], *, engine: str | None = None) -> RLE
 
         model, tokenizer = load(name, dtype=torch.bfloat16)
     return RLEngine(spec, TransformersEngine(model, tokenizer, seed=int(spec["seed"])), _task(spec))
+
+
+def export_state(spec: Mapping[str, Any], state: Mapping[str, np.ndarray], out: str) -> None:
+    """Write bf16 weights ``state`` (split names) of the job's model as a Hugging Face
+    directory that stock ``from_pretrained`` loads."""
+    from aurora.rl.model import build_default, load, save_pretrained
+
+    name = str(spec.get("model", "tiny"))
+    model, tokenizer = build_default() if name == "tiny" else load(name)
+    save_pretrained(model, tokenizer, out, state=state)
