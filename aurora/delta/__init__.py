@@ -20,7 +20,7 @@ by idea:
 The names below are the package's public surface; import them from ``aurora.delta``.
 """
 
-from aurora.delta.apply import apply_chain, apply_delta, decode_delta
+from aurora.delta.apply import apply_chain, apply_delta, decode_delta, prepare_delta
 from aurora.delta.errors import DeltaError
 from aurora.delta.hashing import H, chain_hash, leaf_hash, merkle_root, weights_hash
 from aurora.delta.reader import parse_header, read_delta, segments_of
@@ -41,6 +41,7 @@ __all__ = [
     "apply_delta",
     "chain_hash",
     "decode_delta",
+    "prepare_delta",
     "encode_delta",
     "header_bytes",
     "leaf_hash",

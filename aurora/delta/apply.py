@@ -1,8 +1,16 @@
 """Applying deltas to weights: transactional, onto the declared base only.
 
-Apply is transactional: every record is decoded and checked against the target layout, and the
-base version and h(base) are checked, before the first byte of the weights is written. A chain
-``D_{va+1..v}`` is checked link by link first and applied with an undo log.
+Apply checks, then writes. :func:`prepare_delta` matches every record against the target (name,
+shape, 16-bit storage, and for a fused tensor the names and row counts of its parts, since q/k/v
+split 64/16/16 and 48/24/24 have the same fused shape) and parses it: decompresses its streams
+and checks its indices strictly increasing inside the tensor (:mod:`aurora.delta.changes`).
+Only when every record has passed does :func:`apply_delta` write, so a delta applies whole or not
+at all even without an undo log. The writes run the fused compiled loops of
+:mod:`aurora.delta.kernels` (``aurora``, ``aurora-base``, ``leb128``) or numpy (the rest).
+
+A chain ``D_{va+1..v}`` is checked link by link (base version and hash) and every record of
+every link is parsed before the first write; it is then applied with an undo log (the old bits of
+every changed element), which restores the weights if a write fails after all.
 """
 
 from __future__ import annotations
@@ -12,63 +20,101 @@ from collections.abc import Mapping, MutableMapping, Sequence
 import numpy as np
 
 from aurora.delta import codecs
+from aurora.delta.changes import Change, Materialized, Parts, check_numel
 from aurora.delta.errors import BaseMismatchError, CorruptError, DeltaError, LayoutError
-from aurora.delta.extract import FusedTensor, fused_layout, gather_fused, scatter_fused
+from aurora.delta.extract import FusedTensor, fused_layout
 from aurora.delta.records import Delta, TensorDelta
+
+Prepared = list[tuple[FusedTensor, Change]]
+"""Every record of a delta, matched to its target and parsed: ready to store."""
+
+
+def match_target(td: TensorDelta, target: FusedTensor | None, shapes_note: str = "") -> FusedTensor:
+    """``target`` if it is what the record was computed against, else a LayoutError."""
+    if target is None:
+        raise LayoutError(f"tensor {td.name} of the delta is not in the target weights")
+    if target.numel != td.numel or tuple(target.shape) != tuple(td.shape):
+        raise LayoutError(f"tensor {td.name}: delta shape {td.shape}, target {target.shape}")
+    if td.parts and len(target.parts) > 1:
+        have = tuple((p.name, p.shape[0]) for p in target.parts)
+        if have != td.parts:
+            raise LayoutError(
+                f"tensor {td.name}: delta parts {list(td.parts)}, target parts {list(have)}"
+            )
+    return target
 
 
 def _targets(
     delta: Delta, state: Mapping[str, np.ndarray]
 ) -> list[tuple[TensorDelta, FusedTensor]]:
-    engine = {
-        t.name: t for t in fused_layout({k: tuple(v.shape) for k, v in state.items()}, fuse=False)
-    }
-    fused = {
-        t.name: t for t in fused_layout({k: tuple(v.shape) for k, v in state.items()}, fuse=True)
-    }
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    engine = {t.name: t for t in fused_layout(shapes, fuse=False)}
+    fused = {t.name: t for t in fused_layout(shapes, fuse=True)}
     out = []
     for td in delta.tensors:
-        target = engine.get(td.name) or fused.get(td.name)
-        if target is None:
-            raise LayoutError(f"tensor {td.name} of the delta is not in the target weights")
-        if target.numel != td.numel or target.shape != td.shape:
-            raise LayoutError(f"tensor {td.name}: delta shape {td.shape}, target {target.shape}")
+        target = match_target(td, engine.get(td.name) or fused.get(td.name))
         for p in target.parts:
             arr = state[p.name]
             if arr.dtype.itemsize != 2:
                 raise LayoutError(
                     f"tensor {p.name}: target is {arr.dtype}, not 16-bit (bf16) storage"
                 )
+            if not arr.flags.c_contiguous or not arr.flags.writeable:
+                raise LayoutError(f"tensor {p.name}: target is not a contiguous writable array")
         out.append((td, target))
     return out
 
 
-class _BaseGather:
-    """``base[idx]`` of a (possibly fused) tensor straight from the split state: base-relative
-    codecs only read the changed positions, so the fused tensor is never materialised."""
+def parse_record(td: TensorDelta) -> Change:
+    """Decompress and check one record's streams (nothing is written)."""
+    check_numel(td.numel, td.name)
+    if not 0 < td.nnz <= td.numel:
+        raise CorruptError(f"tensor {td.name}: {td.nnz} changes in {td.numel} elements")
+    return codecs.get(td.codec).parse(list(td.streams), td.nnz, td.numel, td.name)
 
-    def __init__(self, target: FusedTensor, state: Mapping[str, np.ndarray]) -> None:
-        self.target, self.state = target, state
 
-    def __getitem__(self, idx: np.ndarray) -> np.ndarray:
-        return gather_fused(self.target, self.state, idx)
+def parts_of(target: FusedTensor, state: Mapping[str, np.ndarray]) -> Parts:
+    """(flat uint16 view, fused offset, numel) of each part of ``target`` in ``state``."""
+    return [(state[p.name].reshape(-1).view(np.uint16), p.offset, p.numel) for p in target.parts]
+
+
+def prepare_delta(delta: Delta, state: Mapping[str, np.ndarray]) -> Prepared:
+    """Match and parse every record of ``delta`` against ``state`` (read only)."""
+    return [(target, parse_record(td)) for td, target in _targets(delta, state)]
 
 
 def decode_delta(
     delta: Delta, state: Mapping[str, np.ndarray]
 ) -> list[tuple[FusedTensor, np.ndarray, np.ndarray]]:
-    """Decode every tensor of ``delta`` against ``state`` (read only): [(target, idx, bits)]."""
+    """Every tensor of ``delta`` as (target, changed fused indices, their new bits), decoded
+    against ``state`` (read only). For inspection and tests; apply does not materialise this."""
     out = []
-    for td, target in _targets(delta, state):
-        c = codecs.get(td.codec)
-        base = _BaseGather(target, state) if c.needs_base else None
-        idx, bits = c.decode(list(td.streams), td.nnz, td.numel, base, td.name)  # type: ignore[arg-type]
-        if idx.size != td.nnz or bits.size != td.nnz:
-            raise CorruptError(
-                f"tensor {td.name}: decoded {idx.size} changes, header says {td.nnz}"
-            )
-        out.append((target, idx, bits))
+    for target, change in prepare_delta(delta, state):
+        m = change.materialize()
+        flat = np.concatenate([a for a, _, _ in parts_of(target, state)])
+        if m.idx is None:
+            new = m.new_bits(flat)
+            idx = np.flatnonzero(new != flat)
+            out.append((target, idx, new[idx]))
+        else:
+            out.append((target, m.idx, m.new_bits(flat[m.idx])))
     return out
+
+
+def _check_base(delta: Delta, version: int, h: str) -> None:
+    if delta.base != version:
+        raise BaseMismatchError(
+            f"D_{delta.version} is based on v{delta.base}; the target is on v{version}"
+        )
+    if delta.base_hash != h:
+        raise BaseMismatchError(
+            f"D_{delta.version} is based on h={delta.base_hash[:16]}..; the target has h={h[:16]}.."
+        )
+
+
+def store_prepared(prepared: Prepared, state: MutableMapping[str, np.ndarray]) -> None:
+    for target, change in prepared:
+        change.store(parts_of(target, state))
 
 
 def apply_delta(
@@ -76,21 +122,25 @@ def apply_delta(
 ) -> str:
     """Apply ``delta`` in place to ``state`` (uint16 views of bf16 weights); return h(v).
 
-    Checks the base version and hash and decodes everything before writing anything.
+    Checks the base version and hash and parses every record before writing anything.
     """
-    if delta.base != active_version:
-        raise BaseMismatchError(
-            f"D_{delta.version} is based on v{delta.base}; the target is on v{active_version}"
-        )
-    if delta.base_hash != active_hash:
-        raise BaseMismatchError(
-            f"D_{delta.version} is based on h={delta.base_hash[:16]}..; "
-            f"the target has h={active_hash[:16]}.."
-        )
-    decoded = decode_delta(delta, state)
-    for target, idx, bits in decoded:
-        scatter_fused(target, state, idx, bits)
+    _check_base(delta, active_version, active_hash)
+    store_prepared(prepare_delta(delta, state), state)
     return delta.weights_hash
+
+
+def _undo_of(target: FusedTensor, change: Change, state: Mapping[str, np.ndarray]) -> Materialized:
+    """What restores the elements ``change`` will write: their current bits."""
+    parts = parts_of(target, state)
+    m = change.materialize()
+    flat_old = np.concatenate([a for a, _, _ in parts]) if m.idx is None else None
+    if m.idx is None:
+        return Materialized(None, flat_old, "set", m.numel, m.nnz)  # type: ignore[arg-type]
+    old = np.empty(m.idx.size, dtype=np.uint16)
+    cuts = np.searchsorted(m.idx, [off for _, off, _ in parts[1:]])
+    for (a, off, _), lo, hi in zip(parts, [0, *cuts], [*cuts, m.idx.size], strict=True):
+        old[lo:hi] = a[m.idx[lo:hi] - off]
+    return Materialized(m.idx, old, "set", m.numel, m.nnz)
 
 
 def apply_chain(
@@ -100,27 +150,25 @@ def apply_chain(
     active_version: int,
     active_hash: str,
 ) -> str:
-    """Apply ``D_{va+1..v}`` in order; all links are checked first, and an undo log restores the
-    weights if any step fails, so the chain applies whole or not at all. Returns h(v)."""
+    """Apply ``D_{va+1..v}`` in order; every link and every record is checked first, and an
+    undo log restores the weights if a write fails, so the chain applies whole or not at all.
+    Returns h(v)."""
     version, h = active_version, active_hash
     for d in deltas:
         if d.base != version or d.base_hash != h:
             raise BaseMismatchError(
                 f"chain broken at D_{d.version}: based on v{d.base}, previous is v{version}"
             )
-        _targets(d, state)
         version, h = d.version, d.weights_hash
-    undo: list[tuple[FusedTensor, np.ndarray, np.ndarray]] = []
-    version, h = active_version, active_hash
+    prepared = [prepare_delta(d, state) for d in deltas]
+    undo: list[tuple[FusedTensor, Materialized]] = []
     try:
-        for d in deltas:
-            decoded = decode_delta(d, state)
-            for target, idx, _ in decoded:
-                undo.append((target, idx, gather_fused(target, state, idx)))
-            h = apply_delta(d, state, active_version=version, active_hash=h)
-            version = d.version
+        for links in prepared:
+            for target, change in links:
+                undo.append((target, _undo_of(target, change, state)))
+                change.store(parts_of(target, state))
     except DeltaError:
-        for target, idx, old in reversed(undo):
-            scatter_fused(target, state, idx, old)
+        for target, old in reversed(undo):
+            old.store(parts_of(target, state))
         raise
     return h

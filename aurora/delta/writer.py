@@ -5,17 +5,24 @@ The header (model id, v, base v-1, h(v-1), segment size) is known before extract
 as it goes (cut-through, paper Figure 7); the trailer, with every leaf hash, ``id(D_v)`` and
 ``h(v)``, comes last. Writing the bytes to a file is the Checkpoint Store's job
 (:mod:`aurora.store.files`); this module only produces them.
+
+Each tensor is encoded with every encoding of the requested codec's family
+(:data:`aurora.delta.codecs.FAMILIES`) that could be the smallest, and the smallest is kept and
+named in its record: ``aurora`` against ``leb128`` always (the LEB128 size is counted exactly
+without encoding; zstd frames cost ~10 bytes, which dominates tiny tensors, and LEB128 can win on
+huge sparse ones), the dense encodings when the tensor is small or its changes are dense enough
+to possibly win (:data:`DENSE_TRY_DENSITY`, from the sweep in ``docs/DELTA.md``).
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
-from aurora.delta import codecs
+from aurora.delta import codecs, leb128
 from aurora.delta.extract import FusedTensor, changed_fused, fused_layout, gather_fused
 from aurora.delta.hashing import H, leaf_hash, merkle_root
 from aurora.delta.records import (
@@ -23,7 +30,6 @@ from aurora.delta.records import (
     FORMAT_VERSION,
     HASH_BYTES,
     MAGIC,
-    SMALL_TENSOR_NNZ,
     TRAILER_MAGIC,
     Segment,
     TensorDelta,
@@ -55,23 +61,46 @@ def header_bytes(
     return MAGIC + struct.pack("<HI", FORMAT_VERSION, len(body)) + body
 
 
+DENSE_CODECS = frozenset({"dense", "dense-base", "xor-zstd"})
+DENSE_TRY_DENSITY = 0.05
+"""Try the dense encodings (which read and compress the whole tensor) only from this share of
+changed elements up: below it they were >= 2x the best sparse encoding at every density measured
+(``docs/DELTA.md``), so encoding them would only cost the Trainer time."""
+DENSE_TRY_NUMEL = 1 << 16
+"""...or when the tensor is this small (norms, biases): trying is then cheaper than deciding."""
+
+
+def _candidates(codec: str, nnz: int, numel: int) -> list[str]:
+    family = codecs.FAMILIES.get(codec, (codec,))
+    dense_ok = nnz >= DENSE_TRY_DENSITY * numel or numel <= DENSE_TRY_NUMEL
+    return [c for c in family if c == codec or c not in DENSE_CODECS or dense_ok]
+
+
 def encode_tensor(
     tensor: FusedTensor,
     idx: np.ndarray,
     new: np.ndarray,
     old: np.ndarray,
     codec: str,
+    full_old: Callable[[], np.ndarray] | None = None,
 ) -> TensorDelta:
-    """Encode one tensor's change (``old``: the base bits at ``idx``); tiny ones fall back to
-    ``leb128`` when that is smaller."""
-    chosen = codecs.get(codec)
-    streams = chosen.encode(idx, new, old, tensor.numel)
-    if idx.size < SMALL_TENSOR_NNZ and chosen.name in ("aurora", "aurora-base"):
-        alt = codecs.CODECS["leb128"].encode(idx, new, old, tensor.numel)
-        if sum(map(len, alt)) < sum(map(len, streams)):
-            chosen, streams = codecs.CODECS["leb128"], alt
+    """Encode one tensor's change (``old``: the base bits at ``idx``; ``full_old()``: the whole
+    flat base tensor, for the dense encodings) with the smallest encoding of ``codec``'s family."""
+    best: tuple[int, str, list[bytes]] | None = None
+    for name in _candidates(codec, int(idx.size), tensor.numel):
+        if name == "leb128" and best is not None:
+            # exact LEB128 size first: encoding it is the slowest step of the writer
+            size = leb128.encoded_size(codecs.gaps_of(idx)) + 2 * int(idx.size)
+            if size >= best[0]:
+                continue
+        streams = codecs.get(name).encode(idx, new, old, tensor.numel, full_old)
+        size = sum(map(len, streams))
+        if best is None or size < best[0]:
+            best = (size, name, streams)
+    assert best is not None
+    parts = tuple((p.name, p.shape[0]) for p in tensor.parts) if len(tensor.parts) > 1 else ()
     return TensorDelta(
-        tensor.name, tensor.shape, tensor.numel, int(idx.size), chosen.name, tuple(streams)
+        tensor.name, tensor.shape, tensor.numel, int(idx.size), best[1], tuple(best[2]), parts
     )
 
 
@@ -85,6 +114,8 @@ def _record_bytes(t: TensorDelta) -> bytes:
         "codec": t.codec,
         "streams": [len(s) for s in t.streams],
     }
+    if t.parts:
+        rec["parts"] = [list(p) for p in t.parts]
     return _frame(b"T", rec) + b"".join(t.streams)
 
 
@@ -135,7 +166,9 @@ class DeltaEncoder:
             idx, new = changed_fused(t, self.old, self.new)
             if idx.size == 0:
                 continue
-            td = encode_tensor(t, idx, new, gather_fused(t, self.old, idx), self.codec)
+            td = encode_tensor(
+                t, idx, new, gather_fused(t, self.old, idx), self.codec, self._full(t)
+            )
             self.tensors.append(td)
             rec = _record_bytes(td)
             table.append(
@@ -150,6 +183,13 @@ class DeltaEncoder:
             offset += len(rec)
             yield rec
         yield _frame(b"E", {"tensors": table})
+
+    def _full(self, t: FusedTensor) -> Callable[[], np.ndarray]:
+        def full() -> np.ndarray:
+            flat = [np.asarray(self.old[p.name]).reshape(-1) for p in t.parts]
+            return flat[0] if len(flat) == 1 else np.concatenate(flat)
+
+        return full
 
     def segments(self) -> Iterator[Segment]:
         buf = bytearray()
