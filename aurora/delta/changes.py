@@ -84,7 +84,8 @@ class Change(Protocol):
 @dataclass
 class Materialized:
     """A change in plain arrays: ``idx`` (sorted int64, or None for every element), ``vals``
-    (uint16, one per index or per element) and ``op`` (``set``, ``ulp`` or ``xor``)."""
+    (uint16, one per index or per element) and ``op`` (``set``, ``ulp`` or ``xor``); ``nnz`` is
+    the record's change count (after a TP remap: the elements written)."""
 
     idx: np.ndarray | None
     vals: np.ndarray

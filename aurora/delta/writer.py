@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -70,10 +71,14 @@ DENSE_TRY_NUMEL = 1 << 16
 """...or when the tensor is this small (norms, biases): trying is then cheaper than deciding."""
 
 
-def _candidates(codec: str, nnz: int, numel: int) -> list[str]:
+def _candidates(codec: str, nnz: int, numel: int, have_full: bool) -> list[str]:
     family = codecs.FAMILIES.get(codec, (codec,))
     dense_ok = nnz >= DENSE_TRY_DENSITY * numel or numel <= DENSE_TRY_NUMEL
-    return [c for c in family if c == codec or c not in DENSE_CODECS or dense_ok]
+    return [
+        c
+        for c in family
+        if c == codec or (c not in DENSE_CODECS or dense_ok) and (have_full or c != "dense")
+    ]
 
 
 def encode_tensor(
@@ -85,9 +90,10 @@ def encode_tensor(
     full_old: Callable[[], np.ndarray] | None = None,
 ) -> TensorDelta:
     """Encode one tensor's change (``old``: the base bits at ``idx``; ``full_old()``: the whole
-    flat base tensor, for the dense encodings) with the smallest encoding of ``codec``'s family."""
+    flat base tensor, for the ``dense`` encoding, which is not tried without it) with the
+    smallest encoding of ``codec``'s family."""
     best: tuple[int, str, list[bytes]] | None = None
-    for name in _candidates(codec, int(idx.size), tensor.numel):
+    for name in _candidates(codec, int(idx.size), tensor.numel, full_old is not None):
         if name == "leb128" and best is not None:
             # exact LEB128 size first: encoding it is the slowest step of the writer
             size = leb128.encoded_size(codecs.gaps_of(idx)) + 2 * int(idx.size)
@@ -119,31 +125,17 @@ def _record_bytes(t: TensorDelta) -> bytes:
     return _frame(b"T", rec) + b"".join(t.streams)
 
 
-class DeltaEncoder:
-    """Produces ``D_v`` as segments while it extracts, tensor by tensor (cut-through).
+class RecordFramer:
+    """Frames tensor records into ``D_v``: header, records, table, cut into segments, trailer.
 
-    ``old`` and ``new`` map split (transformers) names to bf16 tensors as uint16 arrays. Iterate
-    :meth:`segments` to stream; the last segment is the trailer. Afterwards :attr:`delta_id`
-    and :attr:`weights_hash` hold id(D_v) and h(v).
+    Iterate :meth:`segments` to stream; the last segment is the trailer. Afterwards
+    :attr:`delta_id` and :attr:`weights_hash` hold id(D_v) and h(v). :class:`DeltaEncoder`
+    supplies the records from weights as it extracts them; :func:`encode_records` from a list.
     """
 
     def __init__(
-        self,
-        old: Mapping[str, np.ndarray],
-        new: Mapping[str, np.ndarray],
-        *,
-        model: str,
-        version: int,
-        base_hash: str,
-        codec: str = codecs.DEFAULT_CODEC,
-        fuse: bool = True,
-        segment_size: int = DEFAULT_SEGMENT_SIZE,
+        self, *, model: str, version: int, base_hash: str, segment_size: int = DEFAULT_SEGMENT_SIZE
     ) -> None:
-        codecs.get(codec)  # unknown codec: fail before any work
-        if set(old) != set(new):
-            raise ValueError(f"old and new weights differ in names: {sorted(set(old) ^ set(new))}")
-        self.old, self.new, self.codec = old, new, codec
-        self.layout = fused_layout({k: tuple(v.shape) for k, v in new.items()}, fuse=fuse)
         self.header = header_bytes(
             model=model,
             version=version,
@@ -158,18 +150,14 @@ class DeltaEncoder:
         self.weights_hash: str | None = None
         self.tensors: list[TensorDelta] = []
 
+    def _records(self) -> Iterator[TensorDelta]:
+        yield from self.tensors
+
     def _payload_pieces(self) -> Iterator[bytes]:
         yield self.header
         offset = len(self.header)
         table = []
-        for t in self.layout:
-            idx, new = changed_fused(t, self.old, self.new)
-            if idx.size == 0:
-                continue
-            td = encode_tensor(
-                t, idx, new, gather_fused(t, self.old, idx), self.codec, self._full(t)
-            )
-            self.tensors.append(td)
+        for td in self._records():
             rec = _record_bytes(td)
             table.append(
                 {
@@ -183,13 +171,6 @@ class DeltaEncoder:
             offset += len(rec)
             yield rec
         yield _frame(b"E", {"tensors": table})
-
-    def _full(self, t: FusedTensor) -> Callable[[], np.ndarray]:
-        def full() -> np.ndarray:
-            flat = [np.asarray(self.old[p.name]).reshape(-1) for p in t.parts]
-            return flat[0] if len(flat) == 1 else np.concatenate(flat)
-
-        return full
 
     def segments(self) -> Iterator[Segment]:
         buf = bytearray()
@@ -224,6 +205,62 @@ class DeltaEncoder:
         )
         self.delta_id, self.weights_hash = delta_id.hex(), h_v.hex()
         yield Segment(self.key, seq, offset, trailer, H(trailer).hex(), trailer=True)
+
+
+class DeltaEncoder(RecordFramer):
+    """Produces ``D_v`` as segments while it extracts, tensor by tensor (cut-through).
+
+    ``old`` and ``new`` map split (transformers) names to bf16 tensors as uint16 arrays; each
+    changed (fused) tensor is encoded with the smallest encoding of ``codec``'s family.
+    """
+
+    def __init__(
+        self,
+        old: Mapping[str, np.ndarray],
+        new: Mapping[str, np.ndarray],
+        *,
+        model: str,
+        version: int,
+        base_hash: str,
+        codec: str = codecs.DEFAULT_CODEC,
+        fuse: bool = True,
+        segment_size: int = DEFAULT_SEGMENT_SIZE,
+    ) -> None:
+        codecs.get(codec)  # unknown codec: fail before any work
+        if set(old) != set(new):
+            raise ValueError(f"old and new weights differ in names: {sorted(set(old) ^ set(new))}")
+        super().__init__(
+            model=model, version=version, base_hash=base_hash, segment_size=segment_size
+        )
+        self.old, self.new, self.codec = old, new, codec
+        self.layout = fused_layout({k: tuple(v.shape) for k, v in new.items()}, fuse=fuse)
+
+    def _records(self) -> Iterator[TensorDelta]:
+        for t in self.layout:
+            idx, new = changed_fused(t, self.old, self.new)
+            if idx.size == 0:
+                continue
+            td = encode_tensor(
+                t, idx, new, gather_fused(t, self.old, idx), self.codec, self._full(t)
+            )
+            self.tensors.append(td)
+            yield td
+
+    def _full(self, t: FusedTensor) -> Callable[[], np.ndarray]:
+        def full() -> np.ndarray:
+            flat = [np.asarray(self.old[p.name]).reshape(-1) for p in t.parts]
+            return flat[0] if len(flat) == 1 else np.concatenate(flat)
+
+        return full
+
+
+def encode_records(records: Sequence[TensorDelta], **kw: Any) -> bytes:
+    """A whole delta file framing the given records as they are (``model``, ``version``,
+    ``base_hash``, ``segment_size`` as for :class:`RecordFramer`): the file verifies, whatever
+    the records hold. For re-framing records, and for tests of what a receiver must refuse."""
+    framer = RecordFramer(**kw)
+    framer.tensors = list(records)
+    return b"".join(s.data for s in framer.segments())
 
 
 def encode_delta(
