@@ -58,7 +58,10 @@ def _write(flat: torch.Tensor, m: Materialized) -> None:
     """Write change ``m`` (indices local to ``flat``) into ``flat`` (int16, any device)."""
     import torch
 
-    vals = torch.from_numpy(np.ascontiguousarray(m.vals).view(np.int16)).to(flat.device)
+    host = np.ascontiguousarray(m.vals)
+    if not host.flags.writeable:  # a view into the file: torch only wraps writable memory
+        host = host.copy()
+    vals = torch.from_numpy(host.view(np.int16)).to(flat.device)
     if m.idx is None:
         if m.op == "set":
             flat.copy_(vals)
