@@ -65,6 +65,8 @@ def test_decode_and_apply_against_the_cache_line_bound(benchmark, step):
     torch = pytest.importorskip("torch")
     from aurora.delta.torch_apply import apply_delta_torch
 
+    torch.set_num_threads(1)  # one core, like the compiled path (pinned with taskset -c 0)
+
     old, new = step
     h0 = weights_hash(old)
     files = {c: encode_delta(old, new, model="m", version=1, base_hash=h0, codec=c) for c in CODECS}
@@ -118,7 +120,7 @@ def test_decode_and_apply_against_the_cache_line_bound(benchmark, step):
     n = sum(v.size for v in old.values())
     print(
         f"\napply path: numba {kernels.VERSION} (compiled check, then fused gap/prefix-sum/store "
-        f"with prefetch); torch {torch.__version__} index_copy_ on CPU\n"
+        f"with prefetch); torch {torch.__version__} index_copy_ on CPU, 1 thread\n"
         f"{n / 1e6:.0f}M weights, {nnz / n:.2%} changed; lines touched {lines * 32 / n:.1%} "
         f"({2 * lines * LINE / 1e6:.0f} MB of traffic); memcpy {memcpy / 1e9:.1f} GB/s "
         f"-> the lines take {t_lines * 1e3:.1f} ms; best of {ROUNDS} interleaved rounds"

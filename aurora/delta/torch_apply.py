@@ -43,15 +43,16 @@ def bits16(t: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def _ulp_add(old: torch.Tensor, zz: torch.Tensor) -> torch.Tensor:
-    """:func:`aurora.delta.changes.ulp_add` on int16 tensors, in int32 on their device."""
+    """:func:`aurora.delta.changes.ulp_add` on int16 tensors, in int32 on their device, without
+    branches: the order-preserving key flips the sign bit of a positive value and every bit of a
+    negative one, i.e. XOR with 0x8000 | sign * 0x7FFF (and back with the key's own top bit)."""
     import torch
 
     b = old.to(torch.int32) & 0xFFFF
-    key = torch.where((b & 0x8000) != 0, ~b & 0xFFFF, b | 0x8000)
+    key = b ^ (((b >> 15) * 0x7FFF) | 0x8000)
     z = zz.to(torch.int32) & 0xFFFF
     key = (key + ((z >> 1) ^ -(z & 1))) & 0xFFFF
-    new = torch.where((key & 0x8000) != 0, key & 0x7FFF, ~key & 0xFFFF)
-    return torch.where(new >= 0x8000, new - 0x10000, new).to(torch.int16)
+    return (key ^ (0xFFFF - (key >> 15) * 0x7FFF)).to(torch.int16)  # int32 -> int16 wraps
 
 
 def _write(flat: torch.Tensor, m: Materialized) -> None:
