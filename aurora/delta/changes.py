@@ -27,8 +27,19 @@ from typing import Protocol
 
 import numpy as np
 
-from aurora.delta import kernels
 from aurora.delta.errors import CorruptError
+
+
+def compiled():  # type: ignore[no-untyped-def]
+    """:mod:`aurora.delta.kernels`, imported on first use: importing numba costs 0.3-1 s, which
+    every process that imports ``aurora.delta`` without applying a delta would pay."""
+    from aurora.delta import kernels
+
+    return kernels
+
+
+SPLIT, ULP = 0, 1
+"""Value streams of a :class:`SmallGapChange` (``kernels.SPLIT``, ``kernels.ULP``)."""
 
 Parts = Sequence[tuple[np.ndarray, int, int]]
 """(flat uint16 array, offset in the fused tensor, numel) of each part, in fused order."""
@@ -150,7 +161,7 @@ class SmallGapChange:
     def store(self, parts: Parts) -> None:
         st = np.zeros(7, dtype=np.int64)
         for arr, off, n in parts:
-            kernels.store_small_gaps(
+            compiled().store_small_gaps(
                 arr, off, off + n, st, self.lo, self.hi, self.esc, self.va, self.vb,
                 self.vesc, self.vmode,
             )  # fmt: skip
@@ -159,8 +170,8 @@ class SmallGapChange:
 
     def materialize(self) -> Materialized:
         idx = np.empty(self.nnz, dtype=np.int64)
-        kernels.expand_small_gaps(self.lo, self.hi, self.esc, idx)
-        if self.vmode == kernels.SPLIT:
+        compiled().expand_small_gaps(self.lo, self.hi, self.esc, idx)
+        if self.vmode == SPLIT:
             vals = (self.va.astype(np.uint16) << 8) | self.vb
             return Materialized(idx, vals, "set", self.numel, self.nnz)
         zz = self.va.astype(np.uint16)
@@ -183,24 +194,24 @@ class LebChange:
     def store(self, parts: Parts) -> None:
         st = np.zeros(6, dtype=np.int64)
         for arr, off, n in parts:
-            kernels.store_leb128(arr, off, off + n, st, self.buf, self.vals)
+            compiled().store_leb128(arr, off, off + n, st, self.buf, self.vals)
         if st[0] != self.nnz:
             raise CorruptError(f"stored {st[0]} of {self.nnz} changes")
 
     def materialize(self) -> Materialized:
         idx = np.empty(self.nnz, dtype=np.int64)
-        kernels.expand_leb128(self.buf, idx)
+        compiled().expand_leb128(self.buf, idx)
         return Materialized(idx, self.vals, "set", self.numel, self.nnz)
 
 
 def check_status(code: int, what: str) -> None:
     """Raise the :class:`CorruptError` a ``kernels.check_*`` status code stands for."""
-    if code != kernels.OK:
-        raise CorruptError(f"{what}: {kernels.MESSAGES[code]}")
+    if code != 0:
+        raise CorruptError(f"{what}: {compiled().MESSAGES[code]}")
 
 
 def check_numel(numel: int, what: str) -> None:
-    if not 0 <= numel < kernels.MAX_NUMEL:
+    if not 0 <= numel < 1 << 62:  # kernels.MAX_NUMEL
         raise CorruptError(f"{what}: {numel} elements is not a tensor size this code applies")
 
 

@@ -44,8 +44,10 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
-from aurora.delta import kernels, leb128
+from aurora.delta import leb128
 from aurora.delta.changes import (
+    SPLIT,
+    ULP,
     Change,
     LebChange,
     Materialized,
@@ -53,6 +55,7 @@ from aurora.delta.changes import (
     check_numel,
     check_status,
     checked_indices,
+    compiled,
     indices_from_gaps,
     readonly,
     ulp_diff,
@@ -136,7 +139,7 @@ def parse_index(streams: list, nnz: int, numel: int, what: str):  # type: ignore
     n_esc = len(escapes) // width
     esc = readonly(arr(escapes, f"u{width}", n_esc, what).astype(np.uint64))
     lo, hi = readonly(lo), readonly(hi)
-    check_status(kernels.check_small_gaps(lo, hi, esc, numel), what)
+    check_status(compiled().check_small_gaps(lo, hi, esc, numel), what)
     return lo, hi, esc
 
 
@@ -198,7 +201,7 @@ def _enc_leb128(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped
 
 def _parse_leb128(streams, nnz, numel, what):  # type: ignore[no-untyped-def]
     buf = readonly(np.frombuffer(streams[0], dtype=np.uint8))
-    check_status(kernels.check_leb128(buf, nnz, numel), what)
+    check_status(compiled().check_leb128(buf, nnz, numel), what)
     return LebChange(buf, arr(streams[1], np.uint16, nnz, what), numel, nnz)
 
 
@@ -210,7 +213,7 @@ def _parse_aurora(streams, nnz, numel, what):  # type: ignore[no-untyped-def]
     lo, hi, esc = parse_index(streams[:3], nnz, numel, what)
     va = zd(streams[3], nnz, what)
     vb = arr(streams[4], np.uint8, nnz, what)
-    return SmallGapChange(lo, hi, esc, va, vb, _NO_U16, kernels.SPLIT, numel, nnz)
+    return SmallGapChange(lo, hi, esc, va, vb, _NO_U16, SPLIT, numel, nnz)
 
 
 def _enc_aurora_base(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
@@ -222,7 +225,7 @@ def _parse_aurora_base(streams, nnz, numel, what):  # type: ignore[no-untyped-de
     va = zd(streams[3], nnz, what)
     n_esc = int(nnz - np.count_nonzero(va))
     vesc = arr(streams[4], np.uint16, n_esc, what)
-    return SmallGapChange(lo, hi, esc, va, _NO_U8, vesc, kernels.ULP, numel, nnz)
+    return SmallGapChange(lo, hi, esc, va, _NO_U8, vesc, ULP, numel, nnz)
 
 
 def _enc_naive(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]

@@ -48,7 +48,7 @@ MESSAGES = {
 """Status code of a ``check_*`` kernel -> what is wrong (the caller names the tensor)."""
 
 SPLIT, ULP = 0, 1
-"""Value stream kinds of :func:`store_small_gaps`."""
+"""Value stream kinds of :func:`store_small_gaps` (as :data:`aurora.delta.changes.SPLIT`)."""
 LOOKAHEAD = 128
 """Changes between the one stored and the one whose line is prefetched: at 2% density ~190
 lines, ~12 KB ahead, enough to cover a DRAM round trip at one change per ~5 ns."""
