@@ -78,7 +78,7 @@ def _candidates(codec: str, nnz: int, numel: int, have_full: bool) -> list[str]:
     return [
         c
         for c in family
-        if c == codec or (c not in DENSE_CODECS or dense_ok) and (have_full or c != "dense")
+        if c == codec or ((c not in DENSE_CODECS or dense_ok) and (have_full or c != "dense"))
     ]
 
 
