@@ -16,8 +16,9 @@ on top of that; the loops here read each stream once and keep the running index 
   stops at the end of one part of a fused tensor (q, k, v are separate arrays on the transformers
   side) and resumes from the state it left in ``st``. It prefetches the line of the change
   ``LOOKAHEAD`` changes ahead: the hardware prefetchers follow sequential streams, not this
-  ascending but irregular one, and without the hint the core waits on one missing line at a time
-  (measured: the bare loop 0.45-0.55 of the cache-line bound, with the hint 0.6-0.75).
+  ascending but irregular one, and without the hint the core waits on few missing lines at a time
+  (``benchmarks/test_apply_bound.py``, one core: 0.38-0.48 of the cache-line bound without the
+  hint, 0.51-0.63 with it).
 * ``expand_*`` writes the int64 indices of a checked stream, for the torch path (``index_copy_``
   needs an index tensor) and the tensor-parallel remap.
 
