@@ -25,6 +25,7 @@ from aurora.delta import (
     segments_of,
     weights_hash,
 )
+from aurora.delta import apply as apply_module
 from aurora.delta.errors import (
     BadMagicError,
     BaseMismatchError,
@@ -141,7 +142,9 @@ def test_fused_names_stack_q_k_v_and_gate_up_at_vllm_row_offsets():
 
 @pytest.mark.parametrize("codec", sorted(codecs.CODECS))
 @pytest.mark.parametrize("fuse", [True, False])
-def test_every_codec_applies_bit_exactly_fused_and_unfused(step, codec, fuse):
+@pytest.mark.parametrize("fast", [True, False], ids=["compiled", "numpy"])
+def test_every_codec_applies_bit_exactly_fused_and_unfused(step, codec, fuse, fast, monkeypatch):
+    monkeypatch.setattr(apply_module, "COMPILED_MIN_CHANGES", 0 if fast else 2**62)
     old, new, h0 = step
     data = encode_delta(
         old, new, model="m", version=1, base_hash=h0, codec=codec, fuse=fuse, segment_size=2048
@@ -160,10 +163,10 @@ def test_codecs_handle_edge_indices_full_density_and_huge_gaps():
         idx = np.array(idx, dtype=np.int64)
         new = np.full(idx.size, 0x3F80, dtype=np.uint16)
         for c in codecs.CODECS.values():
-            got_idx, got = c.decode(
-                c.encode(idx, new, old[idx], numel, lambda: old), idx.size, numel, old, c.name
-            )
-            assert got_idx.tolist() == idx.tolist() and got.tolist() == new.tolist(), c.name
+            streams = c.encode(idx, new, old[idx], numel, lambda: old)
+            for fast in (True, False):
+                got_idx, got = c.decode(streams, idx.size, numel, old, c.name, fast)
+                assert got_idx.tolist() == idx.tolist() and got.tolist() == new.tolist(), c.name
 
 
 def test_the_aurora_codec_is_smaller_than_leb128_on_a_realistic_step():

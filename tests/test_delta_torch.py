@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from aurora.delta import apply as apply_module  # noqa: E402
 from aurora.delta import (  # noqa: E402
     apply_delta,
     codecs,  # noqa: E402
@@ -98,11 +99,13 @@ def test_the_applied_model_generates_like_the_trainers_bf16_weights(real_step):
 # ---- the torch path: index_copy_ into the parameters' own storage --------------------------
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["compiled", "numpy"])
 @pytest.mark.parametrize("codec", sorted(codecs.CODECS))
 @pytest.mark.parametrize("fuse", [True, False])
 def test_the_torch_path_applies_a_real_step_into_the_model_parameters_by_index(
-    real_step, codec, fuse
+    real_step, codec, fuse, fast, monkeypatch
 ):
+    monkeypatch.setattr(apply_module, "COMPILED_MIN_CHANGES", 0 if fast else 2**62)
     before, after = real_step
     h0 = weights_hash(before)
     data = encode_delta(

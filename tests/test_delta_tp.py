@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from aurora.delta import apply as apply_module  # noqa: E402
 from aurora.delta import encode_delta, read_delta, weights_hash  # noqa: E402
 from aurora.delta.changes import Materialized  # noqa: E402
 from aurora.delta.errors import LayoutError  # noqa: E402
@@ -116,9 +117,13 @@ def shardings(names):
     )
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["compiled", "numpy"])
 @pytest.mark.parametrize("codec", ["aurora", "aurora-base", "leb128", "xor-zstd"])
 @pytest.mark.parametrize("density", [0.05, 0.8])
-def test_each_tp_rank_applies_its_slice_bit_exactly_as_vllm_loads_it(codec, density):
+def test_each_tp_rank_applies_its_slice_bit_exactly_as_vllm_loads_it(
+    codec, density, fast, monkeypatch
+):
+    monkeypatch.setattr(apply_module, "COMPILED_MIN_CHANGES", 0 if fast else 2**62)
     old = split_weights(0)
     new = stepped(old, density, 1)
     h0 = weights_hash(old)

@@ -2,11 +2,14 @@
 refuses a whole delta before writing anything: files built here have *valid hashes* around bad
 streams (a buggy or hostile Trainer), so only the decoders stand between them and the weights."""
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from aurora.delta import apply as apply_module
 from aurora.delta import (
     apply_chain,
     apply_delta,
@@ -29,6 +32,17 @@ OLD = {
     "c": np.arange(5000, 5000 + N, dtype=np.uint16),
 }
 H0 = weights_hash(OLD)
+
+
+@contextlib.contextmanager
+def path(fast):
+    """Force the compiled loops (``fast``) or numpy for every delta, whatever its size."""
+    before = apply_module.COMPILED_MIN_CHANGES
+    apply_module.COMPILED_MIN_CHANGES = 0 if fast else 2**62
+    try:
+        yield
+    finally:
+        apply_module.COMPILED_MIN_CHANGES = before
 
 
 def copy(state):
@@ -100,14 +114,22 @@ GAP = st.one_of(
 @given(
     codec=st.sampled_from(["leb128", "aurora", "aurora-base", "downcast-zstd", "naive"]),
     gaps=st.lists(GAP, min_size=1, max_size=12),
+    fast=st.booleans(),
 )
-@example(codec="naive", gaps=[2**62])  # wraps to index 0 in int32: a valid stream
-@example(codec="leb128", gaps=[0, 2**62, 2**62, 2**62, 2**62 + 1])  # the issue's repro
-@example(codec="aurora", gaps=[2**64 - 1, 1])
-@example(codec="downcast-zstd", gaps=[5, 0])
+@example(codec="naive", gaps=[2**62], fast=True)  # wraps to index 0 in int32: a valid stream
+@example(codec="leb128", gaps=[0, 2**62, 2**62, 2**62, 2**62 + 1], fast=True)  # the repro
+@example(codec="leb128", gaps=[0, 2**62, 2**62, 2**62, 2**62 + 1], fast=False)
+@example(codec="aurora", gaps=[2**64 - 1, 1], fast=True)
+@example(codec="aurora", gaps=[2**64 - 1, 1], fast=False)
+@example(codec="downcast-zstd", gaps=[5, 0], fast=False)
 def test_hostile_index_streams_in_files_with_valid_hashes_raise_and_leave_weights_untouched(
-    codec, gaps
+    codec, gaps, fast
 ):
+    with path(fast):
+        check_hostile(codec, gaps)
+
+
+def check_hostile(codec, gaps):
     data, vals, ok = hostile_file(codec, gaps)
     d = read_delta(data)  # the hashes are valid: only the decoder can refuse it
     state = copy(OLD)
@@ -125,11 +147,12 @@ def test_hostile_index_streams_in_files_with_valid_hashes_raise_and_leave_weight
     assert np.array_equal(np.delete(state["b"], idx), np.delete(OLD["b"], idx))
 
 
-def test_leb128_gap_sums_past_int64_are_refused_not_wrapped_negative():
+@pytest.mark.parametrize("fast", [True, False], ids=["compiled", "numpy"])
+def test_leb128_gap_sums_past_int64_are_refused_not_wrapped_negative(fast):
     gaps = [0, 2**62, 2**62, 2**62, 2**62 + 1]  # the sum wraps to -2^63 in int64
     streams = [leb128.encode(np.array(gaps, dtype=np.uint64)), bytes(10)]
-    with pytest.raises(CorruptError, match="past the end"):
-        codecs.get("leb128").decode(streams, 5, 32, None, "x")
+    with pytest.raises(CorruptError, match="past the end|not strictly increasing"):
+        codecs.get("leb128").decode(streams, 5, 32, None, "x", fast)
 
 
 def test_downcast_gap_sums_past_int64_are_refused():
@@ -147,22 +170,24 @@ def test_leb128_values_of_2_to_the_64_or_more_are_refused_not_wrapped():
         codecs.get("leb128").decode([b"\x80" * 9 + b"\x02", bytes(2)], 1, 32, None, "x")
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["compiled", "numpy"])
 @pytest.mark.parametrize("codec", ["leb128", "aurora", "downcast-zstd"])
-def test_an_overflowing_record_after_good_ones_refuses_the_delta_before_writing_any(codec):
+def test_an_overflowing_record_after_good_ones_refuses_the_delta_before_writing_any(codec, fast):
     data, _, ok = hostile_file(codec, [0, 2**62, 2**62, 2**62, 2**62 + 1])
     assert not ok
     state = copy(OLD)
-    with pytest.raises(DeltaError):  # was: 3 of 4 tensors written, then an IndexError
+    with path(fast), pytest.raises(DeltaError):  # was: 3 of 4 tensors written, then IndexError
         apply_delta(read_delta(data), state, active_version=0, active_hash=H0)
     assert weights_hash(state) == H0
 
 
-def test_duplicate_decreasing_and_out_of_range_indices_are_refused_as_they_decode():
+@pytest.mark.parametrize("fast", [True, False], ids=["compiled", "numpy"])
+def test_duplicate_decreasing_and_out_of_range_indices_are_refused_as_they_decode(fast):
     for gaps in ([3, 0], [5, 2**64 - 1], [N], [N - 1, 1], [1, 1, 2**63]):
         for codec in ("leb128", "aurora", "aurora-base", "downcast-zstd"):
             data, _, ok = hostile_file(codec, gaps)
             assert not ok
-            with pytest.raises(CorruptError):
+            with path(fast), pytest.raises(CorruptError):
                 apply_delta(read_delta(data), copy(OLD), active_version=0, active_hash=H0)
 
 
@@ -202,7 +227,8 @@ def test_a_fused_qkv_delta_is_refused_by_a_target_split_differently_with_the_sam
     new = {k: v ^ np.uint16(1) for k, v in old.items()}
     d = fused_delta(old, new)
     (td,) = d.tensors
-    assert td.name == "l.self_attn.qkv_proj.weight" and td.parts == ((Q, 64), (K, 16), (V, 16))
+    assert td.name == "l.self_attn.qkv_proj.weight"
+    assert td.parts == (("q_proj", 64), ("k_proj", 16), ("v_proj", 16))
     other = qkv_state(48, 24)  # same fused shape (96, 8)
     h = weights_hash(other)
     with pytest.raises(LayoutError, match="parts"):
@@ -261,3 +287,21 @@ def test_the_writer_never_writes_more_than_any_encoding_of_the_family(density):
         m = codecs.get(td.codec).decode(list(td.streams), td.nnz, old.size, old, "w")
         assert np.array_equal(m[0], idx) and np.array_equal(m[1], new[idx])
     assert ulp_diff(new, old)[idx].min() > 0
+
+
+def test_warm_up_loads_every_compiled_loop_an_apply_uses():
+    from aurora.delta import kernels, warm_up
+
+    warm_up()
+    loops = ("check_small_gaps", "store_small_gaps", "expand_small_gaps")
+    loops += ("check_leb128", "store_leb128", "expand_leb128")
+    assert all(getattr(kernels, k).signatures for k in loops)
+
+
+def test_small_deltas_take_numpy_and_large_ones_the_compiled_loops():
+    from aurora.delta.apply import COMPILED_MIN_CHANGES, use_compiled
+
+    data, _, _ = hostile_file("aurora", [1, 2, 3])
+    d = read_delta(data)
+    assert not use_compiled([d])
+    assert use_compiled([d] * (COMPILED_MIN_CHANGES // sum(t.nnz for t in d.tensors) + 1))

@@ -29,7 +29,7 @@ test walks the imports). Modules, by idea:
 The names below are the package's public surface; import them from ``aurora.delta``.
 """
 
-from aurora.delta.apply import apply_chain, apply_delta, decode_delta, prepare_delta
+from aurora.delta.apply import apply_chain, apply_delta, decode_delta, prepare_delta, warm_up
 from aurora.delta.errors import DeltaError
 from aurora.delta.hashing import H, chain_hash, leaf_hash, merkle_root, weights_hash
 from aurora.delta.reader import parse_header, read_delta, segments_of
@@ -65,5 +65,6 @@ __all__ = [
     "read_delta",
     "segments_of",
     "vllm_shardings",
+    "warm_up",
     "weights_hash",
 ]

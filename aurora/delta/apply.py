@@ -8,6 +8,13 @@ Only when every record has passed does :func:`apply_delta` write, so a delta app
 at all even without an undo log. The writes run the fused compiled loops of
 :mod:`aurora.delta.kernels` (``aurora``, ``aurora-base``, ``leb128``) or numpy (the rest).
 
+Deltas of fewer than :data:`COMPILED_MIN_CHANGES` changes are checked and stored with numpy
+instead (the same checks, :func:`aurora.delta.changes.indices_from_gaps`): the compiled loops cost
+0.8-1 s the first time a process runs them (numba starts LLVM and loads or compiles them, holding
+the GIL, so an Actor's event loop stalls and its leases expire), while numpy applies such a delta
+in milliseconds. An engine that applies large deltas calls :func:`warm_up` when it loads, so the
+first delta is not the one that pays.
+
 A chain ``D_{va+1..v}`` is checked link by link (base version and hash) and every record of
 every link is parsed before the first write; it is then applied with an undo log (the old bits of
 every changed element), which restores the weights if a write fails after all.
@@ -24,19 +31,42 @@ from aurora.delta.changes import Change, Materialized, Parts, check_numel
 from aurora.delta.errors import BaseMismatchError, CorruptError, DeltaError, LayoutError
 from aurora.delta.extract import FusedTensor, fused_layout
 from aurora.delta.records import Delta, TensorDelta
+from aurora.delta.writer import part_label
 
 Prepared = list[tuple[FusedTensor, Change]]
 """Every record of a delta, matched to its target and parsed: ready to store."""
+COMPILED_MIN_CHANGES = 1 << 20
+"""Deltas with at least this many changes (all records) take the compiled path: from ~1M
+changes (30-60 ms in numpy here, 1.6-4.6x less compiled) a process's one-time ~1 s of starting
+the compiled loops is repaid within tens of deltas; below, numpy costs less than that start."""
 
 
-def match_target(td: TensorDelta, target: FusedTensor | None, shapes_note: str = "") -> FusedTensor:
+def use_compiled(deltas: Sequence[Delta]) -> bool:
+    return sum(t.nnz for d in deltas for t in d.tensors) >= COMPILED_MIN_CHANGES
+
+
+def warm_up() -> None:
+    """Load (or compile, the first time on a machine) every compiled loop now, so the first
+    large delta applies at full speed: an engine calls this once when it loads its weights."""
+    old = np.arange(64, dtype=np.uint16)
+    idx = np.arange(0, 64, 3, dtype=np.int64)
+    new = old[idx] ^ np.uint16(3)
+    for name in ("aurora", "aurora-base", "leb128"):
+        streams = codecs.get(name).encode(idx, new, old[idx], old.size)
+        td = TensorDelta("warm-up", old.shape, old.size, idx.size, name, tuple(streams))
+        change = parse_record(td, fast=True)
+        change.materialize()
+        change.store([(old.copy(), 0, old.size)])
+
+
+def match_target(td: TensorDelta, target: FusedTensor | None) -> FusedTensor:
     """``target`` if it is what the record was computed against, else a LayoutError."""
     if target is None:
         raise LayoutError(f"tensor {td.name} of the delta is not in the target weights")
     if target.numel != td.numel or tuple(target.shape) != tuple(td.shape):
         raise LayoutError(f"tensor {td.name}: delta shape {td.shape}, target {target.shape}")
     if td.parts and len(target.parts) > 1:
-        have = tuple((p.name, p.shape[0]) for p in target.parts)
+        have = tuple((part_label(p.name), p.shape[0]) for p in target.parts)
         if have != td.parts:
             raise LayoutError(
                 f"tensor {td.name}: delta parts {list(td.parts)}, target parts {list(have)}"
@@ -65,12 +95,13 @@ def _targets(
     return out
 
 
-def parse_record(td: TensorDelta) -> Change:
-    """Decompress and check one record's streams (nothing is written)."""
+def parse_record(td: TensorDelta, fast: bool) -> Change:
+    """Decompress and check one record's streams (nothing is written); ``fast``: with the
+    compiled loops (see :data:`COMPILED_MIN_CHANGES`)."""
     check_numel(td.numel, td.name)
     if not 0 < td.nnz <= td.numel:
         raise CorruptError(f"tensor {td.name}: {td.nnz} changes in {td.numel} elements")
-    return codecs.get(td.codec).parse(list(td.streams), td.nnz, td.numel, td.name)
+    return codecs.get(td.codec).parse(list(td.streams), td.nnz, td.numel, td.name, fast)
 
 
 def parts_of(target: FusedTensor, state: Mapping[str, np.ndarray]) -> Parts:
@@ -78,9 +109,13 @@ def parts_of(target: FusedTensor, state: Mapping[str, np.ndarray]) -> Parts:
     return [(state[p.name].reshape(-1).view(np.uint16), p.offset, p.numel) for p in target.parts]
 
 
-def prepare_delta(delta: Delta, state: Mapping[str, np.ndarray]) -> Prepared:
-    """Match and parse every record of ``delta`` against ``state`` (read only)."""
-    return [(target, parse_record(td)) for td, target in _targets(delta, state)]
+def prepare_delta(
+    delta: Delta, state: Mapping[str, np.ndarray], fast: bool | None = None
+) -> Prepared:
+    """Match and parse every record of ``delta`` against ``state`` (read only); ``fast``: force
+    the compiled path on or off (default: by :func:`use_compiled`)."""
+    fast = use_compiled([delta]) if fast is None else fast
+    return [(target, parse_record(td, fast)) for td, target in _targets(delta, state)]
 
 
 def decode_delta(
@@ -101,7 +136,7 @@ def decode_delta(
     return out
 
 
-def _check_base(delta: Delta, version: int, h: str) -> None:
+def check_base(delta: Delta, version: int, h: str) -> None:
     if delta.base != version:
         raise BaseMismatchError(
             f"D_{delta.version} is based on v{delta.base}; the target is on v{version}"
@@ -124,7 +159,7 @@ def apply_delta(
 
     Checks the base version and hash and parses every record before writing anything.
     """
-    _check_base(delta, active_version, active_hash)
+    check_base(delta, active_version, active_hash)
     store_prepared(prepare_delta(delta, state), state)
     return delta.weights_hash
 
@@ -160,7 +195,8 @@ def apply_chain(
                 f"chain broken at D_{d.version}: based on v{d.base}, previous is v{version}"
             )
         version, h = d.version, d.weights_hash
-    prepared = [prepare_delta(d, state) for d in deltas]
+    fast = use_compiled(deltas)
+    prepared = [prepare_delta(d, state, fast) for d in deltas]
     undo: list[tuple[FusedTensor, Materialized]] = []
     try:
         for links in prepared:

@@ -7,8 +7,9 @@ parses every record of a delta first, so a bad record refuses the whole delta be
 byte of the weights changes. Then each change is stored in one of two ways:
 
 * :meth:`store` into numpy ``uint16`` arrays (the CPU path, the transformers model's own storage
-  through zero-copy views): the ``aurora``, ``aurora-base`` and ``leb128`` changes run the fused
-  compiled loops of :mod:`aurora.delta.kernels`; the rest go through :class:`Materialized`.
+  through zero-copy views): the ``aurora``, ``aurora-base`` and ``leb128`` changes of a large
+  delta run the fused compiled loops of :mod:`aurora.delta.kernels`; the rest, and small deltas
+  (:data:`aurora.delta.apply.COMPILED_MIN_CHANGES`), go through :class:`Materialized`.
 * :meth:`materialize` into a :class:`Materialized` change, the device-neutral form: int64 indices
   (or none: every element), uint16 values and what to do with them (``set`` the bits, add a
   ``ulp`` difference to the old bits, ``xor`` them). The torch path

@@ -128,8 +128,9 @@ def encode_index(idx: np.ndarray) -> list[bytes]:
     return [bytes([mode, edt.itemsize]), zc(planes), big.astype(edt).tobytes()]
 
 
-def parse_index(streams: list, nnz: int, numel: int, what: str):  # type: ignore[no-untyped-def,type-arg]
-    """(lo, hi, escapes) of aurora index streams, checked as increasing inside the tensor."""
+def parse_index(streams: list, nnz: int, numel: int, what: str, fast: bool):  # type: ignore[no-untyped-def,type-arg]
+    """(lo, hi, escapes) of aurora index streams checked as increasing inside the tensor by the
+    compiled check (``fast``), or the checked int64 indices (numpy)."""
     meta, packed, escapes = streams
     if len(meta) != 2 or meta[0] not in (8, 16) or meta[1] not in (4, 8):
         raise CorruptError(f"{what}: bad index stream header {bytes(meta)!r}")
@@ -139,6 +140,13 @@ def parse_index(streams: list, nnz: int, numel: int, what: str):  # type: ignore
     n_esc = len(escapes) // width
     esc = readonly(arr(escapes, f"u{width}", n_esc, what).astype(np.uint64))
     lo, hi = readonly(lo), readonly(hi)
+    if not fast:
+        gaps = lo.astype(np.uint64) if mode == 8 else lo | (hi.astype(np.uint64) << 8)
+        zero = gaps == 0
+        if int(np.count_nonzero(zero)) != esc.size:
+            raise CorruptError(f"{what}: the escape count does not match the escape side array")
+        gaps[zero] = esc
+        return indices_from_gaps(gaps, numel, what)
     check_status(compiled().check_small_gaps(lo, hi, esc, numel), what)
     return lo, hi, esc
 
@@ -160,8 +168,10 @@ def encode_ulp_values(new: np.ndarray, old: np.ndarray) -> list[bytes]:
 Encoder = Callable[..., list[bytes]]
 """(idx, new values, old values at idx, numel, full_old=None) -> streams. Only the dense
 encodings call ``full_old()`` (the whole base tensor, flat); the rest read changed positions."""
-Parser = Callable[[list, int, int, str], Change]  # type: ignore[type-arg]
-"""(streams, nnz, numel, what) -> a checked change (:mod:`aurora.delta.changes`)."""
+Parser = Callable[..., Change]
+"""(streams, nnz, numel, what, fast=True) -> a checked change (:mod:`aurora.delta.changes`).
+``fast``: the compiled check and store of :mod:`aurora.delta.kernels` where the codec has them
+(``aurora``, ``aurora-base``, ``leb128``); else numpy, checked alike, into a ``Materialized``."""
 
 
 @dataclass(frozen=True)
@@ -176,16 +186,18 @@ class Codec:
 
     def decode(
         self,
-        streams: list,
+        streams: list,  # type: ignore[type-arg]
         nnz: int,
         numel: int,
         base: object,
-        what: str,  # type: ignore[type-arg]
+        what: str,
+        fast: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(changed indices, their new bits) against ``base`` (anything indexable by an index
-        array, e.g. the flat base tensor; only read by codecs that need it)."""
+        array, e.g. the flat base tensor; only read by codecs that need it); ``fast``: through
+        the compiled check (else numpy)."""
         check_numel(numel, what)
-        m = self.parse(list(streams), nnz, numel, what).materialize()
+        m = self.parse(list(streams), nnz, numel, what, fast).materialize()
         if m.idx is None:
             old = base[np.arange(numel)]  # type: ignore[index]
             new = m.new_bits(old)
@@ -199,33 +211,46 @@ def _enc_leb128(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped
     return [leb128.encode(gaps_of(idx)), new.astype("<u2").tobytes()]
 
 
-def _parse_leb128(streams, nnz, numel, what):  # type: ignore[no-untyped-def]
+def _parse_leb128(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
     buf = readonly(np.frombuffer(streams[0], dtype=np.uint8))
+    vals = arr(streams[1], np.uint16, nnz, what)
+    if not fast:
+        try:
+            gaps = leb128.decode(buf, nnz)
+        except (TruncatedError, CorruptError) as exc:
+            raise type(exc)(f"{what}: {exc}") from None
+        return Materialized(indices_from_gaps(gaps, numel, what), vals, "set", numel, nnz)
     check_status(compiled().check_leb128(buf, nnz, numel), what)
-    return LebChange(buf, arr(streams[1], np.uint16, nnz, what), numel, nnz)
+    return LebChange(buf, vals, numel, nnz)
 
 
 def _enc_aurora(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
     return encode_index(idx) + encode_split_values(new)
 
 
-def _parse_aurora(streams, nnz, numel, what):  # type: ignore[no-untyped-def]
-    lo, hi, esc = parse_index(streams[:3], nnz, numel, what)
+def _parse_aurora(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+    index = parse_index(streams[:3], nnz, numel, what, fast)
     va = zd(streams[3], nnz, what)
     vb = arr(streams[4], np.uint8, nnz, what)
-    return SmallGapChange(lo, hi, esc, va, vb, _NO_U16, SPLIT, numel, nnz)
+    if not fast:
+        return Materialized(index, (va.astype(np.uint16) << 8) | vb, "set", numel, nnz)
+    return SmallGapChange(*index, va, vb, _NO_U16, SPLIT, numel, nnz)
 
 
 def _enc_aurora_base(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
     return encode_index(idx) + encode_ulp_values(new, old)
 
 
-def _parse_aurora_base(streams, nnz, numel, what):  # type: ignore[no-untyped-def]
-    lo, hi, esc = parse_index(streams[:3], nnz, numel, what)
+def _parse_aurora_base(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+    index = parse_index(streams[:3], nnz, numel, what, fast)
     va = zd(streams[3], nnz, what)
     n_esc = int(nnz - np.count_nonzero(va))
     vesc = arr(streams[4], np.uint16, n_esc, what)
-    return SmallGapChange(lo, hi, esc, va, _NO_U8, vesc, ULP, numel, nnz)
+    if not fast:
+        zz = va.astype(np.uint16)
+        zz[zz == 0] = vesc
+        return Materialized(index, zz, "ulp", numel, nnz)
+    return SmallGapChange(*index, va, _NO_U8, vesc, ULP, numel, nnz)
 
 
 def _enc_naive(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
@@ -233,7 +258,7 @@ def _enc_naive(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-
     return [idx.astype("<i8" if wide else "<i4").tobytes(), new.astype("<u2").tobytes()]
 
 
-def _parse_naive(streams, nnz, numel, what):  # type: ignore[no-untyped-def]
+def _parse_naive(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
     idx = arr(streams[0], np.int64 if numel >= 2**31 else np.int32, nnz, what).astype(np.int64)
     vals = arr(streams[1], np.uint16, nnz, what)
     return Materialized(checked_indices(idx, numel, what), vals, "set", numel, nnz)
@@ -246,7 +271,7 @@ def _enc_downcast(idx, new, old, numel, full_old=None):  # type: ignore[no-untyp
     return [bytes([np.dtype(dt).itemsize]), zc(gaps.astype(dt)), zc(new.astype("<u2"))]
 
 
-def _parse_downcast(streams, nnz, numel, what):  # type: ignore[no-untyped-def]
+def _parse_downcast(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
     if len(streams[0]) != 1 or streams[0][0] not in (1, 2, 4, 8):
         raise CorruptError(f"{what}: bad gap width {bytes(streams[0])!r}")
     width = streams[0][0]

@@ -64,7 +64,7 @@ def encode_dense(idx, new, old, numel, full_old=None):  # type: ignore[no-untype
     return _planes(bits)
 
 
-def parse_dense(streams, nnz, numel, what):  # type: ignore[no-untyped-def]
+def parse_dense(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
     return Materialized(None, _unplanes(streams, numel, what), "set", numel, nnz)
 
 
@@ -72,7 +72,7 @@ def encode_dense_ulp(idx, new, old, numel, full_old=None):  # type: ignore[no-un
     return _planes(_sparse_to_dense(idx, ulp_diff(new, old), numel))
 
 
-def parse_dense_ulp(streams, nnz, numel, what):  # type: ignore[no-untyped-def]
+def parse_dense_ulp(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
     zz = _unplanes(streams, numel, what)
     _count(zz, nnz, what)
     return Materialized(None, zz, "ulp", numel, nnz)
@@ -82,7 +82,7 @@ def encode_xor(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-
     return [zc(_sparse_to_dense(idx, new ^ old, numel).astype("<u2"))]
 
 
-def parse_xor(streams, nnz, numel, what):  # type: ignore[no-untyped-def]
+def parse_xor(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
     x = zd(streams[0], numel * 2, what).view("<u2")
     _count(x, nnz, what)
     return Materialized(None, x, "xor", numel, nnz)

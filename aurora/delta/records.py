@@ -81,9 +81,10 @@ class TensorDelta:
     streams: tuple[bytes | memoryview, ...]
     """The codec's byte streams (read-only views into the file when parsed from one)."""
     parts: tuple[tuple[str, int], ...] = ()
-    """For a fused tensor, (split name, rows) of each part in fused order, e.g. q, k, v of
-    ``qkv_proj``: the boundaries its indices were computed against, checked against the target
-    before apply (equal fused shapes can hide different splits). Empty for other tensors."""
+    """For a fused tensor, (module, rows) of each part in fused order, e.g. ``q_proj``,
+    ``k_proj``, ``v_proj`` of ``qkv_proj``: the boundaries its indices were computed against,
+    checked against the target before apply (equal fused shapes can hide different splits).
+    Empty for other tensors."""
 
     @property
     def nbytes(self) -> int:

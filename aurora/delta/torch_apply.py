@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aurora.delta.apply import _check_base, match_target, parse_record
+from aurora.delta.apply import check_base, match_target, parse_record, use_compiled
 from aurora.delta.changes import Materialized
 from aurora.delta.errors import LayoutError
 from aurora.delta.extract import FusedTensor, fused_layout
@@ -110,7 +110,7 @@ def _checked_split(delta: Delta, params: Mapping[str, torch.Tensor]) -> Writes:
         target = match_target(td, engine.get(td.name) or fused.get(td.name))
         for p in target.parts:
             bits16(params[p.name], p.name)
-        out.append((parse_record(td), lambda m, t=target: _split(m, t)))
+        out.append((parse_record(td, use_compiled([delta])), lambda m, t=target: _split(m, t)))
     return out
 
 
@@ -139,7 +139,7 @@ def _checked_tp(delta: Delta, params: Mapping[str, torch.Tensor], tp: TPRank) ->
         sh = tp.shardings[td.name]
         out.append(
             (
-                parse_record(td),
+                parse_record(td, use_compiled([delta])),
                 lambda m, td=td, sh=sh: [(td.name, to_rank(m, sh, td.shape, tp.rank, tp.size))],
             )
         )
@@ -162,7 +162,7 @@ def apply_delta_torch(
     remapped to that rank. Every record is checked (base, names, shapes, part rows, indices)
     before anything is written.
     """
-    _check_base(delta, active_version, active_hash)
+    check_base(delta, active_version, active_hash)
     checked = _checked_split(delta, params) if tp is None else _checked_tp(delta, params, tp)
     for change, route in checked:  # every record has parsed: now write, one tensor at a time
         for name, m in route(change.materialize()):

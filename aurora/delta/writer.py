@@ -72,6 +72,12 @@ DENSE_TRY_NUMEL = 1 << 16
 """...or when the tensor is this small (norms, biases): trying is then cheaper than deciding."""
 
 
+def part_label(name: str) -> str:
+    """A part's name in its fused record: its module (``q_proj``), since the fused name already
+    holds the prefix and the kind (``model.layers.0.self_attn.`` + ``.weight``)."""
+    return name.rsplit(".", 2)[-2]
+
+
 def _candidates(codec: str, nnz: int, numel: int, have_full: bool) -> list[str]:
     family = codecs.FAMILIES.get(codec, (codec,))
     dense_ok = nnz >= DENSE_TRY_DENSITY * numel or numel <= DENSE_TRY_NUMEL
@@ -105,7 +111,11 @@ def encode_tensor(
         if best is None or size < best[0]:
             best = (size, name, streams)
     assert best is not None
-    parts = tuple((p.name, p.shape[0]) for p in tensor.parts) if len(tensor.parts) > 1 else ()
+    parts = (
+        tuple((part_label(p.name), p.shape[0]) for p in tensor.parts)
+        if len(tensor.parts) > 1
+        else ()
+    )
     return TensorDelta(
         tensor.name, tensor.shape, tensor.numel, int(idx.size), best[1], tuple(best[2]), parts
     )
