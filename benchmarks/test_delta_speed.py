@@ -20,7 +20,13 @@ from test_apply_bound import LINE, lines_touched, timed
 
 from aurora.codec_bench import shapes_for
 from aurora.delta import apply_delta, encode_delta, kernels, read_delta, synthetic, weights_hash
-from aurora.delta.apply import parts_of, prepare_delta, store_prepared
+from aurora.delta.apply import (
+    COMPILED_MIN_CHANGES,
+    parts_of,
+    prepare_delta,
+    store_prepared,
+    use_compiled,
+)
 from aurora.delta.extract import changed
 
 PARAMS = float(os.environ.get("AURORA_BENCH_PARAMS", "193e6"))
@@ -118,9 +124,13 @@ def test_decode_and_apply_against_the_cache_line_bound(benchmark, step):
     t_lines = 2 * lines * LINE / memcpy
     nnz = sum(t.nnz for t in deltas["aurora"].tensors)
     n = sum(v.size for v in old.values())
+    path = (
+        f"numba {kernels.VERSION} (compiled check, then fused gap/prefix-sum/store with prefetch)"
+        if use_compiled([deltas["aurora"]])
+        else f"numpy (fewer than {COMPILED_MIN_CHANGES:,} changes)"
+    )
     print(
-        f"\napply path: numba {kernels.VERSION} (compiled check, then fused gap/prefix-sum/store "
-        f"with prefetch); torch {torch.__version__} index_copy_ on CPU, 1 thread\n"
+        f"\napply path: {path}; torch {torch.__version__} index_copy_ on CPU, 1 thread\n"
         f"{n / 1e6:.0f}M weights, {nnz / n:.2%} changed; lines touched {lines * 32 / n:.1%} "
         f"({2 * lines * LINE / 1e6:.0f} MB of traffic); memcpy {memcpy / 1e9:.1f} GB/s "
         f"-> the lines take {t_lines * 1e3:.1f} ms; best of {ROUNDS} interleaved rounds"
