@@ -25,6 +25,11 @@ size of the paper's format at 2% density is 3.08 B (2 B value + 1.08 B LEB128 ga
 shared/notes/codec-measurements.md); the naive figure scales it by 414/202."""
 
 
+BENCH_CODECS = tuple(c for c in codecs.CODECS if c not in ("dense", "dense-base"))
+"""Every codec but the whole-tensor ones, which are 20-60x larger at the 1-2% this bench runs
+(:func:`density_sweep` measures them where they matter)."""
+
+
 def shapes_for(params: float) -> dict[str, tuple[int, ...]]:
     """Qwen3-8B layer tensors with the row count scaled so the total is about ``params``."""
     full = synthetic.QWEN3_8B_LAYER
@@ -62,7 +67,7 @@ def run_codec_bench(
             "  bit-exact"
         )
         sizes = {}
-        for name in codecs.CODECS:
+        for name in BENCH_CODECS:
             enc = DeltaEncoder(
                 old, new, model="synthetic-qwen3-8b", version=1, base_hash=h0, codec=name
             )
@@ -104,3 +109,54 @@ def run_codec_bench(
         f"(try: aurora delta inspect {os.path.join(out, 'sample_v1.delta')})"
     )
     return rows
+
+
+SWEEP_DENSITIES = (1e-4, 1e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
+"""0.01% to 100% of the elements changed (``docs/DELTA.md``)."""
+
+
+def density_sweep(
+    shape: tuple[int, ...] = (4096, 4096),
+    densities: tuple[float, ...] = SWEEP_DENSITIES,
+    seed: int = 0,
+) -> list[dict]:
+    """Bytes of one tensor's change with every encoding, and the writer's choice, per density.
+
+    Below 50% the step is the Adam-like N(0, 1) one; from 50% Adam's first step (every weight
+    moves by exactly lr, ``synthetic.step(first=True)``); 100% is the first step at lr 1e-3, two
+    ULPs of the largest weights (the CPU demo's RL lr, 5e-4, changed 99.6% on its first step).
+    Sizes are exact; each decodes bit-exactly (checked).
+    """
+    from aurora.delta.extract import FusedTensor, Part
+    from aurora.delta.writer import encode_tensor
+
+    numel = int(np.prod(shape))
+    t = FusedTensor("w", shape, (Part("w", 0, numel, shape),))
+    rows = []
+    for target in densities:
+        first = target >= 0.5
+        lr = 1e-3 if target >= 1.0 else synthetic.lr_for_density(target, seed=seed, first=first)
+        old, new = synthetic.make_step({"w": shape}, lr=lr, seed=seed, first=first)
+        o, n = old["w"].reshape(-1), new["w"].reshape(-1)
+        idx = np.flatnonzero(o != n)
+        row: dict = {"density": idx.size / numel, "numel": numel, "nnz": int(idx.size)}
+        for name, c in codecs.CODECS.items():
+            streams = c.encode(idx, n[idx], o[idx], numel, lambda o=o: o)
+            got = c.decode(streams, idx.size, numel, o, name)
+            assert np.array_equal(got[0], idx) and np.array_equal(got[1], n[idx]), name
+            row[name] = sum(map(len, streams))
+        for family in codecs.FAMILIES:
+            td = encode_tensor(t, idx, n[idx], o[idx], family, lambda o=o: o)
+            row[f"writer {family}"] = f"{td.codec} {td.nbytes}"
+        rows.append(row)
+    return rows
+
+
+def print_density_sweep(rows: list[dict]) -> None:
+    names = list(codecs.CODECS)
+    print(f"bytes per element of a {rows[0]['numel']:,}-element bf16 tensor (2 B raw)")
+    print(f"{'density':>8} " + " ".join(f"{n:>13}" for n in names) + "  writer: aurora / -base")
+    for r in rows:
+        cells = " ".join(f"{r[n] / r['numel']:>13.4f}" for n in names)
+        picks = " / ".join(r[f"writer {f}"].split()[0] for f in codecs.FAMILIES)
+        print(f"{r['density']:>8.4%} {cells}  {picks}")

@@ -1,29 +1,52 @@
 """The memory-traffic ceiling of applying a sparse delta on one CPU core (docs/DELTA.md).
 
 At density d, a 64-byte line of bf16 weights holds a change with probability 1 - (1 - d)^32;
-every such line is read and written whatever the codec. This measures, in the same run, the
-memcpy rate of the core, that bound expressed in GB/s of `aurora` payload (2.36 B per change at
-2%), and a fused numba loop that does only the escape fix-up, the running sum and the store.
+every such line is read and written whatever the codec. The bound is the time that line traffic
+(read + write) takes at the core's memcpy rate (read + write), both measured in the same run; a
+codec's bound in GB/s of payload is its payload over that time. This file measures, against it,
+a bare store loop (no decompression, no checks, no hint) and the store kernel of
+:mod:`aurora.delta.kernels` with and without its prefetch hint; ``test_delta_speed.py`` measures
+the whole decode + apply.
 
-    python -m pytest benchmarks/test_apply_bound.py --benchmark-enable -s
+    taskset -c 0 python -m pytest benchmarks/test_apply_bound.py --benchmark-enable -s
 """
 
 from __future__ import annotations
 
+import inspect
 import time
+from collections.abc import Iterable
 
+import numba
 import numpy as np
 import pytest
 
-numba = pytest.importorskip("numba", reason="the fused-loop ceiling needs numba")
+from aurora.delta import kernels
 
 N = 193_000_000  # one Qwen3-8B layer of bf16 weights
 DENSITY = 0.02
-AURORA_BYTES_PER_CHANGE = 2.36  # measured at 2% by `aurora delta bench` (docs/DELTA.md)
+LINE = 64
+ROUNDS = 7
+
+
+def lines_touched(arrays_and_indices: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
+    """Distinct 64-byte lines holding an element at the given (sorted) indices of each array."""
+    total = 0
+    for arr, idx in arrays_and_indices:
+        if idx.size:
+            lines = (arr.__array_interface__["data"][0] + idx * arr.itemsize) // LINE
+            total += 1 + int(np.count_nonzero(lines[1:] != lines[:-1]))
+    return total
+
+
+def timed(fn) -> float:  # type: ignore[no-untyped-def]
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 @numba.njit(nogil=True, cache=False)
-def _fused_store(w, gaps8, escapes, hi, lo):  # type: ignore[no-untyped-def]
+def _bare_store(w, gaps8, escapes, hi, lo):  # type: ignore[no-untyped-def]
     cur = 0
     j = 0
     for i in range(gaps8.size):
@@ -36,13 +59,13 @@ def _fused_store(w, gaps8, escapes, hi, lo):  # type: ignore[no-untyped-def]
     return cur
 
 
-def _best(fn, rounds: int = 5) -> float:  # type: ignore[no-untyped-def]
-    best = float("inf")
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+def _without_hint():  # type: ignore[no-untyped-def]
+    """``kernels.store_small_gaps`` compiled with its prefetch hint removed, for comparison."""
+    src = inspect.getsource(kernels.store_small_gaps.py_func)
+    src = src.replace("_prefetch(out, ca - base)", "pass").replace("@_jit\n", "")
+    ns = dict(vars(kernels))
+    exec(src, ns)  # the kernel's own source, one call removed
+    return numba.njit(nogil=True)(ns["store_small_gaps"])
 
 
 @pytest.mark.benchmark(group="apply-bound")
@@ -56,20 +79,42 @@ def test_the_cpu_apply_ceiling_at_two_percent(benchmark):
     escapes = gaps[gaps8 == 0].astype(np.int64)
     vals = rng.integers(0, 2**16, idx.size, dtype=np.uint16)
     hi, lo = (vals >> 8).astype(np.uint8), (vals & 0xFF).astype(np.uint8)
-    _fused_store(w, gaps8, escapes, hi, lo)  # compile
+    esc = escapes.astype(np.uint64)
+    assert kernels.check_small_gaps(gaps8, gaps8[:0], esc, N) == kernels.OK
 
-    memcpy = 2 * w.nbytes / _best(lambda: np.copyto(dst, w))  # bytes moved per second
-    lines = np.unique(idx // 32).size
-    traffic = 2 * lines * 64  # every touched line read and written
-    payload = idx.size * AURORA_BYTES_PER_CHANGE
-    bound = payload / (traffic / memcpy)
-    fused = benchmark.pedantic(
-        lambda: _best(lambda: _fused_store(w, gaps8, escapes, hi, lo)), rounds=1, iterations=1
-    )
+    no_hint = _without_hint()
+
+    def kernel(fn):  # type: ignore[no-untyped-def]
+        st = np.zeros(7, dtype=np.int64)
+        fn(w, 0, N, st, gaps8, gaps8[:0], esc, hi, lo, vals[:0], kernels.SPLIT)
+
+    _bare_store(w, gaps8, escapes, hi, lo)  # compile
+    kernel(kernels.store_small_gaps)
+    kernel(no_hint)
+    runs = {
+        "memcpy": lambda: np.copyto(dst, w),
+        "bare": lambda: _bare_store(w, gaps8, escapes, hi, lo),
+        "prefetch": lambda: kernel(kernels.store_small_gaps),
+        "no hint": lambda: kernel(no_hint),
+    }
+
+    def run():
+        best = dict.fromkeys(runs, 1e9)
+        for _ in range(ROUNDS):  # interleaved: a burst of load hits them all alike
+            for name, fn in runs.items():
+                best[name] = min(best[name], timed(fn))
+        return best
+
+    best = benchmark.pedantic(run, rounds=1, iterations=1)
+    memcpy = 2 * w.nbytes / best["memcpy"]  # bytes moved per second
+    lines = lines_touched([(w, idx)])
+    t_lines = 2 * lines * LINE / memcpy
     print(
-        f"\nlines touched {lines * 32 / N:.1%} of the layer ({traffic / 1e6:.0f} MB of traffic); "
-        f"memcpy {memcpy / 1e9:.1f} GB/s -> bound {bound / 1e9:.2f} GB/s of payload; "
-        f"fused store loop {idx.size / fused / 1e6:.0f} M changes/s = "
-        f"{payload / fused / 1e9:.2f} GB/s of payload; target 1.25 GB/s"
+        f"\nlines touched {lines * 32 / N:.1%} of the layer ({2 * lines * LINE / 1e6:.0f} MB of "
+        f"traffic); memcpy {memcpy / 1e9:.1f} GB/s -> the lines take {t_lines * 1e3:.1f} ms; "
+        f"bare store loop {best['bare'] * 1e3:.1f} ms ({t_lines / best['bare']:.2f} x bound); "
+        f"kernels.store_small_gaps {best['prefetch'] * 1e3:.1f} ms "
+        f"({t_lines / best['prefetch']:.2f} x bound), the same without its prefetch hint "
+        f"{best['no hint'] * 1e3:.1f} ms ({t_lines / best['no hint']:.2f} x bound)"
     )
-    assert lines > 0
+    assert np.array_equal(w[idx], vals)

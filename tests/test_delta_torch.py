@@ -1,12 +1,15 @@
 """A real AdamW step of a tiny Qwen3 (built from a config, no download) round-trips bit-exactly
 through every codec, fused and unfused, applied in place into a transformers model."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from aurora.delta import apply as apply_module  # noqa: E402
 from aurora.delta import (  # noqa: E402
     apply_delta,
     codecs,  # noqa: E402
@@ -14,7 +17,9 @@ from aurora.delta import (  # noqa: E402
     read_delta,
     weights_hash,
 )
+from aurora.delta.errors import DeltaError  # noqa: E402
 from aurora.delta.hf import bf16_view, bf16_views, publish_bf16, tiny_qwen3  # noqa: E402
+from aurora.delta.torch_apply import apply_delta_torch  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +94,53 @@ def test_the_applied_model_generates_like_the_trainers_bf16_weights(real_step):
     x = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         assert torch.equal(actor(input_ids=x).logits, reference(input_ids=x).logits)
+
+
+# ---- the torch path: index_copy_ into the parameters' own storage --------------------------
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["compiled", "numpy"])
+@pytest.mark.parametrize("codec", sorted(codecs.CODECS))
+@pytest.mark.parametrize("fuse", [True, False])
+def test_the_torch_path_applies_a_real_step_into_the_model_parameters_by_index(
+    real_step, codec, fuse, fast, monkeypatch
+):
+    monkeypatch.setattr(apply_module, "COMPILED_MIN_CHANGES", 0 if fast else 2**62)
+    before, after = real_step
+    h0 = weights_hash(before)
+    data = encode_delta(
+        before, after, model="tiny-qwen3", version=1, base_hash=h0, codec=codec, fuse=fuse
+    )
+    model = actor_model(before)
+    params = dict(model.named_parameters())
+    ptrs = {k: p.data_ptr() for k, p in params.items()}
+    apply_delta_torch(read_delta(data), params, active_version=0, active_hash=h0)
+    assert {k: p.data_ptr() for k, p in model.named_parameters()} == ptrs  # in place
+    assert weights_hash(bf16_views(model)) == weights_hash(after)
+
+
+def test_the_real_first_adamw_step_is_dense_and_the_writer_picks_dense_encodings(real_step):
+    before, after = real_step
+    h0 = weights_hash(before)
+    changed = sum(int((before[k] != after[k]).sum()) for k in before)
+    assert changed > 0.5 * sum(v.size for v in before.values())  # Adam's first step
+    d = read_delta(encode_delta(before, after, model="m", version=1, base_hash=h0,
+                                codec="aurora-base"))  # fmt: skip
+    assert {t.codec for t in d.tensors} & {"dense-base", "xor-zstd"}
+    sizes = {
+        c: len(encode_delta(before, after, model="m", version=1, base_hash=h0, codec=c))
+        for c in codecs.CODECS
+    }
+    assert d.size <= min(sizes.values())
+
+
+def test_the_torch_path_refuses_a_bad_record_before_writing_any_parameter(real_step):
+    before, after = real_step
+    h0 = weights_hash(before)
+    d = read_delta(encode_delta(before, after, model="m", version=1, base_hash=h0))
+    last = d.tensors[-1]
+    bad = replace(d, tensors=(*d.tensors[:-1], replace(last, nnz=last.nnz + 1)))
+    model = actor_model(before)
+    with pytest.raises(DeltaError):
+        apply_delta_torch(bad, dict(model.named_parameters()), active_version=0, active_hash=h0)
+    assert weights_hash(bf16_views(model)) == h0

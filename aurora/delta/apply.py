@@ -1,8 +1,23 @@
 """Applying deltas to weights: transactional, onto the declared base only.
 
-Apply is transactional: every record is decoded and checked against the target layout, and the
-base version and h(base) are checked, before the first byte of the weights is written. A chain
-``D_{va+1..v}`` is checked link by link first and applied with an undo log.
+Apply checks, then writes. :func:`prepare_delta` matches every record against the target (name,
+shape, 16-bit storage, and for a fused tensor the names and row counts of its parts, since q/k/v
+split 64/16/16 and 48/24/24 have the same fused shape) and parses it: decompresses its streams
+and checks its indices strictly increasing inside the tensor (:mod:`aurora.delta.changes`).
+Only when every record has passed does :func:`apply_delta` write, so a delta applies whole or not
+at all even without an undo log. The writes run the fused compiled loops of
+:mod:`aurora.delta.kernels` (``aurora``, ``aurora-base``, ``leb128``) or numpy (the rest).
+
+Deltas of fewer than :data:`COMPILED_MIN_CHANGES` changes are checked and stored with numpy
+instead (the same checks, :func:`aurora.delta.changes.indices_from_gaps`): the compiled loops cost
+0.8-1 s the first time a process runs them (numba starts LLVM and loads or compiles them, holding
+the GIL, so an Actor's event loop stalls and its leases expire), while numpy applies such a delta
+in milliseconds. An engine that applies large deltas calls :func:`warm_up` when it loads, so the
+first delta is not the one that pays.
+
+A chain ``D_{va+1..v}`` is checked link by link (base version and hash) and every record of
+every link is parsed before the first write; it is then applied with an undo log (the old bits of
+every changed element), which restores the weights if a write fails after all.
 """
 
 from __future__ import annotations
@@ -12,63 +27,129 @@ from collections.abc import Mapping, MutableMapping, Sequence
 import numpy as np
 
 from aurora.delta import codecs
+from aurora.delta.changes import Change, Materialized, Parts, check_numel
 from aurora.delta.errors import BaseMismatchError, CorruptError, DeltaError, LayoutError
-from aurora.delta.extract import FusedTensor, fused_layout, gather_fused, scatter_fused
+from aurora.delta.extract import FusedTensor, fused_layout
 from aurora.delta.records import Delta, TensorDelta
+from aurora.delta.writer import part_label
+
+Prepared = list[tuple[FusedTensor, Change]]
+"""Every record of a delta, matched to its target and parsed: ready to store."""
+COMPILED_MIN_CHANGES = 1 << 20
+"""Deltas with at least this many changes (all records) take the compiled path: from ~1M
+changes (30-60 ms in numpy here, 1.6-4.6x less compiled) a process's one-time ~1 s of starting
+the compiled loops is repaid within tens of deltas; below, numpy costs less than that start."""
+
+
+def use_compiled(deltas: Sequence[Delta]) -> bool:
+    return sum(t.nnz for d in deltas for t in d.tensors) >= COMPILED_MIN_CHANGES
+
+
+def warm_up() -> None:
+    """Load (or compile, the first time on a machine) every compiled loop now, so the first
+    large delta applies at full speed: an engine calls this once when it loads its weights."""
+    old = np.arange(64, dtype=np.uint16)
+    idx = np.arange(0, 64, 3, dtype=np.int64)
+    new = old[idx] ^ np.uint16(3)
+    for name in ("aurora", "aurora-base", "leb128"):
+        streams = codecs.get(name).encode(idx, new, old[idx], old.size)
+        td = TensorDelta("warm-up", old.shape, old.size, idx.size, name, tuple(streams))
+        change = parse_record(td, fast=True)
+        change.materialize()
+        change.store([(old.copy(), 0, old.size)])
+
+
+def match_target(td: TensorDelta, target: FusedTensor | None) -> FusedTensor:
+    """``target`` if it is what the record was computed against, else a LayoutError."""
+    if target is None:
+        raise LayoutError(f"tensor {td.name} of the delta is not in the target weights")
+    if target.numel != td.numel or tuple(target.shape) != tuple(td.shape):
+        raise LayoutError(f"tensor {td.name}: delta shape {td.shape}, target {target.shape}")
+    if td.parts and len(target.parts) > 1:
+        have = tuple((part_label(p.name), p.shape[0]) for p in target.parts)
+        if have != td.parts:
+            raise LayoutError(
+                f"tensor {td.name}: delta parts {list(td.parts)}, target parts {list(have)}"
+            )
+    return target
 
 
 def _targets(
     delta: Delta, state: Mapping[str, np.ndarray]
 ) -> list[tuple[TensorDelta, FusedTensor]]:
-    engine = {
-        t.name: t for t in fused_layout({k: tuple(v.shape) for k, v in state.items()}, fuse=False)
-    }
-    fused = {
-        t.name: t for t in fused_layout({k: tuple(v.shape) for k, v in state.items()}, fuse=True)
-    }
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    engine = {t.name: t for t in fused_layout(shapes, fuse=False)}
+    fused = {t.name: t for t in fused_layout(shapes, fuse=True)}
     out = []
     for td in delta.tensors:
-        target = engine.get(td.name) or fused.get(td.name)
-        if target is None:
-            raise LayoutError(f"tensor {td.name} of the delta is not in the target weights")
-        if target.numel != td.numel or target.shape != td.shape:
-            raise LayoutError(f"tensor {td.name}: delta shape {td.shape}, target {target.shape}")
+        target = match_target(td, engine.get(td.name) or fused.get(td.name))
         for p in target.parts:
             arr = state[p.name]
             if arr.dtype.itemsize != 2:
                 raise LayoutError(
                     f"tensor {p.name}: target is {arr.dtype}, not 16-bit (bf16) storage"
                 )
+            if not arr.flags.c_contiguous or not arr.flags.writeable:
+                raise LayoutError(f"tensor {p.name}: target is not a contiguous writable array")
         out.append((td, target))
     return out
 
 
-class _BaseGather:
-    """``base[idx]`` of a (possibly fused) tensor straight from the split state: base-relative
-    codecs only read the changed positions, so the fused tensor is never materialised."""
+def parse_record(td: TensorDelta, fast: bool) -> Change:
+    """Decompress and check one record's streams (nothing is written); ``fast``: with the
+    compiled loops (see :data:`COMPILED_MIN_CHANGES`)."""
+    check_numel(td.numel, td.name)
+    if not 0 < td.nnz <= td.numel:
+        raise CorruptError(f"tensor {td.name}: {td.nnz} changes in {td.numel} elements")
+    return codecs.get(td.codec).parse(list(td.streams), td.nnz, td.numel, td.name, fast)
 
-    def __init__(self, target: FusedTensor, state: Mapping[str, np.ndarray]) -> None:
-        self.target, self.state = target, state
 
-    def __getitem__(self, idx: np.ndarray) -> np.ndarray:
-        return gather_fused(self.target, self.state, idx)
+def parts_of(target: FusedTensor, state: Mapping[str, np.ndarray]) -> Parts:
+    """(flat uint16 view, fused offset, numel) of each part of ``target`` in ``state``."""
+    return [(state[p.name].reshape(-1).view(np.uint16), p.offset, p.numel) for p in target.parts]
+
+
+def prepare_delta(
+    delta: Delta, state: Mapping[str, np.ndarray], fast: bool | None = None
+) -> Prepared:
+    """Match and parse every record of ``delta`` against ``state`` (read only); ``fast``: force
+    the compiled path on or off (default: by :func:`use_compiled`)."""
+    fast = use_compiled([delta]) if fast is None else fast
+    return [(target, parse_record(td, fast)) for td, target in _targets(delta, state)]
 
 
 def decode_delta(
     delta: Delta, state: Mapping[str, np.ndarray]
 ) -> list[tuple[FusedTensor, np.ndarray, np.ndarray]]:
-    """Decode every tensor of ``delta`` against ``state`` (read only): [(target, idx, bits)]."""
+    """Every tensor of ``delta`` as (target, changed fused indices, their new bits), decoded
+    against ``state`` (read only). For inspection and tests; apply does not materialise this."""
     out = []
-    for td, target in _targets(delta, state):
-        c = codecs.get(td.codec)
-        base = _BaseGather(target, state) if c.needs_base else None
-        idx, bits = c.decode(list(td.streams), td.nnz, td.numel, base, td.name)  # type: ignore[arg-type]
-        if idx.size != td.nnz or bits.size != td.nnz:
-            raise CorruptError(
-                f"tensor {td.name}: decoded {idx.size} changes, header says {td.nnz}"
-            )
-        out.append((target, idx, bits))
+    for target, change in prepare_delta(delta, state):
+        m = change.materialize()
+        flat = np.concatenate([a for a, _, _ in parts_of(target, state)])
+        if m.idx is None:
+            new = m.new_bits(flat)
+            idx = np.flatnonzero(new != flat)
+            out.append((target, idx, new[idx]))
+        else:
+            out.append((target, m.idx, m.new_bits(flat[m.idx])))
     return out
+
+
+def check_base(delta: Delta, version: int, h: str) -> None:
+    if delta.base != version:
+        raise BaseMismatchError(
+            f"D_{delta.version} is based on v{delta.base}; the target is on v{version}"
+        )
+    if delta.base_hash != h:
+        raise BaseMismatchError(
+            f"D_{delta.version} is based on h={delta.base_hash[:16]}..; the target has h={h[:16]}.."
+        )
+
+
+def store_prepared(prepared: Prepared, state: MutableMapping[str, np.ndarray]) -> None:
+    for target, change in prepared:
+        change.store(parts_of(target, state))
 
 
 def apply_delta(
@@ -76,21 +157,25 @@ def apply_delta(
 ) -> str:
     """Apply ``delta`` in place to ``state`` (uint16 views of bf16 weights); return h(v).
 
-    Checks the base version and hash and decodes everything before writing anything.
+    Checks the base version and hash and parses every record before writing anything.
     """
-    if delta.base != active_version:
-        raise BaseMismatchError(
-            f"D_{delta.version} is based on v{delta.base}; the target is on v{active_version}"
-        )
-    if delta.base_hash != active_hash:
-        raise BaseMismatchError(
-            f"D_{delta.version} is based on h={delta.base_hash[:16]}..; "
-            f"the target has h={active_hash[:16]}.."
-        )
-    decoded = decode_delta(delta, state)
-    for target, idx, bits in decoded:
-        scatter_fused(target, state, idx, bits)
+    check_base(delta, active_version, active_hash)
+    store_prepared(prepare_delta(delta, state), state)
     return delta.weights_hash
+
+
+def _undo_of(target: FusedTensor, change: Change, state: Mapping[str, np.ndarray]) -> Materialized:
+    """What restores the elements ``change`` will write: their current bits."""
+    parts = parts_of(target, state)
+    m = change.materialize()
+    flat_old = np.concatenate([a for a, _, _ in parts]) if m.idx is None else None
+    if m.idx is None:
+        return Materialized(None, flat_old, "set", m.numel, m.nnz)  # type: ignore[arg-type]
+    old = np.empty(m.idx.size, dtype=np.uint16)
+    cuts = np.searchsorted(m.idx, [off for _, off, _ in parts[1:]])
+    for (a, off, _), lo, hi in zip(parts, [0, *cuts], [*cuts, m.idx.size], strict=True):
+        old[lo:hi] = a[m.idx[lo:hi] - off]
+    return Materialized(m.idx, old, "set", m.numel, m.nnz)
 
 
 def apply_chain(
@@ -100,27 +185,26 @@ def apply_chain(
     active_version: int,
     active_hash: str,
 ) -> str:
-    """Apply ``D_{va+1..v}`` in order; all links are checked first, and an undo log restores the
-    weights if any step fails, so the chain applies whole or not at all. Returns h(v)."""
+    """Apply ``D_{va+1..v}`` in order; every link and every record is checked first, and an
+    undo log restores the weights if a write fails, so the chain applies whole or not at all.
+    Returns h(v)."""
     version, h = active_version, active_hash
     for d in deltas:
         if d.base != version or d.base_hash != h:
             raise BaseMismatchError(
                 f"chain broken at D_{d.version}: based on v{d.base}, previous is v{version}"
             )
-        _targets(d, state)
         version, h = d.version, d.weights_hash
-    undo: list[tuple[FusedTensor, np.ndarray, np.ndarray]] = []
-    version, h = active_version, active_hash
+    fast = use_compiled(deltas)
+    prepared = [prepare_delta(d, state, fast) for d in deltas]
+    undo: list[tuple[FusedTensor, Materialized]] = []
     try:
-        for d in deltas:
-            decoded = decode_delta(d, state)
-            for target, idx, _ in decoded:
-                undo.append((target, idx, gather_fused(target, state, idx)))
-            h = apply_delta(d, state, active_version=version, active_hash=h)
-            version = d.version
+        for links in prepared:
+            for target, change in links:
+                undo.append((target, _undo_of(target, change, state)))
+                change.store(parts_of(target, state))
     except DeltaError:
-        for target, idx, old in reversed(undo):
-            scatter_fused(target, state, idx, old)
+        for target, old in reversed(undo):
+            old.store(parts_of(target, state))
         raise
     return h

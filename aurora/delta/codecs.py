@@ -17,6 +17,8 @@ streams and back. Measurements behind the choices: ``shared/notes/codec-measurem
     ``aurora`` indices; values as the zigzagged difference, in ULPs of the order-preserving key of
     bf16, between new and old value, uint8 with 0 as escape (escaped as uint16), zstd-1. Needs
     the receiver's base to be bit-identical: the hash chain proves it before apply.
+Dense encodings (:mod:`aurora.delta.dense`), for tensors where most elements change:
+``dense`` the new bits of every element; ``dense-base`` the ULP difference of every element.
 Baselines of today's peers, for the encoding experiment:
 ``naive``
     absolute int32 (int64 for tensors of 2^31 elements or more) index + raw bf16 (the paper's
@@ -26,6 +28,12 @@ Baselines of today's peers, for the encoding experiment:
     indices and on raw values.
 ``xor-zstd``
     the dense XOR of old and new bits over the whole tensor, zstd-1 (slime); needs the base.
+
+Decoding is split in two (:mod:`aurora.delta.changes`): ``parse`` decompresses and checks the
+streams (every decoder refuses indices that are not strictly increasing inside the tensor, as it
+decodes, with a :class:`~aurora.delta.errors.CorruptError`) and returns a change that is stored
+later, once every record of the delta has parsed. :data:`FAMILIES` says which encodings the
+writer may choose among for a requested codec: it keeps the smallest.
 """
 
 from __future__ import annotations
@@ -37,21 +45,39 @@ import numpy as np
 import zstandard
 
 from aurora.delta import leb128
+from aurora.delta.changes import (
+    SPLIT,
+    ULP,
+    Change,
+    LebChange,
+    Materialized,
+    SmallGapChange,
+    check_numel,
+    check_status,
+    checked_indices,
+    compiled,
+    indices_from_gaps,
+    readonly,
+    ulp_diff,
+)
 from aurora.delta.errors import CorruptError, TruncatedError, UnknownCodecError
 
 ESCAPE_SHARE_FOR_U16 = 0.03
 """Switch the aurora index stream to uint16 gaps when more than this share of uint8 gaps escape."""
 ZSTD_LEVEL = 1
 """zstd level of every zstd stream; levels >= 3 gained nothing on this data (notes)."""
+_NO_U8 = np.zeros(0, np.uint8)
+_NO_U16 = np.zeros(0, np.uint16)
 
 
-def _zc(data: bytes | np.ndarray) -> bytes:
+def zc(data: bytes | np.ndarray) -> bytes:
     return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(
         data.tobytes() if isinstance(data, np.ndarray) else data
     )
 
 
-def _zd(data: bytes, size: int, what: str) -> bytes:
+def zd(data: bytes | memoryview, size: int, what: str) -> np.ndarray:
+    """Decompress one zstd frame that must give exactly ``size`` bytes (as a uint8 array)."""
     # One decompressor per call: zstandard decompressors are not thread-safe.
     try:
         out = zstandard.ZstdDecompressor().decompress(data, max_output_size=max(size, 1))
@@ -59,16 +85,17 @@ def _zd(data: bytes, size: int, what: str) -> bytes:
         raise CorruptError(f"{what}: zstd stream does not decode ({exc})") from None
     if len(out) != size:
         raise CorruptError(f"{what}: zstd stream gives {len(out)} bytes, expected {size}")
-    return out
+    return np.frombuffer(out, dtype=np.uint8)
 
 
-def _arr(data: bytes, dtype: type, count: int, what: str) -> np.ndarray:
-    need = count * np.dtype(dtype).itemsize
+def arr(data: bytes | memoryview, dtype: type | str, count: int, what: str) -> np.ndarray:
+    dt = np.dtype(dtype).newbyteorder("<")
+    need = count * dt.itemsize
     if len(data) != need:
         raise (TruncatedError if len(data) < need else CorruptError)(
             f"{what}: {len(data)} bytes, expected {need}"
         )
-    return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<"), count=count)
+    return np.frombuffer(data, dtype=dt, count=count)
 
 
 def gaps_of(idx: np.ndarray) -> np.ndarray:
@@ -80,18 +107,7 @@ def gaps_of(idx: np.ndarray) -> np.ndarray:
     return gaps
 
 
-def _indices_from_gaps(gaps: np.ndarray, numel: int, what: str) -> np.ndarray:
-    idx = np.cumsum(gaps, dtype=np.int64)
-    if idx.size and (idx[-1] >= numel or idx[0] < 0 or (idx.size > 1 and gaps[1:].min() <= 0)):
-        raise CorruptError(f"{what}: indices are not strictly increasing within [0, {numel})")
-    return idx
-
-
-# ---- index streams -------------------------------------------------------------------------
-
-
-def _escape_dtype(big: np.ndarray) -> np.dtype:
-    return np.dtype("<u4") if big.size == 0 or int(big.max()) < 2**32 else np.dtype("<u8")
+# ---- aurora index and value streams -----------------------------------------------------
 
 
 def encode_index(idx: np.ndarray) -> list[bytes]:
@@ -108,76 +124,54 @@ def encode_index(idx: np.ndarray) -> list[bytes]:
         planes = np.where(esc, 0, gaps).astype(np.uint8)
         mode = 8
     big = gaps[esc]
-    edt = _escape_dtype(big)
-    return [bytes([mode, edt.itemsize]), _zc(planes), big.astype(edt).tobytes()]
+    edt = np.dtype("<u4") if big.size == 0 or int(big.max()) < 2**32 else np.dtype("<u8")
+    return [bytes([mode, edt.itemsize]), zc(planes), big.astype(edt).tobytes()]
 
 
-def decode_index(streams: list[bytes], nnz: int, numel: int, what: str) -> np.ndarray:
+def parse_index(streams: list, nnz: int, numel: int, what: str, fast: bool):  # type: ignore[no-untyped-def,type-arg]
+    """(lo, hi, escapes) of aurora index streams checked as increasing inside the tensor by the
+    compiled check (``fast``), or the checked int64 indices (numpy)."""
     meta, packed, escapes = streams
     if len(meta) != 2 or meta[0] not in (8, 16) or meta[1] not in (4, 8):
-        raise CorruptError(f"{what}: bad index stream header {meta!r}")
+        raise CorruptError(f"{what}: bad index stream header {bytes(meta)!r}")
     mode, width = meta[0], meta[1]
-    raw = _zd(packed, nnz * mode // 8, what)
-    if mode == 8:
-        gaps = np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
-    else:
-        planes = np.frombuffer(raw, dtype=np.uint8)
-        gaps = planes[:nnz].astype(np.int64) | (planes[nnz:].astype(np.int64) << 8)
-    esc = gaps == 0
-    n_esc = int(esc.sum())
-    big = _arr(escapes, np.uint32 if width == 4 else np.uint64, n_esc, what)
-    if n_esc and int(big.max()) >= numel:
-        raise CorruptError(f"{what}: escaped gap beyond the tensor")
-    gaps[esc] = big.astype(np.int64)
-    return _indices_from_gaps(gaps, numel, what)
-
-
-# ---- value streams -------------------------------------------------------------------------
+    planes = zd(packed, nnz * mode // 8, what)
+    lo, hi = (planes, _NO_U8) if mode == 8 else (planes[:nnz], planes[nnz:])
+    n_esc = len(escapes) // width
+    esc = readonly(arr(escapes, f"u{width}", n_esc, what).astype(np.uint64))
+    lo, hi = readonly(lo), readonly(hi)
+    if not fast:
+        gaps = lo.astype(np.uint64) if mode == 8 else lo | (hi.astype(np.uint64) << 8)
+        zero = gaps == 0
+        if int(np.count_nonzero(zero)) != esc.size:
+            raise CorruptError(f"{what}: the escape count does not match the escape side array")
+        gaps[zero] = esc
+        return indices_from_gaps(gaps, numel, what)
+    check_status(compiled().check_small_gaps(lo, hi, esc, numel), what)
+    return lo, hi, esc
 
 
 def encode_split_values(new: np.ndarray) -> list[bytes]:
     """[zstd(high bytes), raw low bytes] of bf16 bit patterns."""
-    return [_zc((new >> 8).astype(np.uint8)), (new & 0xFF).astype(np.uint8).tobytes()]
-
-
-def decode_split_values(streams: list[bytes], nnz: int, what: str) -> np.ndarray:
-    hi = np.frombuffer(_zd(streams[0], nnz, what), dtype=np.uint8)
-    lo = _arr(streams[1], np.uint8, nnz, what)
-    return (hi.astype(np.uint16) << 8) | lo
-
-
-def bf16_key(bits: np.ndarray) -> np.ndarray:
-    """Order-preserving uint16 key of bf16 bits (negative: flip all bits; positive: flip sign)."""
-    bits = bits.astype(np.uint16, copy=False)
-    return np.where(bits & 0x8000, ~bits, bits | 0x8000).astype(np.uint16)
-
-
-def bf16_from_key(key: np.ndarray) -> np.ndarray:
-    key = key.astype(np.uint16, copy=False)
-    return np.where(key & 0x8000, key & 0x7FFF, ~key).astype(np.uint16)
+    return [zc((new >> 8).astype(np.uint8)), (new & 0xFF).astype(np.uint8).tobytes()]
 
 
 def encode_ulp_values(new: np.ndarray, old: np.ndarray) -> list[bytes]:
     """[zstd(uint8 zigzag ULP differences, 0 = escape), escaped differences as uint16]."""
-    diff = (bf16_key(new).astype(np.int32) - bf16_key(old).astype(np.int32)).astype(np.int16)
-    d = diff.astype(np.int32)
-    zz = ((d << 1) ^ (d >> 31)).astype(np.uint32) & 0xFFFF  # zigzag of a 16-bit difference
+    zz = ulp_diff(new, old)
     esc = zz > 0xFF
-    small = np.where(esc, 0, zz).astype(np.uint8)
-    return [_zc(small), zz[esc].astype("<u2").tobytes()]
-
-
-def decode_ulp_values(streams: list[bytes], nnz: int, old: np.ndarray, what: str) -> np.ndarray:
-    small = np.frombuffer(_zd(streams[0], nnz, what), dtype=np.uint8)
-    zz = small.astype(np.uint32)
-    esc = zz == 0
-    zz[esc] = _arr(streams[1], np.uint16, int(esc.sum()), what)
-    diff = ((zz >> 1).astype(np.int32) ^ -(zz & 1).astype(np.int32)).astype(np.int32)
-    key = (bf16_key(old).astype(np.int32) + diff) & 0xFFFF
-    return bf16_from_key(key.astype(np.uint16))
+    return [zc(np.where(esc, 0, zz).astype(np.uint8)), zz[esc].astype("<u2").tobytes()]
 
 
 # ---- codecs --------------------------------------------------------------------------------
+
+Encoder = Callable[..., list[bytes]]
+"""(idx, new values, old values at idx, numel, full_old=None) -> streams. Only the dense
+encodings call ``full_old()`` (the whole base tensor, flat); the rest read changed positions."""
+Parser = Callable[..., Change]
+"""(streams, nnz, numel, what, fast=True) -> a checked change (:mod:`aurora.delta.changes`).
+``fast``: the compiled check and store of :mod:`aurora.delta.kernels` where the codec has them
+(``aurora``, ``aurora-base``, ``leb128``); else numpy, checked alike, into a ``Materialized``."""
 
 
 @dataclass(frozen=True)
@@ -185,103 +179,138 @@ class Codec:
     name: str
     needs_base: bool
     """True when decoding needs the receiver's current (base) weights."""
-    encode: Callable[[np.ndarray, np.ndarray, np.ndarray, int], list[bytes]]
-    """(idx, new values, old values at idx, numel) -> streams. Encoders never need the dense
-    old tensor, so the writer only gathers the changed positions."""
-    decode: Callable[[list[bytes], int, int, np.ndarray | None, str], tuple[np.ndarray, np.ndarray]]
-    """(streams, nnz, numel, base dense tensor or None, what) -> (idx, new values)."""
+    encode: Encoder
+    parse: Parser
     streams: int
     """Number of streams it writes."""
 
+    def decode(
+        self,
+        streams: list,  # type: ignore[type-arg]
+        nnz: int,
+        numel: int,
+        base: object,
+        what: str,
+        fast: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(changed indices, their new bits) against ``base`` (anything indexable by an index
+        array, e.g. the flat base tensor; only read by codecs that need it); ``fast``: through
+        the compiled check (else numpy)."""
+        check_numel(numel, what)
+        m = self.parse(list(streams), nnz, numel, what, fast).materialize()
+        if m.idx is None:
+            old = base[np.arange(numel)]  # type: ignore[index]
+            new = m.new_bits(old)
+            idx = np.flatnonzero(new != old)
+            return idx, new[idx]
+        old = base[m.idx] if m.op != "set" else None  # type: ignore[index]
+        return m.idx, m.new_bits(old)  # type: ignore[arg-type]
 
-def _enc_leb128(idx, new, old, numel):  # type: ignore[no-untyped-def]
+
+def _enc_leb128(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
     return [leb128.encode(gaps_of(idx)), new.astype("<u2").tobytes()]
 
 
-def _dec_leb128(streams, nnz, numel, base, what):  # type: ignore[no-untyped-def]
-    try:
-        gaps = leb128.decode(streams[0], nnz).astype(np.int64)
-    except (TruncatedError, CorruptError) as exc:
-        raise type(exc)(f"{what}: {exc}") from None
-    return _indices_from_gaps(gaps, numel, what), _arr(streams[1], np.uint16, nnz, what).copy()
+def _parse_leb128(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+    buf = readonly(np.frombuffer(streams[0], dtype=np.uint8))
+    vals = arr(streams[1], np.uint16, nnz, what)
+    if not fast:
+        try:
+            gaps = leb128.decode(buf, nnz)
+        except (TruncatedError, CorruptError) as exc:
+            raise type(exc)(f"{what}: {exc}") from None
+        return Materialized(indices_from_gaps(gaps, numel, what), vals, "set", numel, nnz)
+    check_status(compiled().check_leb128(buf, nnz, numel), what)
+    return LebChange(buf, vals, numel, nnz)
 
 
-def _enc_aurora(idx, new, old, numel):  # type: ignore[no-untyped-def]
+def _enc_aurora(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
     return encode_index(idx) + encode_split_values(new)
 
 
-def _dec_aurora(streams, nnz, numel, base, what):  # type: ignore[no-untyped-def]
-    return decode_index(streams[:3], nnz, numel, what), decode_split_values(streams[3:], nnz, what)
+def _parse_aurora(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+    index = parse_index(streams[:3], nnz, numel, what, fast)
+    va = zd(streams[3], nnz, what)
+    vb = arr(streams[4], np.uint8, nnz, what)
+    if not fast:
+        return Materialized(index, (va.astype(np.uint16) << 8) | vb, "set", numel, nnz)
+    return SmallGapChange(*index, va, vb, _NO_U16, SPLIT, numel, nnz)
 
 
-def _enc_aurora_base(idx, new, old, numel):  # type: ignore[no-untyped-def]
+def _enc_aurora_base(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
     return encode_index(idx) + encode_ulp_values(new, old)
 
 
-def _dec_aurora_base(streams, nnz, numel, base, what):  # type: ignore[no-untyped-def]
-    idx = decode_index(streams[:3], nnz, numel, what)
-    assert base is not None
-    return idx, decode_ulp_values(streams[3:], nnz, base[idx], what)
+def _parse_aurora_base(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+    index = parse_index(streams[:3], nnz, numel, what, fast)
+    va = zd(streams[3], nnz, what)
+    n_esc = int(nnz - np.count_nonzero(va))
+    vesc = arr(streams[4], np.uint16, n_esc, what)
+    if not fast:
+        zz = va.astype(np.uint16)
+        zz[zz == 0] = vesc
+        return Materialized(index, zz, "ulp", numel, nnz)
+    return SmallGapChange(*index, va, _NO_U8, vesc, ULP, numel, nnz)
 
 
-def _enc_naive(idx, new, old, numel):  # type: ignore[no-untyped-def]
+def _enc_naive(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
     wide = numel >= 2**31
     return [idx.astype("<i8" if wide else "<i4").tobytes(), new.astype("<u2").tobytes()]
 
 
-def _dec_naive(streams, nnz, numel, base, what):  # type: ignore[no-untyped-def]
-    idx = _arr(streams[0], np.int64 if numel >= 2**31 else np.int32, nnz, what).astype(np.int64)
-    if nnz and (idx[0] < 0 or idx[-1] >= numel or (nnz > 1 and np.diff(idx).min() <= 0)):
-        raise CorruptError(f"{what}: indices are not strictly increasing within [0, {numel})")
-    return idx, _arr(streams[1], np.uint16, nnz, what).copy()
+def _parse_naive(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+    idx = arr(streams[0], np.int64 if numel >= 2**31 else np.int32, nnz, what).astype(np.int64)
+    vals = arr(streams[1], np.uint16, nnz, what)
+    return Materialized(checked_indices(idx, numel, what), vals, "set", numel, nnz)
 
 
-def _enc_downcast(idx, new, old, numel):  # type: ignore[no-untyped-def]
+def _enc_downcast(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
     gaps = gaps_of(idx)
     top = int(gaps.max()) if gaps.size else 0
     dt = next(d for d in ("<u1", "<u2", "<u4", "<u8") if top < 2 ** (8 * np.dtype(d).itemsize))
-    return [bytes([np.dtype(dt).itemsize]), _zc(gaps.astype(dt)), _zc(new.astype("<u2"))]
+    return [bytes([np.dtype(dt).itemsize]), zc(gaps.astype(dt)), zc(new.astype("<u2"))]
 
 
-def _dec_downcast(streams, nnz, numel, base, what):  # type: ignore[no-untyped-def]
+def _parse_downcast(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
     if len(streams[0]) != 1 or streams[0][0] not in (1, 2, 4, 8):
-        raise CorruptError(f"{what}: bad gap width {streams[0]!r}")
+        raise CorruptError(f"{what}: bad gap width {bytes(streams[0])!r}")
     width = streams[0][0]
-    dt = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
-    gaps = np.frombuffer(_zd(streams[1], nnz * width, what), dtype=np.dtype(dt).newbyteorder("<"))
-    vals = np.frombuffer(_zd(streams[2], nnz * 2, what), dtype="<u2").copy()
-    return _indices_from_gaps(gaps.astype(np.int64), numel, what), vals
+    gaps = zd(streams[1], nnz * width, what).view(np.dtype(f"u{width}").newbyteorder("<"))
+    vals = zd(streams[2], nnz * 2, what).view("<u2")
+    return Materialized(indices_from_gaps(gaps, numel, what), vals, "set", numel, nnz)
 
 
-def _enc_xor(idx, new, old, numel):  # type: ignore[no-untyped-def]
-    x = np.zeros(numel, dtype="<u2")
-    x[idx] = new ^ old
-    return [_zc(x)]
+def _codecs() -> dict[str, Codec]:
+    from aurora.delta import dense
+
+    return {
+        c.name: c
+        for c in (
+            Codec("leb128", False, _enc_leb128, _parse_leb128, 2),
+            Codec("aurora", False, _enc_aurora, _parse_aurora, 5),
+            Codec("aurora-base", True, _enc_aurora_base, _parse_aurora_base, 5),
+            Codec("naive", False, _enc_naive, _parse_naive, 2),
+            Codec("downcast-zstd", False, _enc_downcast, _parse_downcast, 3),
+            Codec("xor-zstd", True, dense.encode_xor, dense.parse_xor, 1),
+            Codec("dense", False, dense.encode_dense, dense.parse_dense, 2),
+            Codec("dense-base", True, dense.encode_dense_ulp, dense.parse_dense_ulp, 2),
+        )
+    }
 
 
-def _dec_xor(streams, nnz, numel, base, what):  # type: ignore[no-untyped-def]
-    x = np.frombuffer(_zd(streams[0], numel * 2, what), dtype="<u2")
-    idx = np.flatnonzero(x)
-    if idx.size != nnz:
-        raise CorruptError(f"{what}: xor stream changes {idx.size} elements, header says {nnz}")
-    assert base is not None
-    return idx, base[idx] ^ x[idx]
-
-
-CODECS: dict[str, Codec] = {
-    c.name: c
-    for c in (
-        Codec("leb128", False, _enc_leb128, _dec_leb128, 2),
-        Codec("aurora", False, _enc_aurora, _dec_aurora, 5),
-        Codec("aurora-base", True, _enc_aurora_base, _dec_aurora_base, 5),
-        Codec("naive", False, _enc_naive, _dec_naive, 2),
-        Codec("downcast-zstd", False, _enc_downcast, _dec_downcast, 3),
-        Codec("xor-zstd", True, _enc_xor, _dec_xor, 1),
-    )
-}
+CODECS: dict[str, Codec] = _codecs()
 """Every codec by the name written in the header."""
 
 DEFAULT_CODEC = "aurora"
+
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "aurora": ("aurora", "leb128", "dense"),
+    "aurora-base": ("aurora-base", "aurora", "leb128", "dense-base", "xor-zstd", "dense"),
+}
+"""The encodings the writer chooses among, per tensor, when asked for this codec; it keeps the
+smallest (first listed on a tie). ``aurora`` never needs the receiver's base values; the
+``aurora-base`` family may. Every other codec is written as asked: they are the baselines the
+encoding experiment measures."""
 
 
 def get(name: str) -> Codec:

@@ -6,7 +6,9 @@ layer the model's own storage, and :func:`aurora.delta.apply.apply_delta` writes
 straight into the parameters, in place. Tied parameters (``lm_head`` sharing the embedding) are
 listed once, under the first name, so a change is neither sent nor applied twice.
 
-This module imports torch; the rest of ``aurora.delta`` needs only numpy.
+This module imports torch; so does :mod:`aurora.delta.torch_apply` (lazily, the index-based apply
+that also reaches GPU tensors); the rest of ``aurora.delta`` needs numpy (and numba, imported on
+the first apply).
 """
 
 from __future__ import annotations

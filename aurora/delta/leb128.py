@@ -42,11 +42,21 @@ def encode(values: np.ndarray) -> bytes:
     return out.tobytes()
 
 
+def encoded_size(values: np.ndarray) -> int:
+    """Bytes :func:`encode` would write for these non-negative integers (without writing them)."""
+    v = np.asarray(values).astype(np.uint64, copy=False)
+    total = v.size
+    for k in range(1, MAX_BYTES):
+        total += int(np.count_nonzero(v >= np.uint64(1) << np.uint64(7 * k)))
+    return total
+
+
 def decode(buf: bytes | bytearray | memoryview | np.ndarray, count: int) -> np.ndarray:
     """The first ``count`` LEB128 values of ``buf`` as uint64.
 
     Raises :class:`TruncatedError` if ``buf`` holds fewer than ``count`` values and
-    :class:`CorruptError` if a value is longer than 10 bytes or bytes are left over.
+    :class:`CorruptError` if a value is longer than 10 bytes, does not fit in 64 bits (a 10th
+    byte above 1 would be silently shifted out), or bytes are left over.
     """
     b = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
     if count == 0:
@@ -64,6 +74,8 @@ def decode(buf: bytes | bytearray | memoryview | np.ndarray, count: int) -> np.n
     lengths = ends - starts + 1
     if lengths.max() > MAX_BYTES:
         raise CorruptError(f"leb128: a value is longer than {MAX_BYTES} bytes")
+    if lengths.max() == MAX_BYTES and (b[ends[lengths == MAX_BYTES]] > 1).any():
+        raise CorruptError("leb128: a value does not fit in 64 bits")
     if int(lengths.max()) == 1:
         return b.astype(np.uint64)
     # position of every byte inside its value: 0, 1, ... (7 bits of shift each)

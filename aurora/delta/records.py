@@ -4,6 +4,8 @@ Layout (all integers little-endian)::
 
     payload  = MAGIC "AURDELTA" | u16 format version | u32 n | header JSON (n bytes)
                then per changed tensor: "T" | u32 n | record JSON | codec streams
+               (record: name, shape, dtype, numel, nnz, codec, stream lengths, and for a fused
+               tensor its parts: [[split name, rows], ...] in fused order)
                then the table: "E" | u32 n | table JSON (name, offset, length, nnz, codec)
     trailer  = "AURTRAIL" | u64 payload length | u32 segment size | u32 segment count
                | segment count x 32-byte leaf hashes | 32-byte id(D_v) | 32-byte h(v) | "AURDELTA"
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from aurora.delta.errors import CorruptError
 from aurora.delta.hashing import HASH_BYTES
 
 __all__ = [
@@ -29,11 +32,11 @@ __all__ = [
     "FORMAT_VERSION",
     "HASH_BYTES",
     "MAGIC",
-    "SMALL_TENSOR_NNZ",
     "TRAILER_MAGIC",
     "Delta",
     "Segment",
     "TensorDelta",
+    "parts_of",
 ]
 
 MAGIC = b"AURDELTA"
@@ -44,9 +47,6 @@ BLAKE3's 4.3 GB/s, too slow for a receiver to keep up with a 10 Gbps link)."""
 DEFAULT_SEGMENT_SIZE = 4 << 20
 """4 MiB: small enough to cut through a relay within ~30 ms at 1 Gbps, large enough that per-segment
 overhead (a 32-byte hash and a frame header) is negligible."""
-SMALL_TENSOR_NNZ = 4096
-"""Below this many changes the writer also tries ``leb128`` and keeps the smaller encoding: zstd
-frames cost ~10 bytes each, which dominates tiny tensors (norms, biases)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,11 @@ class TensorDelta:
     codec: str
     streams: tuple[bytes | memoryview, ...]
     """The codec's byte streams (read-only views into the file when parsed from one)."""
+    parts: tuple[tuple[str, int], ...] = ()
+    """For a fused tensor, (module, rows) of each part in fused order, e.g. ``q_proj``,
+    ``k_proj``, ``v_proj`` of ``qkv_proj``: the boundaries its indices were computed against,
+    checked against the target before apply (equal fused shapes can hide different splits).
+    Empty for other tensors."""
 
     @property
     def nbytes(self) -> int:
@@ -103,3 +108,15 @@ class Delta:
     size: int
     """Bytes of the whole file."""
     leaves: tuple[bytes, ...] = field(repr=False)
+
+
+def parts_of(rec: dict) -> tuple[tuple[str, int], ...]:  # type: ignore[type-arg]
+    """The ``parts`` of a tensor record's JSON (absent: ``()``); malformed is a CorruptError."""
+    raw = rec.get("parts", [])
+    try:
+        parts = tuple((str(n), int(r)) for n, r in raw)
+    except (TypeError, ValueError) as exc:
+        raise CorruptError(f"tensor record: parts are malformed ({exc!r})") from None
+    if any(r <= 0 for _, r in parts) or len(parts) == 1:
+        raise CorruptError(f"tensor record: parts {parts!r} are not a fused split")
+    return parts

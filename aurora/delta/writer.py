@@ -5,17 +5,25 @@ The header (model id, v, base v-1, h(v-1), segment size) is known before extract
 as it goes (cut-through, paper Figure 7); the trailer, with every leaf hash, ``id(D_v)`` and
 ``h(v)``, comes last. Writing the bytes to a file is the Checkpoint Store's job
 (:mod:`aurora.store.files`); this module only produces them.
+
+Each tensor is encoded with every encoding of the requested codec's family
+(:data:`aurora.delta.codecs.FAMILIES`) that could be the smallest, and the smallest is kept and
+named in its record: ``aurora`` against ``leb128`` always (the LEB128 size is counted exactly
+without encoding; zstd frames cost ~10 bytes, which dominates tiny tensors, and LEB128 can win on
+huge sparse ones), the dense encodings when the tensor is small or its changes are dense enough
+to possibly win (:data:`DENSE_TRY_DENSITY`, from the sweep in ``docs/DELTA.md``).
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from aurora.delta import codecs
+from aurora.delta import codecs, leb128
 from aurora.delta.extract import FusedTensor, changed_fused, fused_layout, gather_fused
 from aurora.delta.hashing import H, leaf_hash, merkle_root
 from aurora.delta.records import (
@@ -23,7 +31,6 @@ from aurora.delta.records import (
     FORMAT_VERSION,
     HASH_BYTES,
     MAGIC,
-    SMALL_TENSOR_NNZ,
     TRAILER_MAGIC,
     Segment,
     TensorDelta,
@@ -55,23 +62,62 @@ def header_bytes(
     return MAGIC + struct.pack("<HI", FORMAT_VERSION, len(body)) + body
 
 
+DENSE_CODECS = frozenset({"dense", "dense-base", "xor-zstd"})
+DENSE_TRY_DENSITY = 0.1
+"""Try the dense encodings (which read and compress the whole tensor) only from this share of
+changed elements up: below it every dense encoding was 1.2-3x the best sparse one in the sweep of
+``docs/DELTA.md`` (they win from ~60% with the base, ~99% without), so encoding them would only
+cost the Trainer time."""
+DENSE_TRY_NUMEL = 1 << 16
+"""...or when the tensor is this small (norms, biases): trying is then cheaper than deciding."""
+
+
+def part_label(name: str) -> str:
+    """A part's name in its fused record: its module (``q_proj``), since the fused name already
+    holds the prefix and the kind (``model.layers.0.self_attn.`` + ``.weight``)."""
+    return name.rsplit(".", 2)[-2]
+
+
+def _candidates(codec: str, nnz: int, numel: int, have_full: bool) -> list[str]:
+    family = codecs.FAMILIES.get(codec, (codec,))
+    dense_ok = nnz >= DENSE_TRY_DENSITY * numel or numel <= DENSE_TRY_NUMEL
+    return [
+        c
+        for c in family
+        if c == codec or ((c not in DENSE_CODECS or dense_ok) and (have_full or c != "dense"))
+    ]
+
+
 def encode_tensor(
     tensor: FusedTensor,
     idx: np.ndarray,
     new: np.ndarray,
     old: np.ndarray,
     codec: str,
+    full_old: Callable[[], np.ndarray] | None = None,
 ) -> TensorDelta:
-    """Encode one tensor's change (``old``: the base bits at ``idx``); tiny ones fall back to
-    ``leb128`` when that is smaller."""
-    chosen = codecs.get(codec)
-    streams = chosen.encode(idx, new, old, tensor.numel)
-    if idx.size < SMALL_TENSOR_NNZ and chosen.name in ("aurora", "aurora-base"):
-        alt = codecs.CODECS["leb128"].encode(idx, new, old, tensor.numel)
-        if sum(map(len, alt)) < sum(map(len, streams)):
-            chosen, streams = codecs.CODECS["leb128"], alt
+    """Encode one tensor's change (``old``: the base bits at ``idx``; ``full_old()``: the whole
+    flat base tensor, for the ``dense`` encoding, which is not tried without it) with the
+    smallest encoding of ``codec``'s family."""
+    best: tuple[int, str, list[bytes]] | None = None
+    for name in _candidates(codec, int(idx.size), tensor.numel, full_old is not None):
+        if name == "leb128" and best is not None:
+            # exact LEB128 size first: encoding it is the slowest step of the writer
+            size = leb128.encoded_size(codecs.gaps_of(idx)) + 2 * int(idx.size)
+            if size >= best[0]:
+                continue
+        streams = codecs.get(name).encode(idx, new, old, tensor.numel, full_old)
+        size = sum(map(len, streams))
+        if best is None or size < best[0]:
+            best = (size, name, streams)
+    assert best is not None
+    parts = (
+        tuple((part_label(p.name), p.shape[0]) for p in tensor.parts)
+        if len(tensor.parts) > 1
+        else ()
+    )
     return TensorDelta(
-        tensor.name, tensor.shape, tensor.numel, int(idx.size), chosen.name, tuple(streams)
+        tensor.name, tensor.shape, tensor.numel, int(idx.size), best[1], tuple(best[2]), parts
     )
 
 
@@ -85,34 +131,22 @@ def _record_bytes(t: TensorDelta) -> bytes:
         "codec": t.codec,
         "streams": [len(s) for s in t.streams],
     }
+    if t.parts:
+        rec["parts"] = [list(p) for p in t.parts]
     return _frame(b"T", rec) + b"".join(t.streams)
 
 
-class DeltaEncoder:
-    """Produces ``D_v`` as segments while it extracts, tensor by tensor (cut-through).
+class RecordFramer:
+    """Frames tensor records into ``D_v``: header, records, table, cut into segments, trailer.
 
-    ``old`` and ``new`` map split (transformers) names to bf16 tensors as uint16 arrays. Iterate
-    :meth:`segments` to stream; the last segment is the trailer. Afterwards :attr:`delta_id`
-    and :attr:`weights_hash` hold id(D_v) and h(v).
+    Iterate :meth:`segments` to stream; the last segment is the trailer. Afterwards
+    :attr:`delta_id` and :attr:`weights_hash` hold id(D_v) and h(v). :class:`DeltaEncoder`
+    supplies the records from weights as it extracts them; :func:`encode_records` from a list.
     """
 
     def __init__(
-        self,
-        old: Mapping[str, np.ndarray],
-        new: Mapping[str, np.ndarray],
-        *,
-        model: str,
-        version: int,
-        base_hash: str,
-        codec: str = codecs.DEFAULT_CODEC,
-        fuse: bool = True,
-        segment_size: int = DEFAULT_SEGMENT_SIZE,
+        self, *, model: str, version: int, base_hash: str, segment_size: int = DEFAULT_SEGMENT_SIZE
     ) -> None:
-        codecs.get(codec)  # unknown codec: fail before any work
-        if set(old) != set(new):
-            raise ValueError(f"old and new weights differ in names: {sorted(set(old) ^ set(new))}")
-        self.old, self.new, self.codec = old, new, codec
-        self.layout = fused_layout({k: tuple(v.shape) for k, v in new.items()}, fuse=fuse)
         self.header = header_bytes(
             model=model,
             version=version,
@@ -127,16 +161,14 @@ class DeltaEncoder:
         self.weights_hash: str | None = None
         self.tensors: list[TensorDelta] = []
 
+    def _records(self) -> Iterator[TensorDelta]:
+        yield from self.tensors
+
     def _payload_pieces(self) -> Iterator[bytes]:
         yield self.header
         offset = len(self.header)
         table = []
-        for t in self.layout:
-            idx, new = changed_fused(t, self.old, self.new)
-            if idx.size == 0:
-                continue
-            td = encode_tensor(t, idx, new, gather_fused(t, self.old, idx), self.codec)
-            self.tensors.append(td)
+        for td in self._records():
             rec = _record_bytes(td)
             table.append(
                 {
@@ -184,6 +216,62 @@ class DeltaEncoder:
         )
         self.delta_id, self.weights_hash = delta_id.hex(), h_v.hex()
         yield Segment(self.key, seq, offset, trailer, H(trailer).hex(), trailer=True)
+
+
+class DeltaEncoder(RecordFramer):
+    """Produces ``D_v`` as segments while it extracts, tensor by tensor (cut-through).
+
+    ``old`` and ``new`` map split (transformers) names to bf16 tensors as uint16 arrays; each
+    changed (fused) tensor is encoded with the smallest encoding of ``codec``'s family.
+    """
+
+    def __init__(
+        self,
+        old: Mapping[str, np.ndarray],
+        new: Mapping[str, np.ndarray],
+        *,
+        model: str,
+        version: int,
+        base_hash: str,
+        codec: str = codecs.DEFAULT_CODEC,
+        fuse: bool = True,
+        segment_size: int = DEFAULT_SEGMENT_SIZE,
+    ) -> None:
+        codecs.get(codec)  # unknown codec: fail before any work
+        if set(old) != set(new):
+            raise ValueError(f"old and new weights differ in names: {sorted(set(old) ^ set(new))}")
+        super().__init__(
+            model=model, version=version, base_hash=base_hash, segment_size=segment_size
+        )
+        self.old, self.new, self.codec = old, new, codec
+        self.layout = fused_layout({k: tuple(v.shape) for k, v in new.items()}, fuse=fuse)
+
+    def _records(self) -> Iterator[TensorDelta]:
+        for t in self.layout:
+            idx, new = changed_fused(t, self.old, self.new)
+            if idx.size == 0:
+                continue
+            td = encode_tensor(
+                t, idx, new, gather_fused(t, self.old, idx), self.codec, self._full(t)
+            )
+            self.tensors.append(td)
+            yield td
+
+    def _full(self, t: FusedTensor) -> Callable[[], np.ndarray]:
+        def full() -> np.ndarray:
+            flat = [np.asarray(self.old[p.name]).reshape(-1) for p in t.parts]
+            return flat[0] if len(flat) == 1 else np.concatenate(flat)
+
+        return full
+
+
+def encode_records(records: Sequence[TensorDelta], **kw: Any) -> bytes:
+    """A whole delta file framing the given records as they are (``model``, ``version``,
+    ``base_hash``, ``segment_size`` as for :class:`RecordFramer`): the file verifies, whatever
+    the records hold. For re-framing records, and for tests of what a receiver must refuse."""
+    framer = RecordFramer(**kw)
+    framer.tensors = list(records)
+    return b"".join(s.data for s in framer.segments())
 
 
 def encode_delta(

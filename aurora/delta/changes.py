@@ -1,0 +1,238 @@
+"""A tensor's change once its streams are decompressed and checked: ready to store, twice over.
+
+A codec's ``parse`` (:mod:`aurora.delta.codecs`, :mod:`aurora.delta.dense`) turns a record's byte
+streams into one of these, after checking everything that can be wrong with them (lengths,
+escape counts, indices strictly increasing inside the tensor). Nothing is written yet: apply
+parses every record of a delta first, so a bad record refuses the whole delta before the first
+byte of the weights changes. Then each change is stored in one of two ways:
+
+* :meth:`store` into numpy ``uint16`` arrays (the CPU path, the transformers model's own storage
+  through zero-copy views): the ``aurora``, ``aurora-base`` and ``leb128`` changes of a large
+  delta run the fused compiled loops of :mod:`aurora.delta.kernels`; the rest, and small deltas
+  (:data:`aurora.delta.apply.COMPILED_MIN_CHANGES`), go through :class:`Materialized`.
+* :meth:`materialize` into a :class:`Materialized` change, the device-neutral form: int64 indices
+  (or none: every element), uint16 values and what to do with them (``set`` the bits, add a
+  ``ulp`` difference to the old bits, ``xor`` them). The torch path
+  (:mod:`aurora.delta.torch_apply`) and the tensor-parallel remap (:mod:`aurora.delta.tp`)
+  work on this form.
+
+A fused tensor (``qkv_proj``: q, k, v) is stored part by part: ``parts`` lists, in fused order,
+(flat array, fused offset, numel) of each part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from aurora.delta.errors import CorruptError
+
+
+def compiled():  # type: ignore[no-untyped-def]
+    """:mod:`aurora.delta.kernels`, imported on first use: importing numba costs 0.3-1 s, which
+    every process that imports ``aurora.delta`` without applying a delta would pay."""
+    from aurora.delta import kernels
+
+    return kernels
+
+
+SPLIT, ULP = 0, 1
+"""Value streams of a :class:`SmallGapChange` (``kernels.SPLIT``, ``kernels.ULP``)."""
+
+Parts = Sequence[tuple[np.ndarray, int, int]]
+"""(flat uint16 array, offset in the fused tensor, numel) of each part, in fused order."""
+
+OPS = ("set", "ulp", "xor")
+
+
+def bf16_key(bits: np.ndarray) -> np.ndarray:
+    """Order-preserving uint16 key of bf16 bits (negative: flip all bits; positive: flip sign)."""
+    bits = bits.astype(np.uint16, copy=False)
+    return np.where(bits & 0x8000, ~bits, bits | 0x8000).astype(np.uint16)
+
+
+def bf16_from_key(key: np.ndarray) -> np.ndarray:
+    key = key.astype(np.uint16, copy=False)
+    return np.where(key & 0x8000, key & 0x7FFF, ~key).astype(np.uint16)
+
+
+def zigzag16(diff: np.ndarray) -> np.ndarray:
+    """uint16 zigzag of int16 differences (0, -1, 1, -2, ... -> 0, 1, 2, 3, ...)."""
+    d = diff.astype(np.int16).astype(np.int32)
+    return (((d << 1) ^ (d >> 31)) & 0xFFFF).astype(np.uint16)
+
+
+def ulp_diff(new: np.ndarray, old: np.ndarray) -> np.ndarray:
+    """zigzag((key(new) - key(old)) mod 2^16): 0 where unchanged, small for a few ULPs."""
+    return zigzag16(bf16_key(new).astype(np.int32) - bf16_key(old).astype(np.int32))
+
+
+def ulp_add(old: np.ndarray, zz: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`ulp_diff`: new bits from the old bits and the zigzagged difference."""
+    z = zz.astype(np.int32)
+    key = (bf16_key(old).astype(np.int32) + ((z >> 1) ^ -(z & 1))) & 0xFFFF
+    return bf16_from_key(key.astype(np.uint16))
+
+
+def readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view: the compiled loops then see one array type, so they compile once."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+class Change(Protocol):
+    nnz: int
+    numel: int
+
+    def store(self, parts: Parts) -> None: ...
+
+    def materialize(self) -> Materialized: ...
+
+
+@dataclass
+class Materialized:
+    """A change in plain arrays: ``idx`` (sorted int64, or None for every element), ``vals``
+    (uint16, one per index or per element) and ``op`` (``set``, ``ulp`` or ``xor``); ``nnz`` is
+    the record's change count (after a TP remap: the elements written)."""
+
+    idx: np.ndarray | None
+    vals: np.ndarray
+    op: str
+    numel: int
+    nnz: int
+
+    def new_bits(self, old: np.ndarray) -> np.ndarray:
+        """New bits from the old bits at ``idx`` (or of every element)."""
+        if self.op == "set":
+            return self.vals
+        if self.op == "ulp":
+            return ulp_add(old, self.vals)
+        return old ^ self.vals
+
+    def store(self, parts: Parts) -> None:
+        if self.idx is None:
+            for arr, off, n in parts:
+                seg = self.vals[off : off + n]
+                if self.op == "set":
+                    arr[:] = seg
+                elif self.op == "xor":
+                    np.bitwise_xor(arr, seg, out=arr)
+                else:
+                    arr[:] = ulp_add(arr, seg)
+            return
+        cuts = np.searchsorted(self.idx, [off for _, off, _ in parts[1:]])
+        bounds = [0, *cuts.tolist(), self.idx.size]
+        for (arr, off, _), a, b in zip(parts, bounds[:-1], bounds[1:], strict=True):
+            if a == b:
+                continue
+            local = self.idx[a:b] - off
+            vals = self.vals[a:b]
+            arr[local] = vals if self.op == "set" else self.new_bits_at(arr[local], vals)
+
+    def new_bits_at(self, old: np.ndarray, vals: np.ndarray) -> np.ndarray:
+        return ulp_add(old, vals) if self.op == "ulp" else old ^ vals
+
+    def materialize(self) -> Materialized:
+        return self
+
+
+@dataclass
+class SmallGapChange:
+    """An ``aurora``/``aurora-base`` change: uint8/uint16 gaps with escapes, and either split
+    values (``va`` high bytes, ``vb`` low bytes) or ULP differences (``va``, escapes ``vesc``)."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+    esc: np.ndarray
+    va: np.ndarray
+    vb: np.ndarray
+    vesc: np.ndarray
+    vmode: int
+    numel: int
+    nnz: int
+
+    def __post_init__(self) -> None:
+        for f in ("lo", "hi", "esc", "va", "vb", "vesc"):
+            setattr(self, f, readonly(getattr(self, f)))
+
+    def store(self, parts: Parts) -> None:
+        st = np.zeros(7, dtype=np.int64)
+        for arr, off, n in parts:
+            compiled().store_small_gaps(
+                arr, off, off + n, st, self.lo, self.hi, self.esc, self.va, self.vb,
+                self.vesc, self.vmode,
+            )  # fmt: skip
+        if st[0] != self.nnz:  # checked streams always end inside the tensor
+            raise CorruptError(f"stored {st[0]} of {self.nnz} changes")
+
+    def materialize(self) -> Materialized:
+        idx = np.empty(self.nnz, dtype=np.int64)
+        compiled().expand_small_gaps(self.lo, self.hi, self.esc, idx)
+        if self.vmode == SPLIT:
+            vals = (self.va.astype(np.uint16) << 8) | self.vb
+            return Materialized(idx, vals, "set", self.numel, self.nnz)
+        zz = self.va.astype(np.uint16)
+        zz[zz == 0] = self.vesc
+        return Materialized(idx, zz, "ulp", self.numel, self.nnz)
+
+
+@dataclass
+class LebChange:
+    """A ``leb128`` change: LEB128 gaps and raw uint16 values."""
+
+    buf: np.ndarray
+    vals: np.ndarray
+    numel: int
+    nnz: int
+
+    def __post_init__(self) -> None:
+        self.buf, self.vals = readonly(self.buf), readonly(self.vals)
+
+    def store(self, parts: Parts) -> None:
+        st = np.zeros(6, dtype=np.int64)
+        for arr, off, n in parts:
+            compiled().store_leb128(arr, off, off + n, st, self.buf, self.vals)
+        if st[0] != self.nnz:
+            raise CorruptError(f"stored {st[0]} of {self.nnz} changes")
+
+    def materialize(self) -> Materialized:
+        idx = np.empty(self.nnz, dtype=np.int64)
+        compiled().expand_leb128(self.buf, idx)
+        return Materialized(idx, self.vals, "set", self.numel, self.nnz)
+
+
+def check_status(code: int, what: str) -> None:
+    """Raise the :class:`CorruptError` a ``kernels.check_*`` status code stands for."""
+    if code != 0:
+        raise CorruptError(f"{what}: {compiled().MESSAGES[code]}")
+
+
+def check_numel(numel: int, what: str) -> None:
+    if not 0 <= numel < 1 << 62:  # kernels.MAX_NUMEL
+        raise CorruptError(f"{what}: {numel} elements is not a tensor size this code applies")
+
+
+def checked_indices(idx: np.ndarray, numel: int, what: str) -> np.ndarray:
+    """Absolute int64 indices, refused unless strictly increasing inside [0, numel)."""
+    if idx.size and (
+        idx[0] < 0 or idx[-1] >= numel or (idx.size > 1 and not (idx[1:] > idx[:-1]).all())
+    ):
+        raise CorruptError(f"{what}: indices are not strictly increasing within [0, {numel})")
+    return idx
+
+
+def indices_from_gaps(gaps: np.ndarray, numel: int, what: str) -> np.ndarray:
+    """Indices from unsigned gaps (any width), refused unless every gap after the first is >= 1,
+    no gap reaches ``numel`` and the sum stays below it (checked before anything can wrap)."""
+    g = gaps.astype(np.uint64, copy=False)
+    if g.size and (int(g.max()) >= numel or (g.size > 1 and int(g[1:].min()) == 0)):
+        raise CorruptError(f"{what}: indices are not strictly increasing within [0, {numel})")
+    # every gap < numel < 2^62, so a cumulative sum that wraps uint64 decreases where it wraps
+    idx = np.cumsum(g, dtype=np.uint64)
+    if idx.size and (int(idx[-1]) >= numel or (idx.size > 1 and not (idx[1:] > idx[:-1]).all())):
+        raise CorruptError(f"{what}: indices are not strictly increasing within [0, {numel})")
+    return idx.astype(np.int64)

@@ -1,0 +1,88 @@
+"""Dense encodings: every element of the tensor, for changes too dense for a sparse codec.
+
+A tiny model learning on a CPU changes 11-60% of its bf16 elements per step
+(``shared/notes/rl-on-cpu.md``), and the first steps after a warm start look the same. A sparse
+codec then spends an index on most elements and costs more than the tensor. Three encodings
+of the whole tensor, each bit-exact and chosen per tensor by the writer when smallest
+(:data:`aurora.delta.codecs.FAMILIES`; sizes against density in ``docs/DELTA.md``):
+
+``dense``
+    the new bits of every element, as a high-byte plane and a low-byte plane, each zstd-1. Needs
+    nothing from the receiver (it is a snapshot of the tensor); the floor is about 1.4 B/element
+    (the low byte is incompressible mantissa).
+``dense-base``
+    the ULP difference of every element from the receiver's base (zigzag of the difference of
+    the order-preserving keys; 0 where unchanged), low-byte and high-byte planes, each zstd-1.
+    Most changes are +-1 or 2 ULPs, so the low plane is a few bits per element and the high plane
+    nearly all zeros.
+``xor-zstd``
+    the XOR of old and new bits of every element, zstd-1, as slime ships it (kept as the peers'
+    baseline, and a candidate for the writer).
+
+The record's ``nnz`` still counts the changed elements; the receiver checks it against the
+decoded stream where that is free (the non-zero differences), so a record cannot claim one count
+and carry another.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aurora.delta.changes import Materialized, ulp_diff
+from aurora.delta.codecs import zc, zd
+from aurora.delta.errors import CorruptError
+
+
+def _planes(x: np.ndarray) -> list[bytes]:
+    x = x.astype("<u2", copy=False)
+    return [zc((x & 0xFF).astype(np.uint8)), zc((x >> 8).astype(np.uint8))]
+
+
+def _unplanes(streams: list, numel: int, what: str) -> np.ndarray:  # type: ignore[type-arg]
+    lo = zd(streams[0], numel, what)
+    hi = zd(streams[1], numel, what)
+    return (hi.astype(np.uint16) << 8) | lo
+
+
+def _count(x: np.ndarray, nnz: int, what: str) -> None:
+    got = int(np.count_nonzero(x))
+    if got != nnz:
+        raise CorruptError(f"{what}: the stream changes {got} elements, the record says {nnz}")
+
+
+def _sparse_to_dense(idx: np.ndarray, vals: np.ndarray, numel: int) -> np.ndarray:
+    x = np.zeros(numel, dtype=np.uint16)
+    x[idx] = vals
+    return x
+
+
+def encode_dense(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
+    if full_old is None:
+        raise ValueError("the dense encoding needs the whole base tensor (full_old)")
+    bits = np.array(full_old(), dtype=np.uint16).reshape(-1)
+    bits[idx] = new
+    return _planes(bits)
+
+
+def parse_dense(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+    return Materialized(None, _unplanes(streams, numel, what), "set", numel, nnz)
+
+
+def encode_dense_ulp(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
+    return _planes(_sparse_to_dense(idx, ulp_diff(new, old), numel))
+
+
+def parse_dense_ulp(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+    zz = _unplanes(streams, numel, what)
+    _count(zz, nnz, what)
+    return Materialized(None, zz, "ulp", numel, nnz)
+
+
+def encode_xor(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
+    return [zc(_sparse_to_dense(idx, new ^ old, numel).astype("<u2"))]
+
+
+def parse_xor(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+    x = zd(streams[0], numel * 2, what).view("<u2")
+    _count(x, nnz, what)
+    return Materialized(None, x, "xor", numel, nnz)
