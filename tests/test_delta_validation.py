@@ -239,11 +239,6 @@ def test_a_fused_qkv_delta_is_refused_by_a_target_split_differently_with_the_sam
     assert weights_hash(same) == weights_hash(new)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="aurora/delta/reader.py (issue 12's helper) does not yet pass records.parts_of(rec) "
-    "to TensorDelta; once it does this passes: remove the marker",
-)
 def test_the_parts_a_writer_records_reach_apply_through_the_reader():
     old = qkv_state(64, 16)
     new = {k: v ^ np.uint16(1) for k, v in old.items()}

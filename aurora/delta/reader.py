@@ -29,6 +29,7 @@ from aurora.delta.records import (
     Delta,
     Segment,
     TensorDelta,
+    parts_of,
 )
 
 MAX_HEADER_BYTES = 64 << 10
@@ -227,7 +228,9 @@ def _read_delta(
                 raise TruncatedError(f"tensor {name}: streams run past the payload")
             streams.append(payload[pos : pos + n])  # a view: the file is not copied
             pos += n
-        tensors.append(TensorDelta(name, shape, numel, nnz, codec, tuple(streams)))
+        tensors.append(
+            TensorDelta(name, shape, numel, nnz, codec, tuple(streams), parts=parts_of(rec))
+        )
     table, pos = _read_frame(payload, pos, b"E", "tensor table")
     if pos != payload_len:
         raise CorruptError(f"{payload_len - pos} bytes after the tensor table")

@@ -271,8 +271,10 @@ def make_rl_engine(spec: Mapping[str, Any], *, engine: str | None = None) -> RLE
     if kind not in ("transformers",):
         raise ValueError(f"unknown engine {kind!r} (expected transformers or vllm)")
     _threads(spec)
+    from aurora.delta import warm_up
     from aurora.engines.transformers import TransformersEngine
 
+    warm_up()  # compile the apply kernels now, not inside the first activation (~1 s)
     name = str(spec.get("model", "tiny"))
     if name == "tiny":
         from aurora.rl.model import build_default
