@@ -47,7 +47,9 @@ from typing import Any
 import numpy as np
 import simpy
 
+from aurora.policy import actor as actor_policy
 from aurora.policy import pacing
+from aurora.policy.actor import Activate, ApplyPlan, Drop, Generate, Work
 from aurora.policy.ledger import Accepted as AcceptedAction
 from aurora.policy.ledger import (
     Action,
@@ -136,7 +138,7 @@ class ActorSim(Node):
     """Bumped when the machine is lost: callbacks from an older epoch are ignored."""
     busy: bool = False
     active: int | None = None
-    queue: deque[tuple[int, tuple[str, ...]]] = field(default_factory=deque)
+    queue: deque[Work] = field(default_factory=deque)
     pending_commit: int | None = None
     plan: CatchUpPlan | None = None
     pulling: set[int] = field(default_factory=set)
@@ -441,7 +443,7 @@ class Simulation:
     def _do(self, action: Action) -> None:
         if isinstance(action, Assign):
             actor = self.actors[action.actor]
-            actor.queue.append((action.version, action.leases))
+            actor.queue.append(Work(action.version, action.leases))
             self._log(action.actor, f"assign {len(action.leases)} on v{action.version}")
             self._schedule_tick(action.expiry)
             self._later(0, lambda: self._kick(actor))
@@ -940,38 +942,32 @@ class Simulation:
             self._later(wait, preempt)
 
     def _kick(self, actor: ActorSim) -> None:
-        """A safe point: catch up, activate a committed delta, or start the next work."""
+        """A safe point: what to do next is :func:`aurora.policy.actor.next_action`'s call."""
         if not actor.live or actor.busy:
             return
-        plan = actor.plan
-        if plan is not None and self._plan_ready(actor, plan):
-            self._apply_plan(actor, plan)
-            return
-        while actor.queue:
-            version, leases = actor.queue[0]
-            if version == actor.active:
+        while True:
+            decision = actor_policy.next_action(
+                active=actor.active,
+                staged=actor.held,
+                snapshots=actor.held,
+                queue=actor.queue,
+                plan=actor.plan,
+                pending_commit=actor.pending_commit,
+            )
+            if type(decision) is Generate:
                 actor.queue.popleft()
-                self._generate(actor, version, leases)
-                return
-            if actor.active is not None and version == actor.active + 1 and version in actor.held:
-                self._activate(actor, version)
-                return
-            # Work on a version this Actor cannot reach: its leases will expire back to the pool.
-            actor.queue.popleft()
-            self._log(actor.id, f"cannot run {len(leases)} leases on v{version}")
-        commit = actor.pending_commit
-        if (
-            commit is not None
-            and actor.active is not None
-            and commit == actor.active + 1
-            and commit in actor.held
-        ):
-            self._activate(actor, commit)
-
-    def _plan_ready(self, actor: ActorSim, plan: CatchUpPlan) -> bool:
-        return all(v in actor.held for v in plan.deltas) and (
-            plan.snapshot is None or plan.snapshot in actor.held
-        )
+                self._generate(actor, decision.work.version, decision.work.leases)
+            elif type(decision) is Activate:
+                self._activate(actor, decision.version)
+            elif type(decision) is ApplyPlan:
+                self._apply_plan(actor, decision.plan)
+            elif type(decision) is Drop:
+                # Its leases will expire back to the pool, where others can take them.
+                actor.queue.popleft()
+                work = decision.work
+                self._log(actor.id, f"cannot run {len(work.leases)} leases on v{work.version}")
+                continue
+            return
 
     def _occupy(self, actor: ActorSim, seconds: float, then: Callable[[float], None]) -> None:
         """Keep ``actor`` busy for ``seconds``, then call ``then(start)`` unless the machine was
@@ -1012,14 +1008,15 @@ class Simulation:
             + f" + {len(plan.deltas)} deltas",
         )
 
-        def missing(v: int) -> bool:
-            return v not in actor.held and v not in actor.inbound and v not in actor.pulling
-
-        wanted = [v for v in plan.deltas if missing(v)]
+        in_flight = actor.pulling | actor.inbound.keys()
+        snapshot, deltas = actor_policy.to_fetch(
+            plan, staged=actor.held, snapshots=actor.held, in_flight=in_flight
+        )
+        wanted = list(deltas)
         size = sum(self.version_bytes for _ in wanted)
-        if plan.snapshot is not None and missing(plan.snapshot):
+        if snapshot is not None:
             size += self.dense_bytes
-            wanted.append(plan.snapshot)
+            wanted.append(snapshot)
         if not wanted:
             self._kick(actor)
             return
@@ -1056,12 +1053,15 @@ class Simulation:
             actor.plan = None
             actor.active = plan.target
             actor.pending_commit = None
-            actor.queue = deque(w for w in actor.queue if w[0] >= plan.target)
+            keep, restage = actor_policy.after_catch_up(
+                plan, queue=actor.queue, staged=actor.held
+            )
+            actor.queue = deque(keep)
             self._span("actor", actor.id, "catch-up", plan.target, start)
             self._log(actor.id, f"caught up to v{plan.target}")
             self.feed(CaughtUp(actor=actor.id, version=plan.target))
             # Versions that arrived during the catch-up are staged on top of it.
-            for v in sorted(x for x in actor.held if x > plan.target):
+            for v in restage:
                 if actor.live and actor.epoch == epoch:
                     self.feed(DeltaStaged(actor=actor.id, version=v))
             self._no_longer_waited_for(actor)
