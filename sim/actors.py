@@ -82,6 +82,7 @@ class Actors:
                 id=actor_id,
                 region=region,
                 nic=Resource(f"nic:{actor_id}", nic_gbps * GBPS),
+                nic_in=Resource(f"nic-in:{actor_id}", nic_gbps * GBPS, per_member=True),
                 gpu=gpu,
                 rate=trace.tokens_per_s[model].value,
                 spot=spot,
@@ -201,8 +202,12 @@ class Actors:
         if not wanted:
             self.kick(actor)
             return
-        # Pull from the Checkpoint Store in the Trainer's region: a request round trip first.
-        path, cap, latency = sim.transfers.path(TRAINER, actor)
+        # Pull from the Checkpoint Store in the Trainer's region: a request round trip first,
+        # on the Store's own connection, sharing the Actor's interface with what it receives.
+        transfers = sim.transfers
+        path, cap, latency = transfers.path(TRAINER, actor)
+        transfers.detach(actor)
+        path += transfers.receiving(actor)
         actor.pulling.update(wanted)
         life = actor.life
         start = self.env.now
@@ -221,6 +226,7 @@ class Actors:
             path,
             cap=cap,
             latency=3 * latency,
+            bundle=None,
             on_done=fetched,
         )
 

@@ -211,8 +211,12 @@ class Simulation:
         self.trainer.published_at[0] = 0.0
         if cfg.strategy.relays:
             for relay in topo.relays:
+                rate = relay.nic_gbps * GBPS
                 node = Node(
-                    relay.id, relay.region, Resource(f"relay:{relay.id}", relay.nic_gbps * GBPS)
+                    relay.id,
+                    relay.region,
+                    Resource(f"relay:{relay.id}", rate),
+                    Resource(f"relay-in:{relay.id}", rate, per_member=True),
                 )
                 node.held.add(0)
                 self.transfers.relays[relay.id] = node

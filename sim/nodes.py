@@ -31,6 +31,14 @@ class Transfer:
     src: str
     members: list[str]
     flow: Flow | None = None
+    start: float = 0.0
+    """When the send began (s): the start of its span in the timeline."""
+    cap: float = 0.0
+    """Rate (bytes/s) one segment crosses the last hop at when nothing else shares it."""
+    pair_cap: float = 0.0
+    """Rate cap of the sender-receiver pair (bytes/s): TCP bundle, or LAN rate."""
+    upstream: Flow | None = None
+    """The relay's own inbound flow this forward is coupled to (cut-through), if any."""
 
 
 @dataclass(eq=False)
@@ -40,7 +48,9 @@ class Node:
     id: str
     region: str
     nic: Resource
-    """Its interface: caps what it receives, and is shared by what it forwards."""
+    """Its interface's sending side, shared by everything it forwards."""
+    nic_in: Resource
+    """Its interface's receiving side, shared by everything it receives."""
     held: set[int] = field(default_factory=set)
     """Versions held whole (verified)."""
     inbound: dict[int, Transfer] = field(default_factory=dict)

@@ -3,10 +3,16 @@
 Theory of operation
 -------------------
 The network resources are the Trainer's interface, one per WAN path between two regions (whose
-rate may fluctuate) and each node's interface. A transfer of version ``v`` from a source (the
-Trainer, a relay, an Actor that relays) to a set of receivers is one flow in
-:class:`sim.network.Network` per *cohort* (receivers with the same path, cap and latency, so a
-relay forwarding to 1000 identical Actors is one flow of multiplicity 1000).
+rate may fluctuate) and each node's interface (sending side shared by what it forwards,
+receiving side shared by what it receives). A sender-receiver pair has one connection bundle of
+S TCP streams, whatever the version: its rate is capped by
+``S * min(W/RTT, MSS*sqrt(3/2)/(RTT*sqrt(p)))`` across a WAN path, by the region's per-pair
+``lan_gbps`` inside a region, and versions on one pair are sent one after the other
+(:class:`sim.network.Network` bundles). A transfer of version ``v`` from a source (the Trainer, a
+relay, an Actor that relays) to a set of receivers is one flow per *cohort* (receivers with the
+same path, cap and latency, so a relay forwarding to 1000 identical Actors is one flow of
+multiplicity 1000). A receiver that gets a second flow at the same time (a catch-up pull, a
+fallback) is split off into a flow of its own, so its interface is shared exactly.
 
 ``Fanout`` actions from the Ledger say who sends ``v`` to whom. The Trainer's sends start when
 the first segment is extracted (cut-through) or when extraction ends; a relay's forward starts
@@ -74,7 +80,9 @@ class Transfers:
         return self.sim.actors.nodes.get(node_id) or self.relays[node_id]
 
     def path(self, src: str, dst: Node) -> tuple[tuple[Resource, ...], float, float]:
-        """Resources, rate cap (bytes/s) and one-way latency (s) from ``src`` to ``dst``."""
+        """Shared resources, the pair's rate cap (bytes/s: its connection bundle's TCP cap
+        across a WAN path, the region's per-pair LAN rate inside one) and one-way latency (s)
+        from ``src`` to ``dst``. The receiver's interface is added by the caller."""
         sim = self.sim
         strat, topo = sim.cfg.strategy, sim.cfg.topology
         if strat.rdma:
@@ -84,9 +92,8 @@ class Transfers:
         else:
             node = self.node(src)
             src_region, src_nic = node.region, node.nic
-        cap = dst.nic.capacity
         if src_region == dst.region:
-            return (src_nic,), cap, 0.0
+            return (src_nic,), topo.region(dst.region).lan_gbps * GBPS, 0.0
         link = topo.link(src_region, dst.region)
         if link is None:
             raise ValueError(f"no link between {src_region!r} and {dst.region!r} in the topology")
@@ -98,7 +105,64 @@ class Transfers:
             window_bytes=sim.consts.tcp_window_bytes.value,
             mss_bytes=sim.consts.mss_bytes.value,
         )
-        return (src_nic, self.wan[frozenset((src_region, dst.region))]), min(cap, tcp), rtt / 2
+        return (src_nic, self.wan[frozenset((src_region, dst.region))]), tcp, rtt / 2
+
+    def receiving(self, node: Node) -> tuple[Resource, ...]:
+        """Extra path of a flow to ``node`` alone: its interface, shared by all it receives
+        (RDMA writes straight into GPU memory: no interface to share)."""
+        return () if self.sim.cfg.strategy.rdma else (node.nic_in,)
+
+    def _segment_rate(self, node: Node, pair_cap: float) -> float:
+        """The rate one segment crosses the last hop at, unshared (for the cut-through tail)."""
+        return pair_cap if self.sim.cfg.strategy.rdma else min(pair_cap, node.nic_in.capacity)
+
+    def _busy(self, node: Node, bundle: object) -> bool:
+        """Whether ``node`` receives anything other than on ``bundle`` (so a new flow to it must
+        be its own, sharing its interface)."""
+        if isinstance(node, ActorNode) and node.pulling:
+            return True
+        return any(
+            t.flow is not None and t.flow.active and t.flow.bundle != bundle
+            for t in node.inbound.values()
+        )
+
+    def detach(self, node: Node) -> None:
+        """``node`` gets a flow of its own: take it out of every cohort it receives in, so that
+        its interface is shared exactly among its flows."""
+        for v, t in list(node.inbound.items()):
+            flow = t.flow
+            if flow is None or not flow.active or len(t.members) < 2:
+                continue
+            t.members.remove(node.id)
+            own = Transfer(
+                v,
+                t.src,
+                [node.id],
+                start=t.start,
+                cap=t.cap,
+                pair_cap=t.pair_cap,
+                upstream=t.upstream,
+            )
+            own.flow = self.net.split(
+                flow,
+                label=f"v{v} {t.src}->{node.id}",
+                path=flow.path + self.receiving(node),
+                cap=t.pair_cap,
+                on_done=lambda _f, t=own: self._forwarded(t),
+            )
+            node.inbound[v] = own
+            self._outgoing.setdefault(t.src, {})[id(own)] = own
+
+    def _leave_cohort(self, transfer: Transfer, node_id: str) -> None:
+        """``node_id`` no longer receives ``transfer``: the cohort carries one copy fewer."""
+        transfer.members.remove(node_id)
+        flow = transfer.flow
+        if flow is None:
+            return
+        if not transfer.members:
+            self.net.cancel(flow)
+        else:
+            self.net.set_mult(flow, len(transfer.members))
 
     # -- sending ------------------------------------------------------------------------------
 
@@ -175,9 +239,14 @@ class Transfers:
         self, v: int, src: str, todo: list[Node], size: float, up: Flow | None
     ) -> None:
         assert up is not None
-        # A relay verifies a segment before forwarding it: the first must arrive whole.
-        first = min(self.sim.cfg.segment_bytes, size) / max(up.rate, 1.0) + up.latency
-        self.sim.later(first, lambda: self._start(v, src, todo, size, up))
+
+        def first_segment() -> None:
+            # A relay verifies a segment before forwarding it: the first must arrive whole.
+            first = min(self.sim.cfg.segment_bytes, size) / max(up.rate, 1.0) + up.latency
+            self.sim.later(first, lambda: self._start(v, src, todo, size, up))
+
+        # Its inbound copy may wait behind an earlier version on the relay's connection.
+        self.net.when_flowing(up, first_segment)
 
     def _start(
         self,
@@ -202,27 +271,51 @@ class Transfers:
         groups: dict[tuple[Any, ...], list[Node]] = {}
         for d in live:
             path, cap, latency = self.path(src, d)
-            groups.setdefault((path, cap, latency), []).append(d)
-        for (path, cap, latency), members in groups.items():
+            groups.setdefault((path, cap, latency, d.nic_in.capacity), []).append(d)
+        # (path, flow cap, pair cap, latency, members)
+        cohorts: list[tuple[tuple[Resource, ...], float, float, float, list[Node]]] = []
+        for (path, cap, latency, _nic), members in groups.items():
+            singles, rest = members, []
+            if len(members) > 1:
+                # A receiver already getting something else (not an earlier version on this same
+                # connection) shares its interface: it gets a flow of its own.
+                bundle = (src, frozenset(m.id for m in members))
+                singles = [m for m in members if self._busy(m, bundle)]
+                rest = [m for m in members if m not in singles]
+                if len(rest) == 1:
+                    singles, rest = singles + rest, []
+            if rest:
+                # Nobody else loads these interfaces: each member's is a cap.
+                cohorts.append((path, self._segment_rate(rest[0], cap), cap, latency, rest))
+            for m in singles:
+                self.detach(m)
+                cohorts.append((path + self.receiving(m), cap, cap, latency, [m]))
+        for path, flow_cap, pair_cap, latency, members in cohorts:
             if upstream is not None and not upstream.active:
                 upstream = None
-            transfer = Transfer(v, src, [m.id for m in members])
+            transfer = Transfer(
+                v,
+                src,
+                [m.id for m in members],
+                start=self.env.now,
+                cap=self._segment_rate(members[0], pair_cap),
+                pair_cap=pair_cap,
+                upstream=upstream,
+            )
             label = f"v{v} {src}->{members[0].id}" + (
                 f"+{len(members) - 1}" if len(members) > 1 else ""
             )
-            start = self.env.now
             transfer.flow = self.net.start(
                 label,
                 size,
                 path,
-                cap=cap,
+                cap=flow_cap,
                 mult=len(members),
                 upstream=upstream,
                 producer=producer,
                 latency=latency,
-                on_done=lambda _f, t=transfer, s=start, c=cap, u=upstream: self._forwarded(
-                    t, s, c, u
-                ),
+                bundle=None,
+                on_done=lambda _f, t=transfer: self._forwarded(t),
             )
             self._outgoing.setdefault(src, {})[id(transfer)] = transfer
             for m in members:
@@ -230,19 +323,20 @@ class Transfers:
                 for fn in m.starters.pop(v, []):
                     fn()
 
-    def _forwarded(self, transfer: Transfer, start: float, cap: float, up: Flow | None) -> None:
+    def _forwarded(self, transfer: Transfer) -> None:
         """A forward's last byte cannot arrive before the relay has received and verified the
         last segment: no earlier than the upstream's arrival plus one segment at this rate."""
+        up = transfer.upstream
         if up is not None and up.finished is not None:
             assert transfer.flow is not None
-            seg = min(self.sim.cfg.segment_bytes, transfer.flow.size) / cap
+            seg = min(self.sim.cfg.segment_bytes, transfer.flow.size) / transfer.cap
             due = up.finished + up.latency + seg
             if due > self.env.now:
-                self.sim.later(due - self.env.now, lambda: self._arrived(transfer, start))
+                self.sim.later(due - self.env.now, lambda: self._arrived(transfer))
                 return
-        self._arrived(transfer, start)
+        self._arrived(transfer)
 
-    def _arrived(self, transfer: Transfer, start: float) -> None:
+    def _arrived(self, transfer: Transfer) -> None:
         sim = self.sim
         self._outgoing.get(transfer.src, {}).pop(id(transfer), None)
         v = transfer.version
@@ -251,7 +345,7 @@ class Transfers:
             who = transfer.members[0] + (
                 f" +{len(transfer.members) - 1}" if len(transfer.members) > 1 else ""
             )
-            sim.recorder.span("transfer", f"{src}->{who}", "transfer", v, start)
+            sim.recorder.span("transfer", f"{src}->{who}", "transfer", v, transfer.start)
         for member in transfer.members:
             node = self.node(member)
             if node.inbound.get(v) is not transfer or not node.live:
@@ -276,12 +370,10 @@ class Transfers:
         for v, transfer in sorted(actor.inbound.items()):
             if transfer.src != action.lost:
                 continue
-            transfer.members.remove(actor.id)
             assert transfer.flow is not None
-            if not transfer.members:
-                self.net.cancel(transfer.flow)
             # Segments already verified are kept: only the rest is fetched again.
             left = transfer.flow.remaining
+            self._leave_cohort(transfer, actor.id)
             del actor.inbound[v]
             self.send(v, action.source, [actor.id], size=left)
         # Forwards the lost source had scheduled but not started (or was holding back until it
@@ -297,9 +389,7 @@ class Transfers:
         node.live = False
         for transfer in list(node.inbound.values()):
             if node.id in transfer.members:
-                transfer.members.remove(node.id)
-            if not transfer.members and transfer.flow is not None:
-                self.net.cancel(transfer.flow)
+                self._leave_cohort(transfer, node.id)
         node.inbound.clear()
         node.waiters.clear()
         node.starters.clear()
