@@ -226,7 +226,7 @@ class Actors:
             path,
             cap=cap,
             latency=3 * latency,
-            bundle=None,
+            bundle=("store", actor.id),
             on_done=fetched,
         )
 

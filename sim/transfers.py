@@ -314,7 +314,7 @@ class Transfers:
                 upstream=upstream,
                 producer=producer,
                 latency=latency,
-                bundle=None,
+                bundle=(src, frozenset(transfer.members)),
                 on_done=lambda _f, t=transfer: self._forwarded(t),
             )
             self._outgoing.setdefault(src, {})[id(transfer)] = transfer

@@ -1,18 +1,20 @@
-"""Links and transfers (issue 17, defect 5): a region's LAN rate limits each host pair, and a
-receiver's interface is shared by everything it receives."""
+"""Links and transfers (issue 17, defects 1 and 5): a sender-receiver pair has one connection
+bundle whatever the version, a region's LAN rate limits each host pair, and a receiver's
+interface is shared by everything it receives."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import simpy
 import yaml
 
 from aurora.policy.versions import CatchUpPlan
-from aurora.topology import topology_from_dict
+from aurora.topology import load_topology, topology_from_dict
 from sim.config import SimConfig, strategy
 from sim.model import Simulation
-from sim.network import Network
+from sim.network import Network, Resource, tcp_cap
 from sim.traces import load_traces
 
 GEO = Path(__file__).resolve().parent.parent / "examples" / "geo.yaml"
@@ -27,6 +29,52 @@ def _watch(monkeypatch, check):
         check(self)
 
     monkeypatch.setattr(Network, "_reschedule", watched)
+
+
+def test_a_single_stream_dense_broadcast_never_exceeds_one_streams_cap(monkeypatch):
+    # PrimeRL-Full publishes a 15.6 GB version every step and a broadcast takes longer than a
+    # step, so versions k and k+1 are both being sent: on one connection, one after the other.
+    link = load_topology(GEO).links[0]
+    consts = load_traces().constants
+    one_stream = tcp_cap(
+        streams=1,
+        rtt_s=link.rtt_ms / 1e3,
+        loss=link.loss,
+        window_bytes=consts.tcp_window_bytes.value,
+        mss_bytes=consts.mss_bytes.value,
+    )
+    peak = [0.0]
+
+    def check(net):
+        wan = [f for f in net.flows if any(r.name.startswith("wan:") for r in f.path)]
+        peak[0] = max(peak[0], sum(f.rate * f.mult for f in wan))
+
+    _watch(monkeypatch, check)
+    cfg = SimConfig(
+        topology=load_topology(GEO), traces=load_traces(), strategy=strategy("prime-full"), steps=5
+    )
+    Simulation(cfg).run()
+    assert one_stream * 0.99 < peak[0] <= one_stream * (1 + 1e-9)
+
+
+def test_versions_on_one_connection_are_sent_one_after_the_other():
+    env = simpy.Environment()
+    net = Network(env)
+    link = Resource("wan", 100.0)
+    done = {}
+    for name in ("v1", "v2"):
+        net.start(
+            name,
+            100.0,
+            (link,),
+            cap=50.0,
+            bundle=("trainer", "relay"),
+            on_done=lambda f: done.__setitem__(f.label, env.now),
+        )
+    net.start("other", 100.0, (link,), cap=50.0, on_done=lambda f: done.__setitem__("o", env.now))
+    env.run()
+    # v2 waits for v1 on its connection, and does not take v1's share meanwhile.
+    assert done == {"v1": pytest.approx(2.0), "o": pytest.approx(2.0), "v2": pytest.approx(4.0)}
 
 
 def _fanout_s(lan_gbps: float) -> float:
