@@ -191,7 +191,7 @@ class Simulation:
                 done.succeed()
 
         self.transfers.on_hold = held
-        self.trainer.extract_until, self.trainer.extract_rate = -math.inf, math.inf
+        self.trainer.ready_at, self.trainer.produce_rate = -math.inf, math.inf
         self.driver.feed(
             DeltaPublished(
                 version=1, weights_hash=weights_hash(1), delta_bytes=int(self.version_bytes)

@@ -6,15 +6,16 @@ Theory of operation
 The loop, for k = 1, 2, ...::
 
     wait until batch k is complete
-    wait until the previous version's extraction has ended (it reads the weights step k changes)
     train for tokens(k) / (tokens/s per GPU x GPUs)
-    publish version k (delta or dense, see below)
+    wait until the background work on version k-1 is done with the host buffers
+    get the weights out: the blocking part of the strategy's publication (sim.publication)
+    publish version k; its background work (extraction, serialization) runs beside step k+1
 
-A delta strategy extracts ``D_k`` for ``extract_s`` after training and, cut-through, announces it
-when extraction starts, so segments leave while the scan runs (the network caps the Trainer's
-flows at the extraction rate until it ends); ``aurora-nocut`` announces it when extraction ends.
-A dense strategy announces the full checkpoint at once. Every ``snapshot_interval`` versions a
-full snapshot also goes to the Checkpoint Store.
+A delta strategy extracts ``D_k`` and, cut-through, announces it when extraction starts, so
+segments leave while the scan runs (the network caps the Trainer's flows at the extraction rate
+until it ends); ``aurora-nocut`` announces it when extraction ends. A dense strategy announces
+the checkpoint once it is written. Every ``snapshot_interval`` versions a full snapshot also goes
+to the Checkpoint Store.
 
 A Trainer crash ends the process's life wherever it is (it stops when it next wakes); a new
 life starts after ``trainer_restart_s`` and redoes the step that was in progress.
@@ -30,6 +31,7 @@ import simpy
 
 from aurora.policy.ledger import DeltaPublished
 from aurora.policy.membership import TRAINER
+from sim.publication import publication
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from sim.model import Simulation
@@ -49,10 +51,13 @@ class Trainer:
         self.trained = 0
         """Newest version published."""
         self.crashed = False
-        self.extract_until = 0.0
-        """When the extraction of the newest version ends (simulated s)."""
-        self.extract_rate = math.inf
-        """Bytes/s the extraction produces (caps cut-through sends until it ends)."""
+        self.pub = publication(sim)
+        """What publishing a version costs (blocking and background work)."""
+        self.ready_at = 0.0
+        """When the background work on the newest version ends: its bytes are all produced
+        (simulated s)."""
+        self.produce_rate = math.inf
+        """Bytes/s the background work produces (caps cut-through sends until it ends)."""
         self.published_at: dict[int, float] = {}
         self._wake: simpy.Event | None = None
         self._life: object | None = None
@@ -97,11 +102,6 @@ class Trainer:
                 self._wake = wake = env.event()
                 yield wake
                 continue
-            if env.now < self.extract_until:
-                # The extractor reads the bf16 weights the next optimizer step would change, so
-                # the Trainer waits for it (the paper's residual gap to Ideal-SingleDC, §6.2).
-                yield env.timeout(self.extract_until - env.now)
-                continue
             duration = sim.prompts_per_batch * sim.tokens_per_lease / rate
             start = env.now
             sim.recorder.log("trainer", f"train step {k}")
@@ -109,6 +109,17 @@ class Trainer:
             if self._life is not me:
                 return  # crashed while training: the step is redone after restart
             sim.recorder.span("trainer", TRAINER, "train", k, start)
+            if env.now < self.ready_at:
+                # The host buffers still hold what the last extraction reads.
+                yield env.timeout(self.ready_at - env.now)
+                if self._life is not me:
+                    return
+            if self.pub.blocking_s > 0:
+                start = env.now
+                yield env.timeout(self.pub.blocking_s)
+                if self._life is not me:
+                    return
+                sim.recorder.span("trainer", TRAINER, self.pub.blocking, k, start)
             self.publish(k)
 
     # -- publication ----------------------------------------------------------------------------
@@ -121,23 +132,20 @@ class Trainer:
         sim.recorder.row(v)
         snapshot = int(sim.dense_bytes) if v % sim.cfg.snapshot_interval == 0 else None
         if strat.payload == "dense":
-            extract = 0.0
             snapshot = int(sim.dense_bytes)
-        elif strat.rdma:
-            extract = 0.0
-        else:
-            extract = sim.model.extract_s.value
         event = DeltaPublished(
             version=v,
             weights_hash=weights_hash(v),
             delta_bytes=int(sim.version_bytes),
             snapshot_bytes=snapshot,
         )
-        self.extract_until = now + extract
-        self.extract_rate = sim.version_bytes / extract if extract > 0 else math.inf
-        if extract > 0:
-            sim.later(extract, lambda: sim.recorder.span("trainer", TRAINER, "extract", v, now))
-        if strat.cut_through or extract == 0:
+        pub = self.pub
+        work = pub.background_s
+        self.ready_at = now + work
+        self.produce_rate = sim.version_bytes / work if work > 0 else math.inf
+        if work > 0:
+            sim.later(work, lambda: sim.recorder.span("trainer", TRAINER, pub.background, v, now))
+        if pub.cut_through or work == 0:
             sim.recorder.log("trainer", f"publish v{v}")
             sim.driver.feed(event)
         else:
@@ -147,7 +155,7 @@ class Trainer:
                 sim.driver.feed(event)
                 sim.orchestrator.try_request()
 
-            sim.later(extract, publish)
+            sim.later(work, publish)
         self.published_at[v] = now
         if v >= sim.cfg.steps:
             sim.finished.succeed()

@@ -196,14 +196,14 @@ class Transfers:
         if src == TRAINER:
             trainer = sim.trainer
             now = self.env.now
-            extracting = trainer.extract_until > now and v == trainer.trained
-            if extracting and strat.cut_through:
+            producing = trainer.ready_at > now and v == trainer.trained
+            if producing and trainer.pub.cut_through:
                 # The first segment must be extracted before it can be sent.
-                first = min(sim.cfg.segment_bytes, size) / trainer.extract_rate
-                producer = Producer(rate=trainer.extract_rate, until=trainer.extract_until)
+                first = min(sim.cfg.segment_bytes, size) / trainer.produce_rate
+                producer = Producer(rate=trainer.produce_rate, until=trainer.ready_at)
                 sim.later(first, lambda: self._start(v, src, todo, size, None, producer))
-            elif extracting:
-                sim.later(trainer.extract_until - now, lambda: self._start(v, src, todo, size))
+            elif producing:
+                sim.later(trainer.ready_at - now, lambda: self._start(v, src, todo, size))
             else:
                 self._start(v, src, todo, size)
             return
