@@ -161,6 +161,18 @@ class SimConfig:
             raise ValueError("segment_bytes and snapshot_interval must be >= 1")
         if self.spot_hazard_per_hour < 0:
             raise ValueError(f"spot_hazard_per_hour must be >= 0, got {self.spot_hazard_per_hour}")
+        if self.spot_hazard_per_hour > 0 and not any(g.spot for g in self.topology.actors):
+            raise ValueError(
+                f"spot_hazard_per_hour: {self.spot_hazard_per_hour:g} preemptions per hour, but "
+                f"topology {self.topology.name!r} has no spot Actors (set spot: true on an "
+                "Actor group)"
+            )
+        for name in ("spot_notice_s", "spot_return_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+        if not self.stall_after_s > 0:
+            raise ValueError(f"stall_after_s must be > 0, got {self.stall_after_s!r}")
         # Everything the run will look up must exist: fail before simulating, naming the field.
         model = self.topology.trainer.model
         m = self.traces.model(model, where="trainer.model")
@@ -173,8 +185,6 @@ class SimConfig:
             self.traces.gpu(group.gpu, model, where=f"actors[{i}].gpu")
         check_faults(self.faults, self.topology, steps=self.steps)
         for f in self.faults:
-            if f.kind == "link_cut":
-                raise ValueError(f"--fault {f.spec()!r}: link_cut is not simulated yet")
             if f.kind == "join":
                 self.traces.gpu(f.gpu, model, where=f"faults join {f.target}.gpu")
         self.traces.workload(self.workload)

@@ -12,14 +12,19 @@ simulated time, ``@step=N`` faults right after batch ``N`` is handed out (the or
 * ``join``: a fresh machine that must catch up from a snapshot;
 * ``region_loss``: every Actor and relay of the region; ``relay_fail``: one relay (a standalone
   one, or a seed Actor);
-* ``trainer_crash``: the Trainer restarts after ``trainer_restart_s`` and redoes its step.
+* ``trainer_crash``: the Trainer restarts after ``trainer_restart_s`` and redoes its step;
+* ``link_cut``: the WAN path between two regions carries nothing for ``duration_s``: flows on it
+  stall and resume when it is restored (TCP retransmits; nothing verified is lost), and when one
+  end is the Trainer's region, messages between the Ledger and that region's Actors (results,
+  throughput, staging reports; leases, commits, catch-up plans) wait until then, in order, and
+  are judged when they arrive (a result may then be late).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aurora.faults import Fault
+from aurora.faults import Fault, link_ends
 from aurora.policy.ledger import ActorLeft, ActorLost, PreemptionNotice, RelayLost
 from aurora.topology import ActorGroup
 from sim.nodes import ActorNode, Node
@@ -34,6 +39,9 @@ class Faults:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.env = sim.env
+        self.cut_off: dict[str, int] = {}
+        """Regions the Ledger cannot reach (a cut of their link to the Trainer's region), with
+        the number of cuts in force."""
 
     def schedule(self, faults: tuple[Fault, ...]) -> None:
         for f in faults:
@@ -87,8 +95,34 @@ class Faults:
                     self.lose(actor, graceful=False)
             else:
                 raise ValueError(f"fault relay_fail: unknown relay or Actor {f.target!r}")
+        elif f.kind == "link_cut":
+            self.cut(f)
         else:
             raise ValueError(f"fault {f.spec()!r}: {f.kind} is not simulated")
+
+    def cut(self, f: Fault) -> None:
+        sim = self.sim
+        topo = sim.cfg.topology
+        ends = link_ends(f.target, topo)
+        if ends is None:
+            raise ValueError(f"fault {f.spec()!r}: no such link")
+        res = sim.transfers.wan[frozenset(ends)]
+        sim.net.set_cut(res, True)
+        remote = [r for r in ends if r != topo.trainer.region]
+        isolated = remote[0] if len(remote) == 1 else None
+        if isolated is not None:
+            self.cut_off[isolated] = self.cut_off.get(isolated, 0) + 1
+
+        def restore() -> None:
+            sim.recorder.log("faults", f"link {f.target} restored")
+            sim.net.set_cut(res, False)
+            if isolated is not None:
+                self.cut_off[isolated] -= 1
+                if not self.cut_off[isolated]:
+                    del self.cut_off[isolated]
+                    sim.driver.reconnected(isolated)
+
+        sim.later(f.duration_s, restore)
 
     def _live_actor(self, f: Fault) -> ActorNode | None:
         actors = self.sim.actors.nodes

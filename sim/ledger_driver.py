@@ -12,6 +12,10 @@ kept (``fed``, ``decisions``) when the run records decisions, so a test can repl
 ``decide`` alone (the policy-parity test).
 
 Lease expiries need a ``Tick`` just after them: one timer per distinct expiry time.
+
+While a ``link_cut`` separates a region from the Trainer's (:mod:`sim.faults`), messages between
+the Ledger and that region's Actors are held here and delivered, in order, when it is restored:
+the Actors' reports are then judged at their arrival time.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import TYPE_CHECKING
 from aurora.policy.ledger import Accepted as AcceptedAction
 from aurora.policy.ledger import (
     Action,
+    ActorLeft,
+    ActorLost,
     Assign,
     CatchUp,
     Commit,
@@ -42,6 +48,11 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 _TICK_SLACK_S = 1e-6
 """A lease is expired strictly after its expiry; tick this long after it (s)."""
+_TO_ACTORS = (Assign, Commit, CatchUp, Route, FallBack)
+"""Actions that are messages to an Actor (held while its region is cut off)."""
+_GONE = (ActorLeft, ActorLost)
+"""Events the Ledger learns whatever the network (a lost Actor stops heartbeating): what that
+Actor's region still held for or from it is dropped."""
 
 
 class LedgerDriver:
@@ -62,9 +73,45 @@ class LedgerDriver:
         self.fed: list[tuple[float, Event]] = []
         self.decisions: list[list[Action]] = []
         self._ticks: set[float] = set()
+        self._held: dict[str, tuple[list[Action], list[Event]]] = {}
+        """Per region cut off from the Ledger: actions to its Actors, and their reports."""
+
+    def _cut_off(self, actor: str) -> str | None:
+        """The region of ``actor`` if the Ledger cannot reach it now, else None."""
+        cut = self.sim.faults.cut_off
+        if not cut:
+            return None
+        node = self.sim.actors.nodes.get(actor)
+        return node.region if node is not None and node.region in cut else None
+
+    def _forget(self, actor: str) -> None:
+        for actions, events in self._held.values():
+            actions[:] = [a for a in actions if getattr(a, "actor", None) != actor]
+            events[:] = [e for e in events if getattr(e, "actor", None) != actor]
+
+    def reconnected(self, region: str) -> None:
+        """``region`` can reach the Ledger again: deliver what waited, in order."""
+        actions, events = self._held.pop(region, ([], []))
+        for action in actions:
+            if isinstance(action, FallBack):
+                self.sim.transfers.fall_back(action)
+            else:
+                self._do(action)
+        for event in events:
+            self.feed(event)
 
     def feed(self, event: Event) -> None:
         """Report ``event`` to the Ledger at ``env.now`` and carry out its decisions."""
+        if self._held or self.sim.faults.cut_off:
+            kind = type(event)
+            if kind in _GONE:
+                # Whatever the machine had not yet got through is lost with it.
+                self._forget(event.actor)  # type: ignore[union-attr]
+            elif kind is not Tick:
+                region = self._cut_off(getattr(event, "actor", ""))
+                if region is not None:
+                    self._held.setdefault(region, ([], []))[1].append(event)
+                    return
         now = self.env.now
         _, actions = decide(self.state, event, now=now)
         self.fed.append((now, event))
@@ -81,10 +128,25 @@ class LedgerDriver:
         # A new relay's own fallback (to the Trainer) first, so that its region can follow it.
         fallbacks.sort(key=lambda a: a.source in sim.actors.nodes)
         for action in fallbacks:
-            sim.transfers.fall_back(action)
+            if not self._hold(action):
+                sim.transfers.fall_back(action)
+
+    def _hold(self, action: Action) -> bool:
+        """Keep an action for an Actor the Ledger cannot reach now; True if kept."""
+        if not self.sim.faults.cut_off or not isinstance(action, _TO_ACTORS):
+            return False
+        region = self._cut_off(action.actor)
+        if region is None:
+            return False
+        self._held.setdefault(region, ([], []))[0].append(action)
+        return True
 
     def _do(self, action: Action) -> None:
         sim, rec = self.sim, self.sim.recorder
+        if self._hold(action):
+            if isinstance(action, Assign):
+                self._schedule_tick(action.expiry)  # the Ledger's clock runs on
+            return
         if isinstance(action, Assign):
             sim.actors.assign(action)
             self._schedule_tick(action.expiry)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +82,11 @@ class Result:
 
 class SimulationStalled(RuntimeError):
     """Nothing is left that could ever finish the run (e.g. every Actor is gone)."""
+
+    def __init__(self, message: str, result: Result | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+        """What the run produced up to the stall (rows, trace, timeline)."""
 
 
 class Simulation:
@@ -152,7 +157,7 @@ class Simulation:
         self._setup()
         self.trainer.start()
         self.orchestrator.try_request()
-        self._watchdog(0)
+        self.env.process(self._watchdog())
         # The cyclic garbage collector would rescan the Ledger's whole lease history (10^5-10^6
         # long-lived objects) again and again: measured at 60% of a 10^4-Actor run. The model
         # makes few reference cycles (a flow and its transfer), so it runs without it.
@@ -160,13 +165,19 @@ class Simulation:
         gc.disable()
         try:
             self.env.run(until=self.finished)
+        except SimulationStalled as exc:
+            raise SimulationStalled(str(exc), self.result()) from None
         except RuntimeError as exc:
             if "No scheduled events left" not in str(exc):
                 raise
-            raise SimulationStalled(self._stall_report()) from None
+            raise SimulationStalled(self._stall_report(), self.result()) from None
         finally:
             if was_enabled:
                 gc.enable()
+        return self.result()
+
+    def result(self) -> Result:
+        """What the run has produced so far."""
         return Result(
             rows=self.recorder.rows,
             trace=self.recorder.trace,
@@ -225,16 +236,19 @@ class Simulation:
             self.actors.join(actor_id, group.region, group.gpu, group.nic_gbps, group.spot, 0)
         self.faults.schedule(cfg.faults)
 
-    def _watchdog(self, steps_seen: int) -> None:
-        def check() -> None:
-            if self.trainer.trained == steps_seen and not self.finished.triggered:
+    def _watchdog(self) -> Generator[simpy.Event, Any, None]:
+        """Stop the run ``stall_after_s`` simulated seconds after the last step, if no step
+        completes in between (every Actor gone for good, say)."""
+        rows = self.recorder.rows
+        while True:
+            seen = self.trainer.trained
+            since = rows[-1]["time_s"] if rows else 0.0
+            yield self.env.timeout(since + self.cfg.stall_after_s - self.env.now)
+            if self.trainer.trained == seen:
                 raise SimulationStalled(
-                    f"no step completed in {self.cfg.stall_after_s:.0f} simulated seconds; "
-                    + self._stall_report()
+                    f"no step completed in the {self.cfg.stall_after_s:g} simulated seconds "
+                    f"after t={since:.1f} s; " + self._stall_report()
                 )
-            self._watchdog(self.trainer.trained)
-
-        self.later(self.cfg.stall_after_s, check)
 
     def _stall_report(self) -> str:
         live = sorted(a.id for a in self.actors.nodes.values() if a.live)

@@ -67,7 +67,7 @@ def tcp_cap(
 class Resource:
     """A shared link or interface with a (possibly changing) capacity in bytes/s."""
 
-    __slots__ = ("name", "capacity", "flows", "carried", "per_member")
+    __slots__ = ("name", "capacity", "flows", "carried", "per_member", "cut")
 
     def __init__(self, name: str, capacity: float, *, per_member: bool = False) -> None:
         if not capacity > 0:
@@ -76,6 +76,8 @@ class Resource:
         self.capacity = capacity
         self.per_member = per_member
         """One receiver's resource: a cohort flow loads it with one member's rate."""
+        self.cut = 0
+        """While > 0 (cuts in force), it carries nothing; ``capacity`` is kept for after."""
         self.flows: dict[Flow, None] = {}
         """Flows on this resource, in start order (a dict, so iteration is deterministic)."""
         self.carried = 0.0
@@ -280,6 +282,13 @@ class Network:
         res.capacity = capacity
         self._reschedule()
 
+    def set_cut(self, res: Resource, cut: bool) -> None:
+        """Cut ``res`` (it carries nothing; flows on it stall) or lift one cut of it."""
+        self._advance()
+        res.cut += 1 if cut else -1
+        assert res.cut >= 0
+        self._reschedule()
+
     def settle(self) -> None:
         """Bring every flow's progress and byte counters up to ``env.now``."""
         self._advance()
@@ -349,7 +358,7 @@ class Network:
         count: dict[Resource, int] = {}
         for f in self.flows:
             for res, w in zip(f.path, f.weights, strict=True):
-                left.setdefault(res, res.capacity)
+                left.setdefault(res, 0.0 if res.cut else res.capacity)
                 count[res] = count.get(res, 0) + w
         by_cap = sorted(self.flows, key=lambda f: (caps[f], f.started, f.label))
         i = 0

@@ -450,7 +450,7 @@ def test_aurora_sim_command_reports_a_bad_topology_without_a_traceback(tmp_path)
         main(["sim", "--topology", str(GEO), "--fault", "preempt"])
 
 
-_KINDS = ["preempt", "preempt_notice", "leave", "join", "relay_fail", "trainer_crash"]
+_KINDS = ["preempt", "preempt_notice", "leave", "join", "relay_fail", "trainer_crash", "link_cut"]
 
 
 @settings(max_examples=60, deadline=None)
@@ -468,6 +468,8 @@ def test_random_fault_schedules_finish_and_never_lose_a_prompt(strategy_name, fa
         target = "" if kind == "trainer_crash" else f"ca-a100-{who}"
         if kind == "join":
             schedule.append(Fault(kind="join", target=f"new-{i}", region="ca", gpu="A100", at_s=at))
+        elif kind == "link_cut":
+            schedule.append(Fault(kind=kind, target="us-ca", at_s=at, duration_s=10 + 5 * who))
         else:
             schedule.append(Fault(kind=kind, target=target, at_s=at))
     cfg = geo_config(
