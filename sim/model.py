@@ -72,9 +72,9 @@ class Result:
         span = sum(r["step_time_s"] for r in rows)
         return {
             "steps": len(self.rows),
-            "step_time_s": span / len(rows),
-            "tokens_per_s": tokens / span,
-            "wan_gb_per_step": sum(r["wan_bytes"] for r in rows) / len(rows) / 1e9,
+            "step_time_s": span / len(rows) if rows else math.nan,
+            "tokens_per_s": tokens / span if span > 0 else math.nan,
+            "wan_gb_per_step": sum(r["wan_bytes"] for r in rows) / max(len(rows), 1) / 1e9,
             "expired_leases": sum(r["expired"] for r in self.rows),
             "sim_time_s": self.sim_time,
         }

@@ -410,46 +410,6 @@ def test_simulation_state_is_independent_between_runs():
     assert a.rows == b.rows and math.isfinite(a.sim_time)
 
 
-def test_aurora_sim_command_prints_a_table_and_writes_rows(tmp_path, capsys):
-    from aurora.cli import main
-
-    rc = main(
-        [
-            "sim",
-            "--topology",
-            str(GEO),
-            "--strategy",
-            "aurora,prime-full",
-            "--steps",
-            "3",
-            "--out",
-            str(tmp_path),
-            "--fault",
-            "preempt:ca-a100-1@step=2",
-        ]
-    )
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert "aurora " in out and "prime-full" in out
-    import pandas as pd
-
-    assert (tmp_path / "us-canada.png").stat().st_size > 10_000
-    rows = pd.read_csv(tmp_path / "us-canada-aurora-s0" / "steps.csv")
-    assert list(rows["step"]) == [1, 2, 3]
-    assert {"git_sha", "seed", "strategy", "tokens_per_s", "wan_bytes"} <= set(rows.columns)
-
-
-def test_aurora_sim_command_reports_a_bad_topology_without_a_traceback(tmp_path):
-    from aurora.cli import main
-
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("name: x\n")
-    with pytest.raises(SystemExit, match=r"aurora sim: .*bad.yaml: trainer: required field"):
-        main(["sim", "--topology", str(bad)])
-    with pytest.raises(SystemExit, match="expected KIND:TARGET@step=N"):
-        main(["sim", "--topology", str(GEO), "--fault", "preempt"])
-
-
 _KINDS = ["preempt", "preempt_notice", "leave", "join", "relay_fail", "trainer_crash", "link_cut"]
 
 
