@@ -108,6 +108,7 @@ class Flow:
         "queued",
         "on_begin",
         "weights",
+        "began",
     )
 
     def __init__(
@@ -142,6 +143,8 @@ class Flow:
         """Waiting behind earlier flows of its bundle: moves no bytes yet."""
         self.on_begin: list[Callable[[], None]] = []
         """Called (through the event queue) when it leaves the queue."""
+        self.began: float | None = None
+        """When it left its queue and started moving bytes (simulated s)."""
         self.weights: tuple[int, ...] = ()
         """Load per unit of rate on each resource of ``path`` (``mult``, or 1 per member)."""
         self.set_weights()
@@ -312,6 +315,7 @@ class Network:
 
     def _begin(self, flow: Flow) -> None:
         flow.queued = False
+        flow.began = self.env.now
         self.flows.append(flow)
         for res in flow.path:
             res.flows[flow] = None

@@ -37,6 +37,11 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from sim.model import Simulation
 
 
+HOST = "trainer-host"
+"""The Trainer's host CPUs in the timeline: extraction and serialization run there, beside
+training on the GPUs."""
+
+
 def weights_hash(version: int) -> str:
     """Stand-in for h(v) in the simulator: unique per version, as the real hash chain is."""
     return f"h{version}"
@@ -144,7 +149,7 @@ class Trainer:
         self.ready_at = now + work
         self.produce_rate = sim.version_bytes / work if work > 0 else math.inf
         if work > 0:
-            sim.later(work, lambda: sim.recorder.span("trainer", TRAINER, pub.background, v, now))
+            sim.later(work, lambda: sim.recorder.span("trainer", HOST, pub.background, v, now))
         if pub.cut_through or work == 0:
             sim.recorder.log("trainer", f"publish v{v}")
             sim.driver.feed(event)

@@ -345,7 +345,10 @@ class Transfers:
             who = transfer.members[0] + (
                 f" +{len(transfer.members) - 1}" if len(transfer.members) > 1 else ""
             )
-            sim.recorder.span("transfer", f"{src}->{who}", "transfer", v, transfer.start)
+            flow = transfer.flow
+            # From when bytes moved (it may have waited behind an earlier version on its pair).
+            began = flow.began if flow is not None and flow.began is not None else transfer.start
+            sim.recorder.span("transfer", f"{src}->{who}", "transfer", v, began)
         for member in transfer.members:
             node = self.node(member)
             if node.inbound.get(v) is not transfer or not node.live:
