@@ -145,7 +145,8 @@ class SimConfig:
     """Stop with :class:`sim.model.SimulationStalled` when no step completes for this many
     simulated seconds (a deployment that cannot make progress, e.g. every Actor churning)."""
     record_trace: bool = True
-    """Keep the human-readable event trace (turn off for 10^4 Actors)."""
+    """Keep the human-readable event trace, the timeline and every event fed to the Ledger with
+    its decisions (turn off for 10^4 Actors and for sweeps)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:

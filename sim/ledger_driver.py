@@ -8,8 +8,8 @@ The simulator never decides who works on what. Every role reports what happened 
 calls ``decide`` at ``env.now`` and routes its actions: ``Assign``/``Commit``/``CatchUp``/``Route``
 to :mod:`sim.actors`, ``Fanout``/``FallBack`` to :mod:`sim.transfers`, ``Accepted`` to the
 orchestrator's batch accounting, the rest to the recorder. Each fed event and its actions are
-kept (``fed``, ``decisions``) when the run records decisions, so a test can replay the run through
-``decide`` alone (the policy-parity test).
+kept (``fed``, ``decisions``) when the run records its trace, so a test can replay the run
+through ``decide`` alone (the policy-parity test).
 
 Lease expiries need a ``Tick`` just after them: one timer per distinct expiry time.
 
@@ -70,6 +70,9 @@ class LedgerDriver:
                 relays=cfg.strategy.relays,
             )
         )
+        self.record = cfg.record_trace
+        """Keep every fed event and its actions (the parity test replays them); 10^5 Actors
+        feed 10^7 events, so big runs do not."""
         self.fed: list[tuple[float, Event]] = []
         self.decisions: list[list[Action]] = []
         self._ticks: set[float] = set()
@@ -114,8 +117,9 @@ class LedgerDriver:
                     return
         now = self.env.now
         _, actions = decide(self.state, event, now=now)
-        self.fed.append((now, event))
-        self.decisions.append(actions)
+        if self.record:
+            self.fed.append((now, event))
+            self.decisions.append(actions)
         sim = self.sim
         fallbacks = []
         for action in actions:

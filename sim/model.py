@@ -57,9 +57,10 @@ class Result:
     timeline: list[dict[str, Any]]
     """Spans ``{role, who, activity, version, start, end}`` for Gantt charts."""
     fed: list[tuple[float, Event]]
-    """Every event fed to ``decide``, with its time: replaying it reproduces ``decisions``."""
+    """Every event fed to ``decide``, with its time: replaying it reproduces ``decisions``
+    (empty unless ``record_trace``)."""
     decisions: list[list[Action]]
-    """The actions ``decide`` returned for each fed event."""
+    """The actions ``decide`` returned for each fed event (empty unless ``record_trace``)."""
     events: int
     """SimPy events processed (for events/s)."""
     sim_time: float
