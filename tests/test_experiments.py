@@ -169,3 +169,29 @@ def test_the_notebooks_cover_every_experiment():
     )
     for name in run_all.EXPERIMENTS:
         assert f'load("{name}")' in text, name
+
+
+def test_a_band_moves_one_unstated_input_at_a_time():
+    from experiments import bands, relay
+
+    point = relay.points()[0]
+    cfg = point.config
+    (rtt,) = bands.vary([point], "rtt=x2")
+    assert [lk.rtt_ms for lk in rtt.config.topology.links] == [
+        2 * lk.rtt_ms for lk in cfg.topology.links
+    ]
+    assert rtt.config.traces == cfg.traces
+    (gen,) = bands.vary([point], "gen_window=x2")
+    before = cfg.traces.gpus["A100"].tokens_per_s["qwen3-8b"].value
+    assert gen.config.traces.gpus["A100"].tokens_per_s["qwen3-8b"].value == before / 2
+    assert gen.config.topology == cfg.topology
+
+
+def test_bands_report_each_claim_at_the_default_and_at_either_end(tmp_path):
+    from experiments import bands
+
+    df = bands.bands(tmp_path, experiments=("heterogeneity",), variants=("gen_window=x2",))
+    assert len(df) == len(heterogeneity.PAPER_GAIN_PCT)
+    for row in df.itertuples():
+        assert row.low <= row.default <= row.high
+        assert {row.low_at, row.high_at} <= {"default", "gen_window=x2"}
