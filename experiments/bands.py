@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
