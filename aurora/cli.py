@@ -7,6 +7,10 @@ aurora delta bench            encode a synthetic Qwen3-8B-layer step with every 
 aurora delta inspect FILE     print a delta checkpoint's header and tensor table
 aurora replay TRACE.json      replay a Ledger event trace through aurora.policy and print
                               every decision (the golden trace in tests/golden is one)
+aurora real --topology T.yaml run the deployment on real processes on this host (Trainer,
+                              Ledger, relays, Actors), over loopback
+aurora trainer|ledger|relay|actor
+                              one role of a real deployment, for separate hosts
 """
 
 from __future__ import annotations
@@ -256,6 +260,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_bench)
+    from aurora import keys
+    from aurora.runtime.cli import add_parsers
+
+    keys.add_parser(sub)
+    add_parsers(sub)
+    from emulation import cli as emulation_cli
+
+    emulation_cli.add_parser(sub)
     return parser
 
 

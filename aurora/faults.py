@@ -29,6 +29,9 @@ kind                      target                            meaning
                                                             its checkpoint
 ``link_cut``              link ``A-B`` (regions)            the link drops everything for
                                                             ``duration_s``, then is restored
+``ledger_crash``          (none)                            the Job Ledger process is lost and
+                                                            restarts from its log (real mode only:
+                                                            the simulator has no Ledger process)
 ========================  ================================  ======================================
 """
 
@@ -50,6 +53,7 @@ FAULT_KINDS = (
     "relay_fail",
     "trainer_crash",
     "link_cut",
+    "ledger_crash",
 )
 """Every fault kind, in the order of the table in the module docstring."""
 
@@ -68,6 +72,7 @@ EXAMPLES = (
     "relay_fail:relay-ca@t=200",
     "trainer_crash@t=500",
     "link_cut:us-ca@t=60,for=20",
+    "ledger_crash@t=90",
 )
 """One example per kind (help text and docs)."""
 
@@ -107,9 +112,9 @@ class Fault:
             raise ValueError(f"fault {self.kind}: t must be >= 0 seconds, got {self.at_s}")
         if self.at_step is not None and self.at_step < 1:
             raise ValueError(f"fault {self.kind}: step must be >= 1, got {self.at_step}")
-        if self.kind == "trainer_crash":
+        if self.kind in ("trainer_crash", "ledger_crash"):
             if self.target:
-                raise ValueError(f"fault trainer_crash takes no target, got {self.target!r}")
+                raise ValueError(f"fault {self.kind} takes no target, got {self.target!r}")
         elif not self.target:
             raise ValueError(f"fault {self.kind}: target is required")
         if self.kind == "join" and not (self.region and self.gpu):
@@ -159,12 +164,12 @@ def parse_fault(text: str) -> Fault:
     if kind not in FAULT_KINDS:
         raise bad(f"unknown kind {kind!r} (one of {', '.join(FAULT_KINDS)})")
     kwargs: dict[str, object] = {"kind": kind}
-    want = {"join": 4, "trainer_crash": 1}.get(kind, 2)
+    want = {"join": 4, "trainer_crash": 1, "ledger_crash": 1}.get(kind, 2)
     if len(parts) != want:
         raise bad()
     if kind == "join":
         kwargs.update(target=parts[1], region=parts[2], gpu=parts[3])
-    elif kind != "trainer_crash":
+    elif kind not in ("trainer_crash", "ledger_crash"):
         kwargs["target"] = parts[1]
     for i, item in enumerate(when.split(",")):
         key, eq, value = item.partition("=")
@@ -196,12 +201,18 @@ def check_faults(faults: Iterable[Fault], topology: Topology, *, steps: int) -> 
 
     Raises ``ValueError`` naming the fault (in its command-line spelling) when it targets an
     Actor, region, relay or link the topology does not have (joined Actors count from their
-    join on), when it comes after the last step, or when a joining id is already taken.
+    join on), when it comes after the last step, or when a joining id is taken by an Actor that
+    no earlier fault took away (a preempted Actor may come back under its own id). Faults
+    given by time and by step are ordered time first, then step, for this check.
     """
     actors = {aid for aid, _ in topology.actor_ids()}
     relays = {r.id for r in topology.relays}
     regions = {r.name for r in topology.regions}
-    for f in faults:
+    region_of = {aid: g.region for aid, g in topology.actor_ids()}
+    gone: set[str] = set()
+    """Actors an earlier fault (in time order) took away: they may join again (a return)."""
+    order = sorted(faults, key=lambda f: (f.at_s is None, f.at_s or 0.0, f.at_step or 0))
+    for f in order:
 
         def bad(why: str, f: Fault = f) -> ValueError:
             return ValueError(f"--fault {f.spec()!r}: {why}")
@@ -217,12 +228,18 @@ def check_faults(faults: Iterable[Fault], topology: Topology, *, steps: int) -> 
             raise bad(f"unknown region {f.target!r} (known: {', '.join(sorted(regions))})")
         if f.kind == "region_loss" and f.target == topology.trainer.region:
             raise bad("the Trainer's region cannot be lost (use trainer_crash)")
+        if f.kind in ("preempt", "preempt_notice", "leave"):
+            gone.add(f.target)
+        if f.kind == "region_loss":
+            gone |= {a for a in actors if region_of.get(a) == f.target}
         if f.kind == "join":
-            if f.target in actors | relays:
-                raise bad(f"id {f.target!r} is already in use")
+            if (f.target in actors and f.target not in gone) or f.target in relays:
+                raise bad(f"id {f.target!r} is already in use (a return needs an earlier loss)")
             if f.region not in regions:
                 raise bad(f"unknown region {f.region!r} (known: {', '.join(sorted(regions))})")
             actors.add(f.target)
+            region_of[f.target] = f.region
+            gone.discard(f.target)
         if f.kind == "link_cut" and link_ends(f.target, topology) is None:
             names = ", ".join(f"{lk.a}-{lk.b}" for lk in topology.links) or "none"
             raise bad(f"no link {f.target!r} (links: {names})")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import types
 import typing
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,9 @@ class ActorGroup:
     """Rate of each Actor's network interface (Gbit/s)."""
     name: str | None = None
     """Prefix of the Actor ids (``<name>-<i>``); defaults to ``<region>-<gpu>``."""
+    engine: str | None = None
+    """Inference engine of these Actors in real mode (``transformers``, ``vllm``); None takes
+    ``real.engine``."""
 
     def __post_init__(self) -> None:
         _positive(self, "count", "nic_gbps")
@@ -145,6 +148,86 @@ class RelaySpec:
         return self.name or f"relay-{self.region}"
 
 
+ENGINES = ("transformers", "vllm", "standin")
+"""Inference engines an Actor can run in real mode (``standin``: the labelled stand-in of
+:mod:`aurora.runtime.standin`, for load and fault tests)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RealSpec:
+    """How ``aurora real`` runs this deployment on real processes (all optional)."""
+
+    model: str = "tiny"
+    """``tiny`` (a built-in tiny Qwen3 warm-started on the task), a local Hugging Face model
+    directory, or a hub id (loaded with ``from_pretrained``)."""
+    engine: str = "transformers"
+    """Default inference engine of the Actors (one of ``transformers``, ``vllm``, ``standin``)."""
+    device: str = "cpu"
+    """Device of the Trainer (``cpu`` or ``cuda``)."""
+    task: str = "arithmetic"
+    """Procedural task with a rule-based reward (``aurora.rl.tasks``)."""
+    regime: str = "learn"
+    """``learn``: a learning rate at which the tiny model learns in minutes (dense deltas);
+    ``transfer``: an RL-scale learning rate (sparse deltas, learning not expected), for transfer
+    experiments; every output names the regime."""
+    learning_rate: float | None = None
+    """Overrides the regime's learning rate."""
+    steps: int = 20
+    """Training steps of a default run."""
+    prompts_per_step: int = 32
+    """Prompts per batch over all Actors (B); each prompt is one lease of ``group_size``
+    completions."""
+    group_size: int = 8
+    """Completions per prompt (the GRPO group, G)."""
+    max_new_tokens: int | None = None
+    """Longest completion (tokens); None takes the task's."""
+    temperature: float = 1.0
+    """Sampling temperature of the Actors."""
+    actors: int | None = 4
+    """Actors started on one host: the topology's groups are scaled to this many in total
+    (at least one per group, largest remainder); None starts every Actor of the topology."""
+    relays: str = "standalone"
+    """``standalone``: one relay process per remote region; ``seed``: an Actor of the region
+    relays (the paper's seed Actor)."""
+    snapshot_interval: int = 10
+    """The Trainer writes a full snapshot every this many versions (joins start from one)."""
+    lease_initial_s: float = 60.0
+    """Lease length (s) until enough completions are timed to use k x median."""
+    threads_per_process: int = 1
+    """torch threads per role process (the roles share the host's cores)."""
+    host: str = "127.0.0.1"
+    """Address every role listens on when ``aurora real`` starts them on one host."""
+    store: str | None = None
+    """Checkpoint Store URL (a directory or an fsspec URL); None: ``<run dir>/store``."""
+    eval_prompts: int = 200
+    """Held-out prompts scored at the start and the end of the run."""
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {list(ENGINES)}, got {self.engine!r}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.regime not in ("learn", "transfer"):
+            raise ValueError(f"regime must be learn or transfer, got {self.regime!r}")
+        if self.relays not in ("standalone", "seed"):
+            raise ValueError(f"relays must be standalone or seed, got {self.relays!r}")
+        _positive(
+            self,
+            "steps",
+            "prompts_per_step",
+            "group_size",
+            "temperature",
+            "snapshot_interval",
+            "lease_initial_s",
+            "threads_per_process",
+            "eval_prompts",
+        )
+        for name in ("actors", "max_new_tokens", "learning_rate"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Topology:
     """A whole deployment."""
@@ -161,6 +244,8 @@ class Topology:
     """Actor groups."""
     relays: tuple[RelaySpec, ...] = ()
     """Standalone relays."""
+    real: RealSpec = field(default_factory=RealSpec)
+    """Settings of ``aurora real`` (real processes); every field has a default."""
 
     def __post_init__(self) -> None:
         names = [r.name for r in self.regions]
@@ -193,6 +278,11 @@ class Topology:
             if group.prefix in ids:
                 raise ValueError(f"actors[{i}].name: two Actor groups named {group.prefix!r}")
             ids.add(group.prefix)
+        for i, group in enumerate(self.actors):
+            if group.engine is not None and group.engine not in ENGINES:
+                raise ValueError(
+                    f"actors[{i}].engine: must be one of {list(ENGINES)}, got {group.engine!r}"
+                )
         for i, relay in enumerate(self.relays):
             check_region(f"relays[{i}].region", relay.region)
             self._check_path(f"relays[{i}].region", relay.region)
@@ -349,6 +439,7 @@ __all__ = [
     "ActorGroup",
     "Fluctuation",
     "LinkSpec",
+    "RealSpec",
     "RegionSpec",
     "RelaySpec",
     "TrainerSpec",

@@ -14,9 +14,13 @@ import time
 import numpy as np
 
 from aurora.delta import DeltaEncoder, weights_hash
+from aurora.delta.announce import public_key_of
 from aurora.transport import Node, TransportConfig
 
 SECRET = b"benchmark-secret-0123"
+KEY = bytes(range(32))
+"""The Trainer's signing key in the benchmarks (raw Ed25519)."""
+TRUST = {"job": "bench", "public_key": public_key_of(KEY)}
 
 
 def chain(mb: float, versions: int):
@@ -49,7 +53,9 @@ def segments(mb: float):
 
 async def serve(host: str, port: int, mb: float, streams: int) -> None:
     segs, _ = segments(mb)
-    node = Node("trainer", TransportConfig(secret=SECRET, streams=streams))
+    node = Node(
+        "trainer", TransportConfig(secret=SECRET, streams=streams, **TRUST), signing_key=KEY
+    )
     await node.serve(host, port)
     await node.publish(1, segs)
     print("ready", flush=True)
@@ -62,7 +68,7 @@ async def receive(host: str, port: int, mb: float, streams: int) -> None:
     node = Node(
         "actor",
         # An Actor commits memory for the deltas it expects when it starts (before the clock).
-        TransportConfig(secret=SECRET, streams=streams, prefault_bytes=size + (1 << 20)),
+        TransportConfig(secret=SECRET, streams=streams, prefault_bytes=size + (1 << 20), **TRUST),
         sources=[(host, port)],
         active=(0, h0),
     )
@@ -76,7 +82,9 @@ async def receive(host: str, port: int, mb: float, streams: int) -> None:
 
 
 async def relay(host: str, port: int, streams: int, listen: int, n: int) -> None:
-    node = Node("relay", TransportConfig(secret=SECRET, streams=streams), sources=[(host, port)])
+    node = Node(
+        "relay", TransportConfig(secret=SECRET, streams=streams, **TRUST), sources=[(host, port)]
+    )
     await node.serve("0.0.0.0", listen)
     print("ready", flush=True)
     while sum(1 for s in node.subscribers.values() if s.subscribed) < n:
@@ -90,7 +98,7 @@ async def receive_wall(host: str, port: int, mb: float, streams: int, name: str)
     segs, h0 = segments(mb)
     node = Node(
         name,
-        TransportConfig(secret=SECRET, streams=streams),
+        TransportConfig(secret=SECRET, streams=streams, **TRUST),
         sources=[(host, port)],
         active=(0, h0),
     )

@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 
 from aurora.delta import DeltaEncoder, weights_hash
+from aurora.delta.announce import public_key_of
 from aurora.transport import Node, TransportConfig
 
 pytestmark = pytest.mark.benchmark(group="transport")
 SECRET = b"memory-benchmark-secret"
+KEY = bytes(range(32))
 
 
 def _rss_bytes() -> int:
@@ -29,8 +31,15 @@ async def _run(versions: int) -> tuple[list[int], int, int]:
     rng = np.random.default_rng(0)
     weights = {"w": rng.integers(0, 2**16, 2_000_000, dtype=np.uint16)}
     h0 = h = weights_hash(weights)
-    cfg = TransportConfig(secret=SECRET, streams=3, stall_s=0.2, cache_versions=4)
-    trainer = Node("trainer", cfg)
+    cfg = TransportConfig(
+        secret=SECRET,
+        streams=3,
+        stall_s=0.2,
+        cache_versions=4,
+        job="soak",
+        public_key=public_key_of(KEY),
+    )
+    trainer = Node("trainer", cfg, signing_key=KEY)
     relay = Node("relay", cfg, sources=[("127.0.0.1", await trainer.serve())])
     actor = Node("actor", cfg, sources=[("127.0.0.1", await relay.serve())], active=(0, h0))
     await relay.subscribe()

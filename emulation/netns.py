@@ -1,68 +1,33 @@
-"""Two hosts and a router in Linux network namespaces, with an htb rate limit on the router.
+"""Two hosts and a router with an htb bottleneck: the data plane's benchmark link.
 
 Theory of operation
 -------------------
-``sender`` -- veth -- ``router`` -- veth -- ``receiver``. The router forwards IPv4 and shapes
-its egress towards the receiver with htb (rate) and a pfifo queue (buffer), so the bottleneck
-sits on a router and TCP sees real drops and queueing, not the local backpressure it would feel
-if the sender's own interface were shaped (``../shared/notes/wan-emulation-on-this-kernel.md``).
-
-This kernel has htb/tbf/pfifo but no netem, so no propagation delay is added here: the path's
-RTT is the veth's ~0.1 ms. :func:`netem_available` detects netem instead of assuming it; a
-caller that needs delay must check it and fail loudly. Everything is done with the ``ip`` and
-``tc`` commands of iproute2 (no Python netlink dependency), as root; without the rights,
-:class:`EmulationUnavailable` says why, and tests skip with that reason.
+``sender`` -- router -- ``receiver``, built by :func:`emulation.network.build_network` as a
+two-region network with one link at ``rate_mbit`` (both directions), a bottleneck queue of
+``queue_packets`` MTU frames, no added delay and no loss, and super-packets (GSO) kept as the
+host's defaults make them. The bottleneck sits on the router, so TCP sees real drops and
+queueing, not the local backpressure it would feel if the sender's own interface were shaped
+(``shared/notes/wan-emulation-on-this-kernel.md``). The namespaces are tagged like every
+emulated network's, so :func:`emulation.cleanup.cleanup_leftovers` removes those of a killed
+run. For delay, loss and whole topologies use :func:`emulation.network.build_network`.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from emulation.network import Network, build_network, check_available, netem_available
+from emulation.plan import MTU_FRAME_BYTES, EmulationError, EmulationUnavailable, PlanLink
 
-class EmulationUnavailable(RuntimeError):
-    """Namespaces or qdiscs cannot be made here (not root, no iproute2, no kernel support)."""
-
-
-def _run(argv: Sequence[str]) -> str:
-    proc = subprocess.run(list(argv), capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise EmulationUnavailable(f"`{' '.join(argv)}` failed: {proc.stderr.strip()}")
-    return proc.stdout
-
-
-def check_available() -> None:
-    """Raise :class:`EmulationUnavailable` with the reason when namespaces cannot be made."""
-    if os.geteuid() != 0:
-        raise EmulationUnavailable("network namespaces need root (this process is not root)")
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            raise EmulationUnavailable(f"the `{tool}` command (iproute2) is not installed")
-    probe = f"aurprobe{uuid.uuid4().hex[:6]}"
-    _run(["ip", "netns", "add", probe])
-    _run(["ip", "netns", "del", probe])
-
-
-def netem_available() -> bool:
-    """Whether this kernel has the netem qdisc (delay, loss); probed on a dummy interface."""
-    ns = f"aurnetem{uuid.uuid4().hex[:6]}"
-    try:
-        _run(["ip", "netns", "add", ns])
-    except EmulationUnavailable:
-        return False
-    try:
-        _run(["ip", "-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1"])
-        proc = subprocess.run(
-            ["tc", "-n", ns, "qdisc", "add", "dev", "p0", "root", "netem", "delay", "1ms"],
-            capture_output=True,
-        )
-        return proc.returncode == 0
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+__all__ = [
+    "EmulatedLink",
+    "EmulationError",
+    "EmulationUnavailable",
+    "check_available",
+    "netem_available",
+]
 
 
 @dataclass
@@ -72,63 +37,40 @@ class EmulatedLink:
     rate_mbit: float
     """Bottleneck rate on the router (Mbit/s)."""
     queue_packets: int = 1000
-    """pfifo limit at the bottleneck (packets)."""
-    prefix: str = ""
+    """Bottleneck queue (MTU frames; a bfifo of this many 1514-byte frames)."""
+    net: Network | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if not self.rate_mbit > 0:
             raise ValueError(f"rate_mbit must be > 0, got {self.rate_mbit}")
-        self.prefix = self.prefix or f"aur{uuid.uuid4().hex[:5]}"
-        p = self.prefix
-        self.sender, self.router, self.receiver = f"{p}-s", f"{p}-r", f"{p}-c"
-        self.sender_ip, self.receiver_ip = "10.77.1.1", "10.77.2.1"
+        if self.queue_packets < 1:
+            raise ValueError(f"queue_packets must be >= 1, got {self.queue_packets}")
 
     def __enter__(self) -> EmulatedLink:
-        check_available()
-        p = self.prefix
-        try:
-            for ns in (self.sender, self.router, self.receiver):
-                _run(["ip", "netns", "add", ns])
-                _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-            for a, b, ns, ip_host, ip_router in (
-                (f"{p}s0", f"{p}rs", self.sender, self.sender_ip, "10.77.1.2"),
-                (f"{p}c0", f"{p}rc", self.receiver, self.receiver_ip, "10.77.2.2"),
-            ):
-                _run(["ip", "link", "add", a, "type", "veth", "peer", "name", b])
-                _run(["ip", "link", "set", a, "netns", ns])
-                _run(["ip", "link", "set", b, "netns", self.router])
-                _run(["ip", "-n", ns, "addr", "add", f"{ip_host}/24", "dev", a])
-                _run(["ip", "-n", self.router, "addr", "add", f"{ip_router}/24", "dev", b])
-                _run(["ip", "-n", ns, "link", "set", a, "up"])
-                _run(["ip", "-n", self.router, "link", "set", b, "up"])
-                _run(["ip", "-n", ns, "route", "add", "default", "via", ip_router])
-            _run(["ip", "netns", "exec", self.router, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
-            dev = f"{p}rc"  # router egress towards the receiver: the bottleneck
-            # htb root with one class at the link rate; a pfifo of queue_packets under it, so
-            # TCP sees drops when it overruns the bottleneck.
-            tc = ["tc", "-n", self.router]
-            _run([*tc, *f"qdisc add dev {dev} root handle 1: htb default 10".split()])
-            rate = f"rate {self.rate_mbit}mbit"
-            _run([*tc, *f"class add dev {dev} parent 1: classid 1:10 htb {rate}".split()])
-            limit = f"limit {self.queue_packets}"
-            _run([*tc, *f"qdisc add dev {dev} parent 1:10 handle 10: pfifo {limit}".split()])
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
+        self.net = build_network(
+            None,
+            links=[
+                PlanLink(index=0, a="sender", b="receiver", gbps=self.rate_mbit / 1e3, rtt_ms=0)
+            ],
+            regions=["sender", "receiver"],
+            verify=False,
+            segmentation="gso",
+            queue_bytes=self.queue_packets * MTU_FRAME_BYTES,
+        )
+        net = self.net
+        self.sender, self.receiver = net.namespace("sender"), net.namespace("receiver")
+        self.router = net.router_namespace
+        self.sender_ip, self.receiver_ip = net.address("sender"), net.address("receiver")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for ns in (self.sender, self.router, self.receiver):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        if self.net is not None:
+            self.net.close()
 
     def bottleneck_bytes(self) -> int:
-        """Bytes sent so far through the router's rate-limited class (the emulated WAN)."""
-        out = _run(["tc", "-s", "-n", self.router, "class", "show", "dev", f"{self.prefix}rc"])
-        for line in out.splitlines():
-            line = line.strip()
-            if line.startswith("Sent "):
-                return int(line.split()[1])
-        raise EmulationUnavailable(f"no byte counter in `tc -s class show`: {out!r}")
+        """Bytes sent so far through the router's rate-limited class toward the receiver."""
+        assert self.net is not None
+        return self.net.class_bytes("sender", "receiver")
 
     def popen(self, ns: str, argv: Sequence[str], **kw: object) -> subprocess.Popen:
         """Start ``argv`` inside namespace ``ns``."""

@@ -186,6 +186,11 @@ class SimConfig:
             self.traces.gpu(group.gpu, model, where=f"actors[{i}].gpu")
         check_faults(self.faults, self.topology, steps=self.steps)
         for f in self.faults:
+            if f.kind == "ledger_crash":
+                raise ValueError(
+                    f"--fault {f.spec()!r}: the simulator has no Ledger process to crash "
+                    "(real mode only)"
+                )
             if f.kind == "join":
                 self.traces.gpu(f.gpu, model, where=f"faults join {f.target}.gpu")
         self.traces.workload(self.workload)

@@ -60,7 +60,7 @@ def test_a_malformed_spec_is_refused_naming_it(text, why):
         ("preempt:ca-a100-1@step=31", "step 31 is after the last step of the run (30)"),
         ("preempt:ca-a100-8@step=3", "unknown Actor 'ca-a100-8'"),
         ("relay_fail:relay-eu@t=3", "unknown relay or Actor 'relay-eu'"),
-        ("join:ca-a100-0:ca:A100@step=3", "id 'ca-a100-0' is already in use"),
+        ("join:ca-a100-0:ca:A100@step=3", "(a return needs an earlier loss)"),
         ("join:new-0:eu:A100@step=3", "unknown region 'eu'"),
         ("link_cut:us-eu@t=1", "no link 'us-eu' (links: us-ca)"),
     ],
@@ -79,6 +79,14 @@ def test_a_joined_actor_can_be_targeted_later_and_seed_actors_count_as_relays():
             parse_fault("relay_fail:ca-a100-0@t=9"),
             parse_fault("link_cut:ca-us@t=9"),
         ],
+        GEO,
+        steps=30,
+    )
+
+
+def test_a_preempted_actor_may_return_under_its_own_id():
+    check_faults(
+        [parse_fault("preempt:ca-a100-1@step=3"), parse_fault("join:ca-a100-1:ca:A100@step=6")],
         GEO,
         steps=30,
     )

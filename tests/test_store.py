@@ -152,3 +152,182 @@ def test_snapshots_are_safetensors_that_torch_reads_as_bfloat16(tmp_path):
     for name, bits in states[0].items():
         assert loaded[name].dtype == torch.bfloat16
         assert np.array_equal(loaded[name].view(torch.uint16).numpy(), bits)
+
+
+# ---- trust: exclusive publish, strict names, crashed publishers, signed announcements -------
+
+KEY = bytes(range(32))
+JOB = "store-job"
+
+
+def _signed_store(path):
+    from aurora.delta.announce import public_key_of
+
+    return CheckpointStore(path, job=JOB, public_key=public_key_of(KEY))
+
+
+def test_of_concurrent_publishers_of_one_version_exactly_one_wins(tmp_path):
+    import threading
+
+    from aurora.store.files import write_exclusive
+
+    _, deltas = _chain(1)
+    variants = [deltas[0]] + [bytes(b) for b in (bytearray(deltas[0]) for _ in range(7))]
+    for i, v in enumerate(variants[1:], 1):  # same name, other bytes (a torn copy would do)
+        variants[i] = v[:-1] + bytes([v[-1] ^ i])
+    path = tmp_path / "v00000001.delta"
+    results = [None] * len(variants)
+    start = threading.Barrier(len(variants))
+
+    def publish(i):
+        start.wait()
+        try:
+            results[i] = write_exclusive(path, variants[i])
+        except FileExistsError:
+            results[i] = "refused"
+
+    threads = [threading.Thread(target=publish, args=(i,)) for i in range(len(variants))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    winners = [i for i, r in enumerate(results) if r is True]
+    assert len(winners) == 1 and results.count("refused") == len(variants) - 1
+    assert path.read_bytes() == variants[winners[0]]
+    assert write_exclusive(path, variants[winners[0]]) is False  # the same bytes: a no-op
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
+
+
+def test_a_second_publisher_of_other_bytes_gets_a_clear_error_and_the_first_stays(tmp_path):
+    states, deltas = _chain(1)
+    a, b = CheckpointStore(tmp_path), CheckpointStore(tmp_path)  # two publishers, one store
+    a.publish_snapshot(0, states[0])
+    with pytest.raises(StoreError, match="snapshots/v00000000.safetensors already exists"):
+        b.publish_snapshot(0, states[1])
+    assert a.snapshot(0)[1] == weights_hash(states[0])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "deltas/v00000001.delta\n",
+        "deltas/v0000000\u0661.delta",  # an Arabic-Indic digit matches \d, not [0-9]
+        "deltas/v00000001.delta/",
+        "deltas/v00000001.announce\n",
+        "snapshots/v00000001.delta",
+    ],
+)
+def test_names_with_a_trailing_newline_or_non_ascii_digits_are_refused(store, name):
+    with pytest.raises(PathOutsideRootError):
+        store.resolve(name)
+
+
+def test_a_symbolic_link_under_the_root_cannot_lead_out_of_it(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "v00000001.delta").write_bytes(b"secret")
+    store = CheckpointStore(tmp_path / "store")
+    (tmp_path / "store" / "deltas" / "v00000002.delta").symlink_to(outside / "v00000001.delta")
+    with pytest.raises(PathOutsideRootError, match="symbolic link"):
+        store.delta_bytes(2)
+    (tmp_path / "store" / "snapshots").rmdir()
+    (tmp_path / "store" / "snapshots").symlink_to(outside)
+    with pytest.raises(PathOutsideRootError, match="symbolic link"):
+        store.resolve("snapshots/v00000001.safetensors")
+
+
+def test_temp_files_of_a_killed_publisher_are_removed_when_the_store_is_opened(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from aurora.store.files import _host
+
+    CheckpointStore(tmp_path)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    crashed = tmp_path / "deltas" / f".v00000001.delta.tmp.{_host()}.{dead.stdout.strip()}.x1"
+    crashed.write_bytes(b"half a delta")
+    live = tmp_path / "deltas" / f".v00000002.delta.tmp.{_host()}.{os.getpid()}.x2"
+    live.write_bytes(b"being written")
+    store = CheckpointStore(tmp_path)
+    assert store.cleaned == [f"deltas/{crashed.name}"]
+    assert not crashed.exists() and live.exists()  # a live writer's file is left alone
+
+
+def test_a_joiner_verifies_snapshot_and_chain_from_an_untrusted_store(tmp_path):
+    states, deltas = _chain(3)
+    trainer = _signed_store(tmp_path)
+    h0 = trainer.publish_snapshot(0, states[0], signing_key=KEY)
+    for data in deltas[:2]:
+        trainer.publish_delta(data, signing_key=KEY)
+    h2 = trainer.delta(2).weights_hash
+    trainer.publish_snapshot(2, states[2], chain_hash=h2, signing_key=KEY)
+    trainer.publish_delta(deltas[2], signing_key=KEY)
+    joiner = _signed_store(tmp_path)  # e.g. a mirror: nothing in it is believed unchecked
+    state, snap = joiner.verified_snapshot(2)
+    assert snap.chain_hash == h2 and snap.weights_hash == weights_hash(states[2])
+    d3, ann3 = joiner.verified_delta(3)
+    h3 = apply_chain([d3], state, active_version=2, active_hash=snap.chain_hash)
+    assert h3 == ann3.weights_hash and weights_hash(state) == weights_hash(states[3])
+    assert joiner.verified_snapshot(0)[1].chain_hash == h0
+
+
+def test_a_mirror_that_swaps_an_artifact_or_its_announcement_is_caught(tmp_path):
+    from aurora.delta.announce import describe_delta, sign
+
+    states, deltas = _chain(2)
+    trainer = _signed_store(tmp_path / "honest")
+    trainer.publish_snapshot(0, states[0], signing_key=KEY)
+    trainer.publish_delta(deltas[0], signing_key=KEY)
+    # The mirror holds a valid delta for v1 that the Trainer never announced ...
+    other = _chain_from(states[0], seed=9)
+    mirror = tmp_path / "mirror"
+    (mirror / "deltas").mkdir(parents=True)
+    (mirror / "snapshots").mkdir()
+    (mirror / "deltas" / "v00000001.delta").write_bytes(other)
+    (mirror / "deltas" / "v00000001.announce").write_bytes(trainer.announcement(1))
+    with pytest.raises(StoreError, match="bytes, announced|is not the expected"):
+        _signed_store(mirror).verified_delta(1)
+    # ... or an announcement signed by another key, or for another job.
+    forged = sign(describe_delta(JOB, other), bytes(32))
+    (mirror / "deltas" / "v00000001.announce").write_bytes(forged)
+    with pytest.raises(StoreError, match="not signed by this job's Trainer key"):
+        _signed_store(mirror).verified_delta(1)
+    (mirror / "deltas" / "v00000001.announce").write_bytes(sign(describe_delta("x", other), KEY))
+    with pytest.raises(StoreError, match="signed for job 'x'"):
+        _signed_store(mirror).verified_delta(1)
+    # A snapshot with a bit flipped fails its announced hash (or its size).
+    snap = (tmp_path / "honest" / "snapshots" / "v00000000.safetensors").read_bytes()
+    (mirror / "snapshots" / "v00000000.safetensors").write_bytes(snap[:-1] + b"\x00")
+    (mirror / "snapshots" / "v00000000.announce").write_bytes(trainer.announcement(0, "snapshots"))
+    with pytest.raises(StoreError):
+        _signed_store(mirror).verified_snapshot(0)
+    with pytest.raises(StoreError, match="opened without the job id"):
+        CheckpointStore(mirror).verified_delta(1)
+
+
+def test_an_announcement_that_does_not_describe_the_file_is_not_stored(tmp_path):
+    from aurora.delta.announce import describe_delta, sign
+
+    states, deltas = _chain(1)
+    store = _signed_store(tmp_path)
+    wrong = sign(describe_delta(JOB, _chain_from(states[0], seed=5)), KEY)
+    with pytest.raises(StoreError, match="does not describe this delta file"):
+        store.publish_delta(deltas[0], announcement=wrong)
+    assert store.list().deltas == ()
+
+
+def _chain_from(state, seed):
+    """Another valid D_1 on the same base (other changes)."""
+    rng = np.random.default_rng(seed)
+    new = {k: v.copy() for k, v in state.items()}
+    for v in new.values():
+        flat = v.reshape(-1)
+        flat[rng.choice(flat.size, 5, replace=False)] ^= 0x0202
+    enc = DeltaEncoder(state, new, model="toy", version=1, base_hash=weights_hash(state))
+    return b"".join(s.data for s in enc.segments())

@@ -12,11 +12,26 @@ import numpy as np
 import pytest
 
 from aurora.delta import DeltaEncoder, Segment, apply_delta, weights_hash
+from aurora.delta.announce import describe_parts, public_key_of, sign
 from aurora.transport import Node, TransportConfig, wire
-from aurora.transport.wire import AuthError
 
 SECRET = b"job-secret-0123456789abcdef"
-CFG = TransportConfig(secret=SECRET, streams=3, stall_s=0.2)
+KEY = bytes(range(32))
+"""The Trainer's signing key in these tests (raw Ed25519)."""
+JOB = "test-job"
+TRUST = {"job": JOB, "public_key": public_key_of(KEY)}
+CFG = TransportConfig(secret=SECRET, streams=3, stall_s=0.2, **TRUST)
+
+
+def _sub(node, peer_id):
+    """The subscriber state of ``peer_id`` on a source (keyed by id and session)."""
+    (sub,) = [s for s in node.subscribers.values() if s.id == peer_id]
+    return sub
+
+
+def _signed(segments):
+    """The Trainer's signed announcement of a delta given as segments."""
+    return sign(describe_parts(JOB, segments[0].data, segments[-1].data), KEY)
 
 
 def _step(seed: int = 0, version: int = 1):
@@ -39,7 +54,7 @@ def run(coro):
 
 
 async def _tree(n_actors: int, *, relay: bool = True, h0: str, cfg: TransportConfig = CFG):
-    trainer = Node("trainer", cfg)
+    trainer = Node("trainer", cfg, signing_key=KEY)
     tport = await trainer.serve()
     nodes = [trainer]
     sources = [("127.0.0.1", tport)]
@@ -69,7 +84,7 @@ def test_a_delta_reaches_every_actor_through_a_relay_and_applies_bit_exactly():
         await trainer.commit(1)
         for a in actors:
             await a.wait_for(lambda a=a: 1 in a.staged and 1 in a.committed, 10)
-        sent_by_trainer = {sub: len(s.streams) for sub, s in trainer.subscribers.items()}
+        sent_by_trainer = {s.id: len(s.streams) for s in trainer.subscribers.values()}
         for n in nodes:
             await n.close()
         return actors, sent_by_trainer
@@ -111,13 +126,14 @@ def test_actors_fall_back_to_the_trainer_when_their_relay_dies_mid_transfer():
         await trainer.publish(1, segments[15:])
         for a in actors:
             await a.wait_for(lambda a=a: 1 in a.staged, 10)
+        came = {s.id for s in trainer.subscribers.values()}
         for n in nodes:
             await n.close()
-        return trainer, actors
+        return came, actors
 
-    trainer, actors = run(main())
+    came, actors = run(main())
     assert all(1 in a.staged for a in actors)
-    assert {"ca-0", "ca-1", "ca-2"} <= set(trainer.subscribers)  # they came to the Trainer
+    assert {"ca-0", "ca-1", "ca-2"} <= came  # they came to the Trainer
 
 
 def test_a_corrupted_segment_is_refused_and_fetched_again():
@@ -125,19 +141,19 @@ def test_a_corrupted_segment_is_refused_and_fetched_again():
 
     async def main():
         trainer, relay, (actor,), nodes = await _tree(1, h0=h0)
-        sub = relay.subscribers["ca-0"]
-        real = sub.send_segment
+        real = relay._cached
         flipped = []
 
-        def corrupting(version, seg):  # the relay flips a byte the first time it forwards seq 7
-            if seg.seq == 7 and not flipped:
-                flipped.append(seg.seq)
+        def corrupting(version, seq):  # the relay flips a byte the first time it serves seq 7
+            seg = real(version, seq)
+            if seq == 7 and not flipped and seg is not None:
+                flipped.append(seq)
                 bad = bytearray(seg.data)
                 bad[100] ^= 0xFF
                 seg = Segment(seg.key, seg.seq, seg.offset, bytes(bad), seg.checksum)
-            real(version, seg)
+            return seg
 
-        sub.send_segment = corrupting
+        relay._cached = corrupting
         await trainer.publish(1, segments)
         await actor.wait_for(lambda: 1 in actor.staged, 10)
         for n in nodes:
@@ -147,7 +163,8 @@ def test_a_corrupted_segment_is_refused_and_fetched_again():
     actor, flipped = run(main())
     assert flipped == [7]
     assert actor.corrupt_segments == 1  # refused on arrival ...
-    assert 1 in actor.staged and not actor.refused  # ... fetched again, verified whole
+    assert 1 in actor.staged and not actor.refused  # ... fetched from the Trainer, verified whole
+    assert actor.metrics.source_switches == 1  # the relay is not used again for v1
 
 
 def test_a_delta_on_the_wrong_base_is_refused_with_the_reason_and_not_staged():
@@ -170,22 +187,25 @@ def test_a_peer_with_the_wrong_secret_is_disconnected_and_gets_nothing(caplog):
     _, _, h0, segments = _step()
 
     async def main():
-        trainer = Node("trainer", CFG)
+        trainer = Node("trainer", CFG, signing_key=KEY)
         port = await trainer.serve()
         await trainer.publish(1, segments)
         intruder = Node(
             "intruder",
-            TransportConfig(secret=b"not-the-secret-xxxxxx"),
+            TransportConfig(secret=b"not-the-secret-xxxxxx", **TRUST),
             sources=[("127.0.0.1", port)],
             active=(0, h0),
         )
-        with pytest.raises(AuthError, match="does not know the job's secret"):
+        with pytest.raises(ConnectionError, match="refused our proof"):
             await intruder.subscribe()
-        # A client that skips the server check and sends a forged proof is refused too.
+        # A client that sends a forged proof is refused too, and the server never proves itself
+        # to a peer that has not proved itself first.
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(wire.frame(wire.HELLO, msgpack.packb({"id": "forger", "nonce": b"x" * 32})))
+        hello = {"id": "forger", "session": b"s" * 16, "nonce": b"x" * 32}
+        writer.write(wire.frame(wire.HELLO, msgpack.packb(hello)))
         await writer.drain()
-        await wire.read_frame(reader)
+        kind, body = await wire.read_frame(reader)
+        assert kind == wire.CHALLENGE and set(msgpack.unpackb(body)) == {"nonce"}
         writer.write(wire.frame(wire.AUTH, b"\0" * 32))
         await writer.drain()
         with pytest.raises(asyncio.IncompleteReadError):
@@ -198,7 +218,7 @@ def test_a_peer_with_the_wrong_secret_is_disconnected_and_gets_nothing(caplog):
 
     with caplog.at_level(logging.WARNING, logger="aurora.transport"):
         trainer, intruder = run(main())
-    assert "forger" not in trainer.subscribers and "intruder" not in trainer.subscribers
+    assert not trainer.subscribers
     assert not intruder.versions
     assert "peer 'forger' failed authentication (wrong secret)" in caplog.text
 
@@ -231,17 +251,16 @@ def test_a_segment_lost_in_flight_is_fetched_again_after_the_stall_time():
 
     async def main():
         trainer, _, (actor,), nodes = await _tree(1, relay=False, h0=h0)
-        sub = trainer.subscribers["ca-0"]
-        real = sub.send_segment
+        real = trainer._cached
         dropped = []
 
-        def lossy(version, seg):  # the first copy of seq 3 never arrives (a stream broke)
-            if seg.seq == 3 and not dropped:
-                dropped.append(seg.seq)
-                return
-            real(version, seg)
+        def lossy(version, seq):  # the first copy of seq 3 never arrives (a stream broke)
+            if seq == 3 and not dropped:
+                dropped.append(seq)
+                return None
+            return real(version, seq)
 
-        sub.send_segment = lossy
+        trainer._cached = lossy
         await trainer.publish(1, segments)
         await actor.wait_for(lambda: 1 in actor.staged, 10)
         for n in nodes:
@@ -284,7 +303,7 @@ def test_the_data_plane_runs_over_tls_when_configured(tmp_path):
     server.load_cert_chain(cert, key)
     client = ssl.create_default_context(cafile=str(cert))
     client.check_hostname = False
-    cfg = TransportConfig(secret=SECRET, streams=2, ssl_server=server, ssl_client=client)
+    cfg = TransportConfig(secret=SECRET, streams=2, ssl_server=server, ssl_client=client, **TRUST)
     _, _, h0, segments = _step()
 
     async def main():
@@ -401,7 +420,7 @@ def test_a_node_that_activates_each_version_receives_the_next_into_the_reused_ar
     segments2 = list(enc2.segments())
 
     async def main():
-        cfg = TransportConfig(secret=SECRET, streams=2, prefault_bytes=1 << 20)
+        cfg = TransportConfig(secret=SECRET, streams=2, prefault_bytes=1 << 20, **TRUST)
         trainer, _, (actor,), nodes = await _tree(1, relay=False, h0=h0, cfg=cfg)
         assert actor._arenas.free == 1  # committed before the first delta
         await trainer.publish(1, segments)
@@ -466,7 +485,7 @@ def test_a_relay_and_the_trainer_keep_only_the_newest_versions_in_memory():
         weights, h = nxt, enc.weights_hash
 
     async def main():
-        cfg = TransportConfig(secret=SECRET, streams=2, stall_s=0.2, cache_versions=2)
+        cfg = TransportConfig(secret=SECRET, streams=2, stall_s=0.2, cache_versions=2, **TRUST)
         trainer, relay, (actor,), nodes = await _tree(1, h0=h0, cfg=cfg)
         for v, segs in enumerate(chain_of, 1):
             await trainer.publish(v, segs)
@@ -483,27 +502,9 @@ def test_a_relay_and_the_trainer_keep_only_the_newest_versions_in_memory():
     assert relay_reused >= 1  # D_4 arrived in the memory D_1 had, once D_1 was dropped
 
 
-def test_a_copy_racing_the_stream_that_fills_the_slot_neither_counts_nor_blocks_it():
-    """A re-fetched copy that arrives while the original stream is still writing the slot is
-    dropped; the original, once in, is what the node holds and forwards."""
-    _, _, h0, segments = _step()
-    node = Node("ca-0", CFG, active=(0, h0))
-    s1 = segments[1]
-    view = node._slot(1, s1.key, 1, s1.offset, len(s1.data), False)
-    assert view is not None
-    node._accept(1, s1)  # the racing copy, received elsewhere
-    assert 1 not in node.versions[1].segments
-    view[:] = s1.data
-    node._accept(1, Segment(s1.key, 1, s1.offset, view, s1.checksum))
-    assert node.versions[1].segments[1].data is view
-    for seg in segments:
-        node._accept(1, seg)
-    assert 1 in node.staged
-
-
 def test_a_peer_that_announces_a_huge_frame_before_authenticating_is_cut_off(caplog):
     async def main():
-        trainer = Node("trainer", CFG)
+        trainer = Node("trainer", CFG, signing_key=KEY)
         port = await trainer.serve()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(wire._HEAD.pack(200 << 20, wire.HELLO))  # and never the 200 MB
@@ -530,12 +531,14 @@ def test_a_stalled_stream_stops_taking_segments_and_the_others_carry_the_rest():
     segments = list(enc.segments())  # ~10 MB in 160 segments
 
     async def main():
-        cfg = TransportConfig(secret=SECRET, streams=2, stall_s=0.2, buffer_bytes=256 << 10)
+        cfg = TransportConfig(
+            secret=SECRET, streams=2, stall_s=0.2, buffer_bytes=256 << 10, **TRUST
+        )
         trainer, _, (actor,), nodes = await _tree(1, relay=False, h0=h0, cfg=cfg)
         actor._upstream[1].transport.pause_reading()  # this connection stops moving
         await trainer.publish(1, segments)
         await actor.wait_for(lambda: 1 in actor.staged, 15)
-        taken = [s.segments_sent for s in trainer.subscribers["ca-0"].streams]
+        taken = [s.segments_sent for s in _sub(trainer, "ca-0").streams]
         for n in nodes:
             await n.close()
         return taken
@@ -551,8 +554,11 @@ async def _hand_made_source(send_on_subscribe):
     asked to subscribe; a fetch is answered with every segment not held."""
     _, _, h0, segments = _step()
 
+    announce = wire.control({"op": "announce", "a": _signed(segments)})
+
     async def handle(reader, writer):
         await wire.server_handshake(lambda: wire.read_frame(reader), writer.write, secret=SECRET)
+        writer.write(announce)
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
                 _, body = await wire.read_frame(reader)
@@ -579,7 +585,7 @@ def test_a_stream_silent_in_the_middle_of_a_frame_is_closed_and_its_segment_fetc
 
     async def main():
         server, port, h0 = await _hand_made_source(send)
-        cfg = TransportConfig(secret=SECRET, streams=2, stall_s=0.1)
+        cfg = TransportConfig(secret=SECRET, streams=2, stall_s=0.1, **TRUST)
         actor = Node("ca-0", cfg, sources=[("127.0.0.1", port)], active=(0, h0))
         t = asyncio.get_running_loop().time()
         await actor.subscribe()
@@ -608,7 +614,7 @@ def test_a_slow_stream_that_keeps_receiving_is_never_closed(caplog):
 
     async def main():
         server, port, h0 = await _hand_made_source(send)
-        cfg = TransportConfig(secret=SECRET, streams=1, stall_s=0.05)
+        cfg = TransportConfig(secret=SECRET, streams=1, stall_s=0.05, **TRUST)
         actor = Node("ca-0", cfg, sources=[("127.0.0.1", port)], active=(0, h0))
         await actor.subscribe()
         await actor.wait_for(lambda: 1 in actor.staged, 10)

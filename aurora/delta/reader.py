@@ -5,6 +5,10 @@ leaves against ``id(D_v)`` (their Merkle root), ``h(v)`` against ``H(h(v-1) || i
 when the caller knows them (from the Trainer's signed announcement), ``id(D_v)`` and ``h(v)``
 against the expected values. The codec streams of the result are read-only views into the
 buffer: nothing is copied.
+
+Parsing is bounded: the header JSON may be at most ``MAX_HEADER_BYTES`` and a tensor record's at
+most ``MAX_RECORD_BYTES``, and JSON nested too deeply to parse is a :class:`CorruptError` like
+any other defect (never a ``RecursionError`` escaping to the caller).
 """
 
 from __future__ import annotations
@@ -27,20 +31,35 @@ from aurora.delta.records import (
     TensorDelta,
 )
 
+MAX_HEADER_BYTES = 64 << 10
+"""Largest header JSON read (bytes): a real one is ~250 bytes (model id, versions, a hash)."""
+MAX_RECORD_BYTES = 1 << 20
+"""Largest tensor record JSON read (bytes): a real one is ~150 bytes (name, shape, lengths)."""
 
-def _read_frame(buf: memoryview, pos: int, tag: bytes, what: str) -> tuple[dict, int]:  # type: ignore[type-arg]
+
+def _json(raw: bytes, what: str) -> object:
+    """``json.loads`` whose every failure, nesting too deep included, is a CorruptError."""
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise CorruptError(f"{what} is not valid JSON ({reason})") from None
+
+
+def _read_frame(
+    buf: memoryview, pos: int, tag: bytes, what: str, limit: int | None = None
+) -> tuple[dict, int]:  # type: ignore[type-arg]
     if pos + 5 > len(buf):
         raise TruncatedError(f"{what}: ends at byte {len(buf)}, frame needs {pos + 5}")
     if bytes(buf[pos : pos + 1]) != tag:
         raise CorruptError(f"{what}: expected frame {tag!r} at byte {pos}")
     (n,) = struct.unpack_from("<I", buf, pos + 1)
+    if limit is not None and n > limit:
+        raise CorruptError(f"{what}: frame of {n} bytes at {pos} exceeds {limit}")
     end = pos + 5 + n
     if end > len(buf):
         raise TruncatedError(f"{what}: frame of {n} bytes at {pos} runs past the end")
-    try:
-        obj = json.loads(bytes(buf[pos + 5 : end]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptError(f"{what}: frame at byte {pos} is not valid JSON ({exc})") from None
+    obj = _json(bytes(buf[pos + 5 : end]), f"{what}: frame at byte {pos}")
     if not isinstance(obj, dict):
         raise CorruptError(f"{what}: frame at byte {pos} is not an object")
     return obj, end
@@ -55,10 +74,14 @@ def parse_header(buf: bytes | memoryview) -> tuple[dict, int]:  # type: ignore[t
     fmt, n = struct.unpack_from("<HI", mv, 8)
     if fmt != FORMAT_VERSION:
         raise UnsupportedFormatError(f"format version {fmt}; this code reads {FORMAT_VERSION}")
+    if n > MAX_HEADER_BYTES:
+        raise CorruptError(f"header of {n} bytes exceeds {MAX_HEADER_BYTES}")
     if 14 + n > len(mv):
         raise TruncatedError(f"header of {n} bytes runs past the end ({len(mv)} bytes)")
+    head = _json(bytes(mv[14 : 14 + n]), "header")
     try:
-        head = json.loads(bytes(mv[14 : 14 + n]))
+        if not isinstance(head, dict):
+            raise TypeError("not an object")
         head = {k: head[k] for k in ("model", "version", "base", "base_hash", "segment_size")}
         if not (
             isinstance(head["version"], int)
@@ -66,6 +89,7 @@ def parse_header(buf: bytes | memoryview) -> tuple[dict, int]:  # type: ignore[t
             and isinstance(head["segment_size"], int)
             and head["segment_size"] >= 1024
             and isinstance(head["base_hash"], str)
+            and len(head["base_hash"]) == 2 * HASH_BYTES
             and isinstance(head["model"], str)
         ):
             raise TypeError("field types")
@@ -176,7 +200,7 @@ def _read_delta(
     tensors = []
     payload = mv[:payload_len]
     while pos < payload_len and bytes(payload[pos : pos + 1]) == b"T":
-        rec, pos = _read_frame(payload, pos, b"T", "tensor record")
+        rec, pos = _read_frame(payload, pos, b"T", "tensor record", MAX_RECORD_BYTES)
         try:
             lens = [int(n) for n in rec["streams"]]
             shape = tuple(int(d) for d in rec["shape"])

@@ -2,6 +2,17 @@
 
 See :class:`Reassembler`: segments land in one contiguous arena at their offsets and are verified
 there; the finished delta is parsed in place.
+
+Expected key, not first key. Given the Trainer's signed announcement of ``D_v``
+(:class:`aurora.delta.announce.VersionAnnouncement`, at construction or later with
+:meth:`Reassembler.expect`), a reassembler knows every segment that exists before any arrives:
+the transfer key, each seq's (offset, length) from the segment size, the trailer's length and
+place. Anything else - another key, an offset off that grid, a trailer of another length, a
+trailer whose ``id(D_v)`` is not the announced one - is refused before it is hashed or stored
+(:meth:`Reassembler.refutes` names why), so the bytes held never exceed the announced size, and
+no trailer makes it hash more leaves than the Trainer signed. Before an announcement the bytes a
+reassembler takes are capped by ``budget`` (charged in whole 4 KiB pages, the memory they
+commit), so a source cannot make it hold more than that either.
 """
 
 from __future__ import annotations
@@ -9,12 +20,28 @@ from __future__ import annotations
 import bisect
 import contextlib
 import struct
+from typing import TYPE_CHECKING
 
 from aurora.delta import arena as arena_mod
 from aurora.delta.errors import CorruptError, DeltaError, ForeignSegmentError, TruncatedError
 from aurora.delta.hashing import H, leaf_hash, merkle_root
 from aurora.delta.reader import _read_delta
 from aurora.delta.records import HASH_BYTES, MAGIC, TRAILER_MAGIC, Delta, Segment
+
+if TYPE_CHECKING:
+    from aurora.delta.announce import VersionAnnouncement
+
+PAGE = 4096
+"""Bytes the kernel commits per touched page: what a slot of the arena costs at least."""
+
+
+class BudgetError(DeltaError):
+    """More bytes than a reassembler may hold before its delta is announced."""
+
+
+def _pages(offset: int, length: int) -> int:
+    """Bytes of whole pages that ``length`` bytes at ``offset`` touch."""
+    return (-(-(offset + length) // PAGE) - offset // PAGE) * PAGE
 
 
 class Reassembler:
@@ -30,10 +57,12 @@ class Reassembler:
     so a duplicate, a re-fetch racing the original or a forged offset can never change what was
     verified, nor keep the delta from completing once the forged bytes are refused.
 
-    ``expected_id`` / ``expected_hash`` (from the Ledger) make segments from untrusted relays
-    safe: once the trailer is in, every segment is checked against the trailer's leaf hashes,
+    ``expected`` (the Trainer's signed announcement; or ``expected_id`` / ``expected_hash``
+    alone) makes segments from untrusted relays safe: every segment off the announced grid is
+    refused, once the trailer is in every segment is checked against the trailer's leaf hashes,
     and the trailer against ``id(D_v)`` / ``h(v)``. A segment that fails is dropped and reported
-    by the exception; :meth:`missing` lists what to fetch again.
+    by the exception; :meth:`missing` lists what to fetch again. ``budget`` caps the bytes taken
+    while nothing is expected (see the module docstring).
     """
 
     def __init__(
@@ -43,9 +72,16 @@ class Reassembler:
         expected_id: str | None = None,
         expected_hash: str | None = None,
         arena: memoryview | None = None,
+        expected: VersionAnnouncement | None = None,
+        budget: int | None = None,
     ) -> None:
         self.key = key
         self.expected_id, self.expected_hash = expected_id, expected_hash
+        self.expected: VersionAnnouncement | None = None
+        self.budget = budget
+        """Bytes (in whole pages) payload segments may take while nothing is expected."""
+        self.charged = 0
+        """Bytes (in whole pages) held or handed out as slots."""
         self._arena = arena
         """Writable bytes the file is assembled in (reserved on first use when not given)."""
         self._held: dict[int, tuple[int, int]] = {}
@@ -61,6 +97,87 @@ class Reassembler:
         self._trailer: tuple[int, int, list[bytes]] | None = None
         """(payload length, segment size, leaf hashes) from the verified trailer."""
         self._trailer_bytes: bytes | None = None
+        self._trailer_slot: memoryview | None = None
+        """The buffer handed out for the trailer and not yet added or abandoned."""
+        self._refuted: list[int] = []
+        """Held segments the trailer refuted since :meth:`take_refuted` was last called."""
+        if expected is not None:
+            self.expect(expected)
+
+    # -- what is expected ----------------------------------------------------------------
+
+    def expect(self, ann: VersionAnnouncement) -> list[int]:
+        """From now on accept only what ``ann`` announces. Held segments off its grid are
+        dropped (their seqs are returned, to fetch again); ForeignSegmentError when the
+        segments held so far are of another delta (the caller starts afresh)."""
+        if self.key is not None and self.key != ann.key:
+            raise ForeignSegmentError(
+                f"holds segments of delta {self.key[:12]}.., the announced one is {ann.key[:12]}.."
+            )
+        if self.expected_id not in (None, ann.delta_id) or self.expected_hash not in (
+            None,
+            ann.weights_hash,
+        ):
+            raise CorruptError(f"{ann.describe()} contradicts what this reassembler expects")
+        if len(self._buffer()) < ann.payload_bytes:
+            raise CorruptError(
+                f"{ann.describe()} does not fit the {len(self._buffer())}-byte receive arena"
+            )
+        if self._trailer_bytes is not None:
+            delta_id = self._trailer_bytes[-HASH_BYTES * 2 - len(MAGIC) : -HASH_BYTES - len(MAGIC)]
+            if delta_id.hex() != ann.delta_id:
+                raise ForeignSegmentError(
+                    f"holds the trailer of another delta than {ann.describe()}"
+                )
+        self.key, self.expected = ann.key, ann
+        self.expected_id, self.expected_hash = ann.delta_id, ann.weights_hash
+        dropped = []
+        for seq, (off, n) in list(self._held.items()):
+            if seq >= ann.segments or (off, n) != ann.segment_range(seq):
+                del self._held[seq], self._leaf[seq]
+                self._release(off)
+                dropped.append(seq)
+        return dropped
+
+    def refutes(self, key: str, seq: int, offset: int, length: int, trailer: bool) -> str | None:
+        """Why a segment announced as (key, seq, offset, length) cannot belong to the expected
+        delta (one line), or None when it may (or nothing is expected yet)."""
+        ann = self.expected
+        if ann is None:
+            return None
+        if key != ann.key:
+            return f"a segment of delta {key[:12]}.., not of the announced {ann.describe()}"
+        want = (
+            ann.segment_range(ann.segments)
+            if trailer
+            else ann.segment_range(seq)
+            if 0 <= seq < ann.segments
+            else None
+        )
+        if want is None or (trailer and seq != ann.segments) or want != (offset, length):
+            what = "trailer" if trailer else f"segment {seq}"
+            return (
+                f"{what} at bytes {offset}..{offset + length} is not where {ann.describe()} has it"
+            )
+        return None
+
+    def issued(self, seg: Segment) -> bool:
+        """Whether ``seg.data`` is a slot this reassembler handed out and still expects."""
+        if seg.trailer:
+            return self._trailer_slot is not None and seg.data is self._trailer_slot
+        filling = self._slots.get(seg.offset)
+        return filling is not None and filling[0] is seg.data
+
+    def take_refuted(self) -> list[int]:
+        """Held segments the trailer refuted (and dropped) since the last call: whoever sent
+        them is to blame."""
+        out, self._refuted = self._refuted, []
+        return out
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of verified payload held."""
+        return sum(n for _, n in self._held.values())
 
     # -- arena bookkeeping -----------------------------------------------------------------
 
@@ -80,10 +197,19 @@ class Reassembler:
     def _claim(self, start: int, end: int) -> None:
         bisect.insort(self._starts, start)
         self._regions[start] = end
+        self.charged += _pages(start, end - start)
 
     def _release(self, start: int) -> None:
-        del self._regions[start]
+        end = self._regions.pop(start)
         self._starts.remove(start)
+        self.charged -= _pages(start, end - start)
+
+    def _affordable(self, offset: int, length: int) -> bool:
+        return (
+            self.expected is not None
+            or self.budget is None
+            or self.charged + _pages(offset, length) <= self.budget
+        )
 
     def slot(
         self, key: str, seq: int, offset: int, length: int, trailer: bool
@@ -92,8 +218,19 @@ class Reassembler:
         of the arena that is this caller's until :meth:`add` or :meth:`abandon`; None when the
         segment is held already, its range is taken (another receiver is filling it, or it
         overlaps held bytes) or it is foreign: receive it elsewhere and :meth:`add` it (it will be
-        dropped as a duplicate or refused)."""
-        if trailer or (self.key is not None and key != self.key) or seq in self._held:
+        dropped as a duplicate or refused). Once a delta is expected the trailer has a slot too
+        (a buffer of its announced length), and nothing off the announced grid gets one; before,
+        nothing beyond ``budget`` does."""
+        if self.refutes(key, seq, offset, length, trailer) is not None:
+            return None
+        if trailer:
+            if self.expected is None or self._trailer is not None or self._trailer_slot is not None:
+                return None
+            self._trailer_slot = memoryview(bytearray(length))
+            return self._trailer_slot
+        if (self.key is not None and key != self.key) or seq in self._held:
+            return None
+        if not self._affordable(offset, length):
             return None
         if self._trailer is not None:
             plen, seg_size, leaves = self._trailer
@@ -111,6 +248,9 @@ class Reassembler:
 
     def abandon(self, view: memoryview) -> None:
         """Give back a slot whose segment will not be added (its connection broke)."""
+        if self._trailer_slot is not None and view is self._trailer_slot:
+            self._trailer_slot = None
+            return
         for offset, (v, _) in list(self._slots.items()):
             if v is view:
                 del self._slots[offset]
@@ -126,10 +266,20 @@ class Reassembler:
             raise ForeignSegmentError(
                 f"segment {seg.seq} belongs to delta {seg.key[:12]}.., not {self.key[:12]}.."
             )
+        reason = self.refutes(seg.key, seg.seq, seg.offset, len(seg.data), seg.trailer)
         if seg.trailer:
+            if self._trailer_slot is not None and seg.data is self._trailer_slot:
+                self._trailer_slot = None
+            if reason is not None:
+                raise CorruptError(reason)
             with contextlib.suppress(_Duplicate):
                 self._add_trailer(seg)
             return self.complete
+        if reason is not None:
+            if seg.offset in self._slots and self._slots[seg.offset][0] is seg.data:
+                del self._slots[seg.offset]
+                self._release(seg.offset)
+            raise CorruptError(reason)
         end = seg.offset + len(seg.data)
         in_place = seg.offset in self._slots and self._slots[seg.offset][0] is seg.data
         if in_place:
@@ -157,6 +307,11 @@ class Reassembler:
             raise CorruptError(
                 f"segment {seg.seq} (bytes {seg.offset}..{seg.offset + len(seg.data)}) overlaps "
                 "bytes held or being received, or lies outside the arena"
+            )
+        if not self._affordable(seg.offset, len(seg.data)):
+            raise BudgetError(
+                f"segment {seg.seq} would take the bytes held for an unannounced delta past "
+                f"{self.budget}"
             )
 
     def _add_payload(self, seg: Segment, in_place: bool) -> None:
@@ -201,11 +356,11 @@ class Reassembler:
         if merkle_root(leaves) != delta_id:
             raise CorruptError("trailer: id(D_v) is not the Merkle root of its segment hashes")
         if self.expected_id is not None and delta_id.hex() != self.expected_id:
-            raise CorruptError("trailer: id(D_v) is not the one the Ledger published")
+            raise CorruptError("trailer: id(D_v) is not the announced one")
         if self.expected_hash is not None:
             h_v = bytes(mv[24 + (n + 1) * HASH_BYTES : 24 + (n + 2) * HASH_BYTES])
             if h_v.hex() != self.expected_hash:
-                raise CorruptError("trailer: h(v) is not the one the Ledger published")
+                raise CorruptError("trailer: h(v) is not the announced one")
         self._trailer = (plen, seg_size, leaves)
         self._trailer_bytes = bytes(seg.data)
         bad = []
@@ -217,6 +372,7 @@ class Reassembler:
                 self._release(off)
                 bad.append(seq)
         if bad:
+            self._refuted.extend(bad)
             raise CorruptError(f"segments {bad} do not match the trailer; fetch them again")
 
     def _check_against_trailer(self, seq: int, offset: int, leaf: bytes) -> None:

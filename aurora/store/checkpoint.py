@@ -10,16 +10,28 @@ Ledger can plan either from :meth:`CheckpointStore.sizes`.
 Layout under the root (a directory, or any fsspec URL such as ``s3://bucket/job``)::
 
     deltas/v00000042.delta            D_42, the file format of aurora.delta (records.py)
+    deltas/v00000042.announce         the Trainer's signed announcement of D_42
     snapshots/v00000040.safetensors   bf16 weights of v40, safetensors with BF16 dtype
+    snapshots/v00000040.announce      the Trainer's signed announcement of that snapshot
 
 Names are made from version numbers only; :meth:`CheckpointStore.resolve` is the one way a name
 from outside (a peer asking a relay for a file) becomes a path, and it refuses anything that is
-not one of these two forms, so nothing outside the root can be named.
+not one of these forms exactly (ASCII digits, nothing after the extension, not even a newline),
+so nothing outside the root can be named; on a local directory a name whose path runs through
+a symbolic link is refused too, so a link planted under the root cannot lead out of it.
 
-Publishing is atomic: on a local directory a temporary file is written, fsynced and renamed
-(``aurora.store.files.write_atomic``); on an object store a single PUT is atomic. Artifacts are
-immutable: publishing a version again with the same bytes is a no-op, with different bytes an
-error. A delta is parsed and verified (segment hashes, Merkle root) before it is stored; a
+The store is untrusted (DESIGN.md, "Trust"): a joiner opens it with the job's id and public key
+and reads through :meth:`CheckpointStore.verified_delta` / :meth:`verified_snapshot`, which
+check every artifact against the Trainer's signed announcement stored beside it, so a snapshot
+and chain fetched from any mirror are the Trainer's or are refused.
+
+Publishing is atomic and exclusive: on a local directory a temporary file is written, fsynced
+and hard-linked to its name, which the kernel does only if the name is free
+(``aurora.store.files.write_exclusive``); of two publishers of one version exactly one wins, and
+the other gets an error naming the artifact unless its bytes are the same (then it is a no-op).
+On an object store a single PUT is atomic, but exclusivity is a check before the PUT (fsspec has
+no portable conditional write). Temp files a crashed publisher left are removed when a store is
+opened. A delta is parsed and verified (segment hashes, Merkle root) before it is stored; a
 snapshot's weights hash is recorded in its metadata and checked when it is read.
 
 Snapshots are written in the safetensors format with dtype ``BF16`` by a small writer here,
@@ -45,10 +57,20 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from aurora.delta import Delta, read_delta, weights_hash
-from aurora.store.files import write_atomic
+from aurora.delta.announce import (
+    AnnouncementError,
+    SnapshotAnnouncement,
+    VersionAnnouncement,
+    describe_delta,
+    sign,
+    verify,
+)
+from aurora.delta.errors import DeltaError
+from aurora.store.files import clean_temp_files, write_exclusive
 
-_DELTA = re.compile(r"^deltas/v(\d{8})\.delta$")
-_SNAPSHOT = re.compile(r"^snapshots/v(\d{8})\.safetensors$")
+_DELTA = re.compile(r"deltas/v([0-9]{8})\.delta", re.ASCII)
+_SNAPSHOT = re.compile(r"snapshots/v([0-9]{8})\.safetensors", re.ASCII)
+_ANNOUNCE = re.compile(r"(deltas|snapshots)/v([0-9]{8})\.announce", re.ASCII)
 
 
 class StoreError(ValueError):
@@ -74,6 +96,13 @@ def snapshot_name(version: int) -> str:
     return f"snapshots/v{_check_version(version):08d}.safetensors"
 
 
+def announcement_name(version: int, kind: str) -> str:
+    """``deltas/vNNNNNNNN.announce`` or ``snapshots/vNNNNNNNN.announce``."""
+    if kind not in ("deltas", "snapshots"):
+        raise StoreError(f"announcement kind must be 'deltas' or 'snapshots', got {kind!r}")
+    return f"{kind}/v{_check_version(version):08d}.announce"
+
+
 def _check_version(version: int) -> int:
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < 10**8:
         raise StoreError(f"version must be an int in [0, 1e8), got {version!r}")
@@ -89,40 +118,67 @@ class Listing:
 
 
 class CheckpointStore:
-    """Snapshots and delta chain of one job under ``url`` (a path or an fsspec URL)."""
+    """Snapshots and delta chain of one job under ``url`` (a path or an fsspec URL).
 
-    def __init__(self, url: str | Path) -> None:
+    ``job`` and ``public_key`` (the job's Ed25519 key, 32 raw bytes) are needed to store or
+    read signed announcements; a joiner reading from an untrusted mirror passes them."""
+
+    def __init__(
+        self, url: str | Path, *, job: str | None = None, public_key: bytes | None = None
+    ) -> None:
         self.url = str(url)
+        self.job, self.public_key = job, public_key
         self.fs, root = fsspec.core.url_to_fs(self.url)
         self.root = root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
+        self.cleaned: list[str] = []
+        """Temp files of crashed publishers removed when the store was opened."""
         for sub in ("deltas", "snapshots"):
             self.fs.makedirs(f"{self.root}/{sub}", exist_ok=True)
+            if self.local:
+                self.cleaned += [f"{sub}/{n}" for n in clean_temp_files(f"{self.root}/{sub}")]
 
     # -- names --------------------------------------------------------------------------------
 
     def resolve(self, name: str) -> str:
-        """The path of artifact ``name`` (``deltas/v00000042.delta`` or
-        ``snapshots/v00000040.safetensors``); anything else is refused."""
-        if not isinstance(name, str) or not (_DELTA.match(name) or _SNAPSHOT.match(name)):
+        """The path of artifact ``name`` (``deltas/v00000042.delta``,
+        ``snapshots/v00000040.safetensors`` or either's ``.announce``); anything else is
+        refused, and so is a local path that runs through a symbolic link."""
+        if not isinstance(name, str) or not (
+            _DELTA.fullmatch(name) or _SNAPSHOT.fullmatch(name) or _ANNOUNCE.fullmatch(name)
+        ):
             raise PathOutsideRootError(
-                f"{name!r} is not an artifact name (deltas/vNNNNNNNN.delta or "
-                "snapshots/vNNNNNNNN.safetensors); nothing outside the store root can be named"
+                f"{name[:80] if isinstance(name, str) else name!r} is not an artifact name "
+                "(deltas/vNNNNNNNN.delta, snapshots/vNNNNNNNN.safetensors or .announce); "
+                "nothing outside the store root can be named"
             )
-        return f"{self.root}/{name}"
+        path = f"{self.root}/{name}"
+        if self.local:
+            for p in (Path(self.root) / name.split("/")[0], Path(path)):
+                if p.is_symlink():
+                    raise PathOutsideRootError(
+                        f"{name}: {p} is a symbolic link; nothing outside the store root can be "
+                        "named"
+                    )
+        return path
 
     def _put(self, name: str, data: bytes) -> str:
         path = self.resolve(name)
+        if self.local:
+            try:
+                write_exclusive(path, data)
+            except FileExistsError:
+                raise StoreError(
+                    f"{name} already exists with different content (artifacts are immutable)"
+                ) from None
+            return path
         if self.fs.exists(path):
             if self.fs.cat_file(path) == data:
                 return path  # immutable and already there: publishing again is a no-op
             raise StoreError(
                 f"{name} already exists with different content (artifacts are immutable)"
             )
-        if self.local:
-            write_atomic(path, [data])
-        else:
-            self.fs.pipe_file(path, data)  # one PUT: atomic on object stores
+        self.fs.pipe_file(path, data)  # one PUT: atomic on object stores
         return path
 
     def _get(self, name: str, what: str) -> bytes:
@@ -132,12 +188,104 @@ class CheckpointStore:
         except FileNotFoundError:
             raise UnknownVersionError(f"{what} is not in the store at {self.url}") from None
 
+    # -- announcements --------------------------------------------------------------------------
+
+    def _trust(self) -> tuple[str, bytes]:
+        if self.job is None or self.public_key is None:
+            raise StoreError(
+                f"the store at {self.url} was opened without the job id and public key: it "
+                "cannot check signed announcements"
+            )
+        return self.job, self.public_key
+
+    def publish_announcement(self, signed: bytes) -> VersionAnnouncement | SnapshotAnnouncement:
+        """Verify a signed announcement against the job's key and store it beside its
+        artifact (exclusively, like the artifacts)."""
+        job, key = self._trust()
+        ann = verify(signed, key, job=job)
+        kind = "deltas" if isinstance(ann, VersionAnnouncement) else "snapshots"
+        self._put(announcement_name(ann.version, kind), bytes(signed))
+        return ann
+
+    def announcement(self, version: int, kind: str = "deltas") -> bytes:
+        """The signed announcement of ``D_version`` (``kind="snapshots"``: of the snapshot), as
+        stored (unverified bytes: hand them to a Node, or use the ``verified_*`` readers)."""
+        return self._get(announcement_name(version, kind), f"the announcement of {kind} v{version}")
+
+    def _verified_announcement(
+        self, version: int, kind: str
+    ) -> VersionAnnouncement | SnapshotAnnouncement:
+        job, key = self._trust()
+        signed = self.announcement(version, kind)
+        try:
+            ann = verify(signed, key, job=job)
+        except AnnouncementError as exc:
+            raise StoreError(f"{announcement_name(version, kind)}: {exc}") from None
+        if ann.version != version:
+            raise StoreError(
+                f"{announcement_name(version, kind)} announces v{ann.version}, not v{version}"
+            )
+        return ann
+
+    def verified_delta(self, version: int) -> tuple[Delta, VersionAnnouncement]:
+        """D_version and its announcement, the file checked against the Trainer's signature:
+        what a joiner reads from a store it does not trust."""
+        ann = self._verified_announcement(version, "deltas")
+        assert isinstance(ann, VersionAnnouncement)
+        data = self.delta_bytes(version)
+        if len(data) != ann.size:
+            raise StoreError(f"{delta_name(version)} is {len(data)} bytes, announced {ann.size}")
+        try:
+            delta = read_delta(data, expected_id=ann.delta_id, expected_hash=ann.weights_hash)
+        except DeltaError as exc:
+            raise StoreError(
+                f"{delta_name(version)} does not match its announcement: {exc}"
+            ) from None
+        return delta, ann
+
+    def verified_snapshot(self, version: int) -> tuple[dict[str, np.ndarray], SnapshotAnnouncement]:
+        """The snapshot of ``version`` and its announcement, checked against the Trainer's
+        signature (size and weights hash); ``ann.chain_hash`` is the h(v) the next delta names."""
+        ann = self._verified_announcement(version, "snapshots")
+        assert isinstance(ann, SnapshotAnnouncement)
+        data = self._get(snapshot_name(version), f"snapshot of v{version}")
+        if len(data) != ann.size:
+            raise StoreError(f"{snapshot_name(version)} is {len(data)} bytes, announced {ann.size}")
+        state, h = self._snapshot_from(data, version)
+        if h != ann.weights_hash:
+            raise StoreError(
+                f"{snapshot_name(version)} hashes to {h[:16]}.., "
+                f"announced {ann.weights_hash[:16]}.."
+            )
+        return state, ann
+
     # -- deltas -------------------------------------------------------------------------------
 
-    def publish_delta(self, data: bytes) -> Delta:
-        """Verify and store one delta checkpoint file; returns it parsed."""
+    def publish_delta(
+        self,
+        data: bytes,
+        *,
+        announcement: bytes | None = None,
+        signing_key: bytes | None = None,
+    ) -> Delta:
+        """Verify and store one delta checkpoint file; returns it parsed. With
+        ``announcement`` (signed bytes) or ``signing_key`` (the Trainer's: it signs one), the
+        announcement is checked to describe this very file and stored beside it."""
         delta = read_delta(data)  # raises a DeltaError for anything it cannot verify
+        signed = announcement
+        if signing_key is not None and signed is None:
+            job, _ = self._trust()
+            signed = sign(describe_delta(job, data), signing_key)
+        if signed is not None:
+            job, key = self._trust()
+            ann = verify(signed, key, job=job)
+            if ann != describe_delta(job, data):
+                raise StoreError(
+                    f"the announcement of v{ann.version} does not describe this delta file"
+                )
         self._put(delta_name(delta.version), data)
+        if signed is not None:
+            self._put(announcement_name(delta.version, "deltas"), bytes(signed))
         return delta
 
     def delta_bytes(self, version: int) -> bytes:
@@ -163,18 +311,42 @@ class CheckpointStore:
 
     # -- snapshots ----------------------------------------------------------------------------
 
-    def publish_snapshot(self, version: int, state: Mapping[str, np.ndarray]) -> str:
-        """Store bf16 weights (uint16 bit patterns) of ``version``; returns their weights hash."""
+    def publish_snapshot(
+        self,
+        version: int,
+        state: Mapping[str, np.ndarray],
+        *,
+        chain_hash: str | None = None,
+        signing_key: bytes | None = None,
+    ) -> str:
+        """Store bf16 weights (uint16 bit patterns) of ``version``; returns their weights hash.
+        With ``signing_key`` (the Trainer's) and ``chain_hash`` (h(v) of the delta chain at
+        ``version``; for v0 the weights hash itself) a signed snapshot announcement is stored
+        beside it."""
         h = weights_hash(state)
-        self._put(
-            snapshot_name(version),
-            _safetensors_bf16(state, {"version": str(version), "weights_hash": h}),
-        )
+        data = _safetensors_bf16(state, {"version": str(version), "weights_hash": h})
+        signed = None
+        if signing_key is not None:
+            job, _ = self._trust()
+            ann = SnapshotAnnouncement(
+                job=job,
+                version=version,
+                weights_hash=h,
+                chain_hash=chain_hash if chain_hash is not None else h,
+                size=len(data),
+            )
+            signed = sign(ann, signing_key)
+        self._put(snapshot_name(version), data)
+        if signed is not None:
+            self._put(announcement_name(version, "snapshots"), signed)
         return h
 
     def snapshot(self, version: int) -> tuple[dict[str, np.ndarray], str]:
         """(weights as uint16 bit patterns, weights hash), checked against the recorded hash."""
         data = self._get(snapshot_name(version), f"snapshot of v{version}")
+        return self._snapshot_from(data, version)
+
+    def _snapshot_from(self, data: bytes, version: int) -> tuple[dict[str, np.ndarray], str]:
         state, meta = _read_safetensors_bf16(data, f"snapshot v{version}")
         h = weights_hash(state)
         if meta.get("weights_hash") != h or meta.get("version") != str(version):
@@ -190,7 +362,7 @@ class CheckpointStore:
         deltas, snaps = [], []
         for sub, pattern, out in (("deltas", _DELTA, deltas), ("snapshots", _SNAPSHOT, snaps)):
             for path in self.fs.ls(f"{self.root}/{sub}", detail=False):
-                m = pattern.match(f"{sub}/{Path(path).name}")
+                m = pattern.fullmatch(f"{sub}/{Path(path).name}")
                 if m:
                     out.append(int(m.group(1)))
         return Listing(tuple(sorted(deltas)), tuple(sorted(snaps)))
@@ -217,6 +389,10 @@ class CheckpointStore:
         doomed += [delta_name(v) for v in listing.deltas if v <= oldest]
         for name in doomed:
             self.fs.rm(self.resolve(name))
+            kind, rest = name.split("/")
+            announce = f"{kind}/{rest.split('.')[0]}.announce"
+            if self.fs.exists(self.resolve(announce)):
+                self.fs.rm(self.resolve(announce))
         return doomed
 
 

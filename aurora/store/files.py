@@ -1,13 +1,26 @@
-"""Files of the Checkpoint Store: atomic writes (temp file, fsync, rename) and delta files.
+"""Files of the Checkpoint Store: atomic and exclusive writes, temp-file hygiene, delta files.
 
 :mod:`aurora.delta` is pure (bytes in, bytes out); putting those bytes on a disk so that readers
 see all or nothing lives here.
+
+* :func:`write_atomic` - temp file, fsync, rename: readers see the old file or the new one. The
+  rename replaces what is there (for files that are rewritten, like a Trainer's checkpoint).
+* :func:`write_exclusive` - temp file, fsync, then a hard link to the final name, which the
+  kernel creates only if the name is free: of two publishers of one name exactly one wins, at
+  once and whole; the loser compares bytes (the same bytes again is a no-op) instead of
+  silently overwriting.
+* Temp files are named ``.NAME.tmp.HOST.PID.RANDOM`` so that :func:`clean_temp_files` can
+  remove those a crashed (killed) writer on this host left, without touching one a live
+  writer is still filling.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import socket
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -17,27 +30,103 @@ from aurora.delta.reader import read_delta
 from aurora.delta.records import Delta
 from aurora.delta.writer import DeltaEncoder
 
+_TEMP = re.compile(r"^\.(?P<name>[^/]+)\.tmp\.(?P<host>[^.]*)\.(?P<pid>\d+)\.[^.]+$", re.ASCII)
+STALE_TEMP_S = 3600.0
+"""A temp file of another host (or an unknown writer) older than this (s) is a crash's."""
 
-def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes]) -> None:
-    """Write to a temporary file beside ``path``, fsync, rename: readers see all or nothing."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
+
+
+def _temp(path: Path) -> tuple[int, str]:
+    return tempfile.mkstemp(prefix=f".{path.name}.tmp.{_host()}.{os.getpid()}.", dir=path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _write_temp(path: Path, chunks: Iterable[bytes]) -> str:
+    fd, tmp = _temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             for c in chunks:
                 f.write(c)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    return tmp
+
+
+def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes]) -> None:
+    """Write to a temporary file beside ``path``, fsync, rename: readers see all or nothing."""
+    path = Path(path)
+    tmp = _write_temp(path, chunks)
+    try:
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_exclusive(path: str | os.PathLike[str], data: bytes) -> bool:
+    """Publish ``data`` under ``path`` unless the name is taken: True when written, False when
+    the same bytes are there already; FileExistsError when different bytes are."""
+    path = Path(path)
+    tmp = _write_temp(path, [data])
+    try:
+        os.link(tmp, path)  # atomic: fails if the name exists, whoever made it a moment ago
+    except FileExistsError:
+        with open(path, "rb") as f:
+            same = f.read() == data
+        if same:
+            return False
+        raise FileExistsError(f"{path} exists with different content") from None
+    finally:
+        os.unlink(tmp)
+    _fsync_dir(path.parent)
+    return True
+
+
+def clean_temp_files(directory: str | os.PathLike[str], now: float | None = None) -> list[str]:
+    """Remove temp files a crashed writer left in ``directory``: this host's whose process is
+    gone, and any older than ``STALE_TEMP_S``. Returns the names removed."""
+    now = time.time() if now is None else now
+    removed = []
+    host = _host()
+    for entry in os.scandir(directory):
+        m = _TEMP.match(entry.name)
+        if m is None or not entry.is_file(follow_symlinks=False):
+            continue
+        pid = int(m.group("pid"))
+        dead = m.group("host") == host and not _alive(pid)
+        if dead or now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMP_S:
+            try:
+                os.unlink(entry.path)
+                removed.append(entry.name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def write_delta(

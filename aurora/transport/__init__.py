@@ -1,5 +1,7 @@
-"""The data plane: authenticated, striped, verified delta transfer (aurora.transport.node)."""
+"""The data plane: authenticated, striped, verified delta transfer (aurora.transport.node).
 
-from aurora.transport.node import Node, TransportConfig, run
+Only the Trainer's signed announcements are believed (``docs/TRANSPORT.md``, "Trust")."""
 
-__all__ = ["Node", "TransportConfig", "run"]
+from aurora.transport.node import Node, NodeMetrics, TransportConfig, VersionRefused, run
+
+__all__ = ["Node", "NodeMetrics", "TransportConfig", "VersionRefused", "run"]

@@ -13,13 +13,19 @@ into. :class:`FrameReader` is a state machine over the frame layout of
 The data of a segment frame goes where its owner says (``slot``): the arena of the delta it
 belongs to, at its offset (:meth:`aurora.delta.Reassembler.slot`), so the kernel's copy out
 of the socket is the only copy those bytes make on the way to a parsed, verified delta. A segment
-nobody has a slot for (a duplicate, one another stream is filling) is read into a buffer of its
-own and handed over all the same. Other frames (handshake, control) are small and are queued in
-order for :meth:`recv`. Because the reader never reads past the frame it is in, no byte is ever
-moved from one buffer to another.
+nobody has a slot for (a duplicate, one another stream is filling, a segment of a delta nobody
+announced, one off the announced grid) is read into a small scratch buffer, 64 KiB at a time,
+and dropped: what a source sends costs this node memory only where this node chose to put it.
+Frames before the handshake completes are queued in order for :meth:`recv`; after it, other
+frames (control, at most ``CONTROL_MAX_FRAME`` bytes) go to the owner's ``control`` callback
+in the order they arrive, between the segments around them, so an announcement is acted on
+before the next segment on the same connection. Because the reader never reads past the frame it
+is in, no byte is ever moved from one buffer to another.
 
 A malformed frame closes the connection with a log line. When the connection ends in the middle
 of a segment, its slot is handed back (``abandon``), so that the re-fetched copy can fill it.
+``slot_bytes`` counts the bytes written into slots (bytes this node wanted): the progress the
+owner measures a source by.
 """
 
 from __future__ import annotations
@@ -33,12 +39,23 @@ from collections.abc import Callable
 import msgpack
 
 from aurora.delta import Segment
-from aurora.transport.wire import _HEAD, HANDSHAKE_MAX_FRAME, MAX_FRAME, SEGMENT, ProtocolError
+from aurora.transport.wire import (
+    _HEAD,
+    CONTROL_MAX_FRAME,
+    HANDSHAKE_MAX_FRAME,
+    MAX_FRAME,
+    SEGMENT,
+    ProtocolError,
+)
 
 log = logging.getLogger("aurora.transport")
 
 HEAD, SEG_LEN, SEG_HEAD, SEG_BODY, BODY = "HEAD", "SEG_LEN", "SEG_HEAD", "SEG_BODY", "BODY"
+SKIP = "SKIP"
+"""Reading the body of a segment nobody wants into the scratch buffer."""
 _U16 = struct.Struct("<H")
+_SCRATCH = 64 << 10
+"""Bytes of the buffer an unwanted segment body is read into and dropped (per connection)."""
 
 SlotFn = Callable[[int, str, int, int, int, bool], "memoryview | None"]
 """(version, key, seq, offset, length, trailer) -> where to receive the data, or None."""
@@ -57,6 +74,15 @@ class FrameReader(asyncio.BufferedProtocol):
     ) -> None:
         self._slot, self._received, self._abandon = slot, received, abandon
         self.name = name
+        self.control: Callable[[int, bytes], None] | None = None
+        """Set by the owner after the handshake: called with each non-segment frame (kind,
+        body) as it completes. Until then such frames queue for :meth:`recv`."""
+        self.slot_bytes = 0
+        """Bytes received into slots (segment data this node asked to have)."""
+        self.skipped_bytes = 0
+        """Bytes of segment data nobody wanted, read and dropped."""
+        self._scratch: memoryview | None = None
+        self._skip_left = 0
         self.authenticated = False
         """Set by the owner once the other end has proved it knows the secret: before, frames
         are at most ``HANDSHAKE_MAX_FRAME`` bytes and segments are refused."""
@@ -67,6 +93,8 @@ class FrameReader(asyncio.BufferedProtocol):
         self.last_byte = time.monotonic()
         """When the last bytes arrived (monotonic s)."""
         self.closed = False
+        self.stopped = False
+        """Set by :meth:`stop`: nothing more is parsed or handed over."""
         self._frames: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
         self._head = bytearray(_HEAD.size)
         self._target = memoryview(self._head)
@@ -87,11 +115,17 @@ class FrameReader(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self._pos += nbytes
         self.last_byte = time.monotonic()
+        if self.state == SEG_BODY and self._slotted is not None:
+            self.slot_bytes += nbytes
         try:
-            while self._pos == len(self._target) and not self.closed:
+            while self._pos == len(self._target) and not (self.closed or self.stopped):
                 self._advance()
         except ProtocolError as exc:
             log.warning("%s: closing the connection: %s", self.name, exc)
+            assert self.transport is not None
+            self.transport.abort()
+        except Exception as exc:  # a bug in an owner's callback: one line, this connection only
+            log.error("%s: closing the connection: %s: %s", self.name, type(exc).__name__, exc)
             assert self.transport is not None
             self.transport.abort()
 
@@ -114,7 +148,10 @@ class FrameReader(asyncio.BufferedProtocol):
         """The current part is complete: act on it and move to the next state."""
         if self.state == HEAD:
             self._length, self._kind = _HEAD.unpack(self._head)
-            limit = MAX_FRAME if self.authenticated else HANDSHAKE_MAX_FRAME
+            if not self.authenticated:
+                limit = HANDSHAKE_MAX_FRAME
+            else:
+                limit = MAX_FRAME if self._kind == SEGMENT else CONTROL_MAX_FRAME
             if self._length > limit:
                 raise ProtocolError(f"frame of {self._length} bytes exceeds {limit}")
             self.frame_since = time.monotonic()
@@ -140,23 +177,57 @@ class FrameReader(asyncio.BufferedProtocol):
                 assert len(self._slotted) == length, "a slot must be the segment's length"
                 self._expect(SEG_BODY, self._slotted)
             else:
-                self._expect(SEG_BODY, memoryview(bytearray(length)))
+                self._meta = None
+                self._skip(length)
         elif self.state == SEG_BODY:
             assert self._meta is not None
             version, key, seq, offset, checksum, trailer = self._meta
-            data = self._target if self._slotted is not None else self._target.obj
+            data = self._target
             self._slotted = self._meta = None
             self._expect(HEAD, memoryview(self._head))
             self.frame_since = None
             self._received(version, Segment(key, seq, offset, data, checksum, trailer))
+        elif self.state == SKIP:
+            self.skipped_bytes += len(self._target)
+            self._skip(self._skip_left)
         else:
             assert self.state == BODY, self.state
             body = bytes(self._target)
             self._expect(HEAD, memoryview(self._head))
             self.frame_since = None
-            self._frames.put_nowait((self._kind, body))
+            if self.control is not None:
+                self.control(self._kind, body)
+            else:
+                self._frames.put_nowait((self._kind, body))
+
+    def _skip(self, left: int) -> None:
+        """Read the next (at most 64 KiB) of ``left`` unwanted bytes, or the next frame."""
+        if left == 0:
+            self._expect(HEAD, memoryview(self._head))
+            self.frame_since = None
+            return
+        if self._scratch is None:
+            self._scratch = memoryview(bytearray(_SCRATCH))
+        n = min(left, _SCRATCH)
+        self._skip_left = left - n
+        self._expect(SKIP, self._scratch[:n])
 
     # -- for the owner -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop handing anything to the owner (it is aborting this connection)."""
+        self.stopped = True
+
+    def deliver_queued(self) -> None:
+        """Hand frames queued before ``control`` was set to it (they arrived right after the
+        handshake, before the owner took over)."""
+        assert self.control is not None
+        while not self._frames.empty():
+            item = self._frames.get_nowait()
+            if item is None:
+                self._frames.put_nowait(None)
+                return
+            self.control(*item)
 
     async def recv(self) -> tuple[int, bytes]:
         """The next non-segment frame; ConnectionResetError once the connection is gone."""
@@ -172,7 +243,8 @@ def _segment_meta(raw: memoryview) -> tuple[int, str, int, int, str, bool]:
         version, key, seq, offset, checksum, trailer = msgpack.unpackb(raw)
         meta = (int(version), str(key), int(seq), int(offset), str(checksum), bool(trailer))
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise ProtocolError(f"malformed segment header: {exc}") from None
+        why = "nested too deeply" if isinstance(exc, msgpack.StackError) else str(exc)
+        raise ProtocolError(f"malformed segment header: {why or type(exc).__name__}") from None
     if meta[2] < 0 or meta[3] < 0:
         raise ProtocolError(f"segment header with a negative seq or offset: {meta[:4]}")
     return meta

@@ -4,7 +4,20 @@ Every TCP connection carries length-prefixed frames ``[u32 length][u8 type][body
 messages are msgpack maps; a segment frame is ``[u16 n][msgpack header of n bytes][raw data]``
 so that the megabytes of a segment are never re-encoded. Before any other frame, both ends prove
 they know the job's shared secret (HMAC-SHA256 challenge-response, mutual): a peer that cannot is
-disconnected with a log line and no data moves in either direction.
+disconnected with a log line and no data moves in either direction::
+
+    client -> HELLO {id, nonce_c, ...}      server -> CHALLENGE {nonce_s}
+    client -> AUTH  MAC(client, b, nonce_s, HELLO)
+    server -> OK    MAC(server, b, nonce_s, HELLO)      (only after checking AUTH)
+
+The connecting side proves itself first, so a server answers with a proof only to a peer that
+already proved it knows the secret: nobody can use a server as an oracle to pass as one (the
+old order, server first, let a peer without the secret relay a client's nonce to the real
+Trainer and present its answer). Every field of the HELLO (the peer id, its session id) is
+inside both proofs. ``b`` is the TLS channel binding (``tls-unique``) on TLS and empty on plain
+TCP: on TLS, a handshake relayed between two sessions fails. On plain TCP a man in the middle
+can still relay a live handshake, which is why nothing but admission rests on the secret: the
+integrity of every delta rests on the Trainer's signature (``docs/TRANSPORT.md``, "Trust").
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ import logging
 import os
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -116,14 +130,17 @@ def parse_control(body: bytes) -> dict[str, Any]:
     try:
         msg = msgpack.unpackb(body)
     except (ValueError, msgpack.UnpackException) as exc:
-        raise ProtocolError(f"malformed control frame: {exc}") from None
+        why = "nested too deeply" if isinstance(exc, msgpack.StackError) else str(exc)
+        raise ProtocolError(f"malformed control frame: {why or type(exc).__name__}") from None
     if not isinstance(msg, dict) or "op" not in msg:
         raise ProtocolError(f"control frame without an op: {msg!r}"[:200])
     return msg
 
 
 def _mac(secret: bytes, *parts: bytes) -> bytes:
-    return hmac.new(secret, b"\x00".join(parts), hashlib.sha256).digest()
+    # Length-prefixed, so that no two different part lists give the same MAC input.
+    data = b"".join(struct.pack("<I", len(p)) + p for p in parts)
+    return hmac.new(secret, data, hashlib.sha256).digest()
 
 
 Recv = Callable[[], Awaitable[tuple[int, bytes]]]
@@ -131,38 +148,110 @@ Recv = Callable[[], Awaitable[tuple[int, bytes]]]
 Send = Callable[[bytes], object]
 """Queues bytes on a connection (a transport's or a stream writer's ``write``)."""
 
+NONCE_BYTES = 32
+MAX_PEER_ID = 128
+"""Longest peer id accepted in a HELLO (characters)."""
 
-async def client_handshake(recv: Recv, send: Send, *, secret: bytes, hello: dict) -> None:
-    """Prove we know ``secret`` and check that the server does too."""
-    nonce_c = os.urandom(32)
-    send(frame(HELLO, msgpack.packb(hello | {"nonce": nonce_c})))
+
+def channel_binding(conn: asyncio.StreamWriter | asyncio.BaseTransport) -> bytes:
+    """What ties a handshake to its TLS session: ``tls-unique`` (the first Finished message of
+    the handshake; each TLS session has its own), or nothing on plain TCP. A man in the middle
+    has two TLS sessions, one with each end, so proofs made on one fail on the other."""
+    ssl_object = conn.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return b""
+    return bytes(ssl_object.get_channel_binding("tls-unique") or b"")
+
+
+def _unpack(body: bytes, what: str) -> Any:
+    try:
+        return msgpack.unpackb(body)
+    except (ValueError, msgpack.UnpackException) as exc:
+        why = "nested too deeply" if isinstance(exc, msgpack.StackError) else str(exc)
+        raise AuthError(f"malformed {what} ({why or type(exc).__name__})") from None
+
+
+def _peer_id(hello: object) -> str:
+    if not isinstance(hello, dict):
+        raise AuthError("HELLO is not a map")
+    peer = hello.get("id")
+    if not isinstance(peer, str) or not 0 < len(peer) <= MAX_PEER_ID or not peer.isprintable():
+        raise AuthError(f"HELLO without a printable peer id of at most {MAX_PEER_ID} characters")
+    nonce = hello.get("nonce")
+    if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
+        raise AuthError(f"HELLO from {peer!r} without a {NONCE_BYTES}-byte nonce")
+    return peer
+
+
+def _hello_bytes(hello: dict) -> bytes:  # type: ignore[type-arg]
+    """The HELLO as proved: its canonical msgpack, so every field (the peer id, a session id)
+    is bound to the proof and cannot be swapped by whoever relays it."""
+    return msgpack.packb(hello)
+
+
+async def client_handshake(
+    recv: Recv, send: Send, *, secret: bytes, hello: dict, binding: bytes = b""
+) -> None:
+    """Prove we know ``secret``, then check that the server does too.
+
+    The connecting side proves itself first, so the server is never an oracle: it answers
+    with its own proof only to a peer that has already proved it knows the secret, for this
+    HELLO and this server nonce. ``binding`` (:func:`channel_binding`) ties both proofs to the
+    TLS session when there is one."""
+    nonce_c = os.urandom(NONCE_BYTES)
+    hello = hello | {"nonce": nonce_c}
+    send(frame(HELLO, _hello_bytes(hello)))
     kind, body = await recv()
     if kind != CHALLENGE:
         raise AuthError(f"expected a challenge, got frame type {kind}")
-    msg = msgpack.unpackb(body)
-    nonce_s, proof_s = msg["nonce"], msg["proof"]
-    if not hmac.compare_digest(proof_s, _mac(secret, b"server", nonce_c, nonce_s)):
-        raise AuthError("the server does not know the job's secret")
-    send(frame(AUTH, _mac(secret, b"client", nonce_s, nonce_c, hello["id"].encode())))
-    kind, _ = await recv()
+    msg = _unpack(body, "CHALLENGE")
+    nonce_s = msg.get("nonce") if isinstance(msg, dict) else None
+    if not isinstance(nonce_s, bytes) or len(nonce_s) != NONCE_BYTES:
+        raise AuthError(f"CHALLENGE without a {NONCE_BYTES}-byte nonce")
+    send(frame(AUTH, _mac(secret, b"client", binding, nonce_s, _hello_bytes(hello))))
+    try:
+        kind, body = await recv()
+    except (ConnectionError, asyncio.IncompleteReadError):
+        raise AuthError("the server refused our proof (is the job secret right?)") from None
     if kind != OK:
-        raise AuthError("the server refused our proof")
+        raise AuthError("the server refused our proof (is the job secret right?)")
+    if not hmac.compare_digest(
+        body, _mac(secret, b"server", binding, nonce_s, _hello_bytes(hello))
+    ):
+        raise AuthError("the server does not know the job's secret")
 
 
-async def server_handshake(recv: Recv, send: Send, *, secret: bytes) -> dict:
-    """Check that the client knows ``secret`` (proving we do too); return its HELLO."""
+async def server_handshake(recv: Recv, send: Send, *, secret: bytes, binding: bytes = b"") -> dict:  # type: ignore[type-arg]
+    """Check that the client knows ``secret``, then prove we do too; return its HELLO."""
     kind, body = await recv()
     if kind != HELLO:
         raise AuthError(f"expected HELLO, got frame type {kind}")
-    hello = msgpack.unpackb(body)
-    if not isinstance(hello, dict) or not isinstance(hello.get("id"), str):
-        raise AuthError("HELLO without a peer id")
-    nonce_s = os.urandom(32)
-    proof = _mac(secret, b"server", hello["nonce"], nonce_s)
-    send(frame(CHALLENGE, msgpack.packb({"nonce": nonce_s, "proof": proof})))
+    hello = _unpack(body, "HELLO")
+    peer = _peer_id(hello)
+    nonce_s = os.urandom(NONCE_BYTES)
+    send(frame(CHALLENGE, msgpack.packb({"nonce": nonce_s})))
     kind, body = await recv()
-    want = _mac(secret, b"client", nonce_s, hello["nonce"], hello["id"].encode())
+    want = _mac(secret, b"client", binding, nonce_s, _hello_bytes(hello))
     if kind != AUTH or not hmac.compare_digest(body, want):
-        raise AuthError(f"peer {hello['id']!r} failed authentication (wrong secret)")
-    send(frame(OK, b""))
-    return hello
+        raise AuthError(f"peer {peer!r} failed authentication (wrong secret)")
+    send(frame(OK, _mac(secret, b"server", binding, nonce_s, _hello_bytes(hello))))
+    return dict(hello)
+
+
+class TokenBucket:
+    """At most ``burst`` events at once and ``rate`` per second on average (a per-connection
+    limit on control frames)."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens = burst
+        self.at = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True

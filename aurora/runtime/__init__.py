@@ -1,0 +1,23 @@
+"""The runtime: Trainer, Ledger, relays and Actors as processes (``aurora real``).
+
+Theory of operation
+-------------------
+Every role is its own OS process and its own subcommand, so a deployment starts them on different
+hosts and ``aurora real`` starts them all on one (``docs/RUNTIME.md``):
+
+* the **Ledger** (:mod:`~aurora.runtime.ledger`) drives :func:`aurora.policy.ledger.decide` with
+  real events and the wall clock, and :mod:`aurora.policy.pacing` for when each batch starts;
+  every event is appended to SQLite before its actions are carried out
+  (:mod:`~aurora.runtime.ledgerlog`), so a restarted Ledger replays its log through ``decide``
+  and resumes with the same state;
+* the **Trainer** (:mod:`~aurora.runtime.trainer`) trains on the admitted results of each batch
+  and publishes ``D_v`` through its data-plane node and the Checkpoint Store;
+* a **relay** (:mod:`~aurora.runtime.relay`) is a data-plane node that subscribes to the Trainer
+  and serves its region;
+* an **Actor** (:mod:`~aurora.runtime.actor`) generates on its engine, stages deltas while it
+  generates, and takes every choice at a safe point from :func:`aurora.policy.actor.next_action`.
+
+Roles talk over the control plane (:mod:`~aurora.runtime.channel`: the data plane's authenticated
+framing, msgpack messages both ways) and move weights over the data plane
+(:mod:`aurora.transport`). No role makes a scheduling, lease or version decision of its own.
+"""

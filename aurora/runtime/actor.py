@@ -1,0 +1,534 @@
+"""The Actor process: generate on v, stage v+1 meanwhile, switch at a safe point.
+
+Theory of operation
+-------------------
+An Actor holds three things: an inference engine (:mod:`aurora.runtime.compute`), a data-plane
+node that receives deltas while the engine generates (:class:`aurora.transport.Node`), and one
+control connection to the Ledger (:mod:`aurora.runtime.channel`). Two tasks share them:
+
+* the **pump** reads the Ledger's messages into the Actor's state: leases (``assign``), the
+  version to switch to (``commit``), a catch-up plan (``catch_up``: the pieces are fetched from
+  the Checkpoint Store at once, while the Actor keeps serving what it can), routes;
+* the **worker** runs at every safe point the decision of
+  :func:`aurora.policy.actor.next_action` — the same function the simulator calls — and carries
+  it out: apply a held catch-up plan (snapshot, then deltas), generate a batch of leases on the
+  active version and send every result with its lease, version and weights hash, activate a
+  staged delta in place (the only pause generation ever sees), or drop work it cannot run.
+
+After every switch of version the Actor reports the chain hash of its weights, h(v), and a
+content digest of the weights as they are; the Ledger compares both with what the Trainer
+published, so a torn or wrong apply is counted, never silent. A SIGTERM is a preemption notice:
+the Actor tells the Ledger (which drains it: no new leases), finishes what it holds within the
+notice, leaves gracefully and exits; SIGUSR1 is a plain graceful leave (its leases go back to
+the pool at once). If the Ledger connection drops, the Actor reconnects under
+the same id and re-sends the results the Ledger may not have received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aurora.delta import Delta
+from aurora.policy.actor import (
+    Activate,
+    ApplyPlan,
+    Drop,
+    Generate,
+    Wait,
+    Work,
+    after_catch_up,
+    next_action,
+    to_fetch,
+)
+from aurora.policy.versions import CatchUpPlan
+from aurora.runtime import hooks
+from aurora.runtime.channel import Channel, connect
+from aurora.runtime.compute import EngineSide, Sampling, make_engine
+from aurora.store import CheckpointStore
+from aurora.transport import Node, TransportConfig
+
+log = logging.getLogger("aurora.runtime.actor")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActorRun:
+    """Where and how one Actor process runs."""
+
+    id: str
+    """Actor id (unique in the job; a returning Actor reuses its id)."""
+    region: str
+    """Region it runs in (decides its relay)."""
+    ledger: tuple[str, int]
+    """The Ledger's control address."""
+    secret: bytes
+    """The job secret."""
+    public_key: bytes
+    """The job's public key: every announcement, delta and snapshot is checked against it."""
+    host: str = "127.0.0.1"
+    """Address its data-plane node listens on (other Actors fetch from it when it relays)."""
+    engine: str | None = None
+    """Engine override (None: the job's engine)."""
+    notice_s: float = 30.0
+    """Preemption notice on SIGTERM: time to drain before leaving (s)."""
+    connect_timeout_s: float = 30.0
+    """How long to keep trying to reach the Ledger at start (s)."""
+
+
+def task_index(prompt: str, prompts_per_step: int) -> int:
+    """Index into the task's training prompts of prompt id ``b{k}-{i}``."""
+    k, i = prompt[1:].split("-")
+    return (int(k) - 1) * prompts_per_step + int(i)
+
+
+class ActorProcess:
+    """One Actor (see the module docstring)."""
+
+    def __init__(self, run: ActorRun) -> None:
+        self.run = run
+        self.id = run.id
+        self.job: dict[str, Any] | None = None
+        self.sources: dict[str, str] = {}
+        self.route: str | None = None
+        self.engine: EngineSide | None = None
+        self.node: Node | None = None
+        self.store: CheckpointStore | None = None
+        self.channel: Channel | None = None
+        self.queue: collections.deque[Work] = collections.deque()
+        self.prompt_of: dict[str, str] = {}
+        self.plan: CatchUpPlan | None = None
+        self.pending_commit: int | None = None
+        self.snapshots: dict[int, tuple[dict, str]] = {}
+        """Verified snapshots held for a catch-up: version -> (weights, chain hash h(v))."""
+        self.snapshot_hashes: dict[int, tuple[str, str | None]] = {}
+        """version -> (chain hash h(v), content digest) of snapshots the Ledger planned."""
+        self.fetched: dict[int, Delta] = {}
+        self.in_flight: set[int] = set()
+        self.unsent: list[dict[str, Any]] = []
+        """Results not yet known to have reached the Ledger (re-sent after a reconnect)."""
+        self.wake = asyncio.Event()
+        self.stopping = False
+        self.draining_until: float | None = None
+        self.sampling: Sampling | None = None
+        self.stats = {"generated": 0, "activations": 0, "catch_ups": 0}
+        self.announcements: list[bytes] = []
+        """Signed announcements heard from the Ledger (the newest 32), handed to the node."""
+        self._subscribed = False
+        self.failed: str | None = None
+        self.leaving = False
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def active(self) -> int | None:
+        return None if self.engine is None else self.engine.version
+
+    def _staged(self) -> dict[int, Delta]:
+        staged = dict(self.fetched)
+        if self.node is not None:
+            staged.update(self.node.staged)
+        return staged
+
+    # -- control connection ---------------------------------------------------------------------
+
+    async def _connect(self) -> Channel:
+        deadline = time.monotonic() + self.run.connect_timeout_s
+        hello = {
+            "id": self.id,
+            "role": "actor",
+            "region": self.run.region,
+            "active": self.active,
+            "staged": sorted(self.node.staged) if self.node is not None else [],
+        }
+        while True:
+            try:
+                return await connect(
+                    self.run.ledger[0], self.run.ledger[1], secret=self.run.secret, hello=hello
+                )
+            except ConnectionError as exc:
+                if time.monotonic() > deadline or "refused us" in str(exc):
+                    raise
+                await asyncio.sleep(0.5)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        if self.channel is not None:
+            self.channel.send_nowait(msg)
+
+    async def _pump(self) -> None:
+        """Read the Ledger's messages; reconnect when the connection drops."""
+        while not self.stopping:
+            assert self.channel is not None
+            try:
+                msg = await self.channel.recv()
+            except ConnectionError:
+                if self.stopping:
+                    return
+                log.warning("%s: lost the Ledger; reconnecting", self.id)
+                try:
+                    self.channel = await self._connect()
+                except ConnectionError as exc:
+                    log.error("%s: %s; giving up", self.id, exc)
+                    self.failed = str(exc)
+                    self.stopping = True
+                    self.wake.set()
+                    return
+                for m in self.unsent:
+                    self.send(m)
+                continue
+            self._on_message(msg)
+            self.wake.set()
+
+    def _on_message(self, msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        if op == "welcome":
+            self.sources.update({k: v for k, v in (msg.get("sources") or {}).items() if v})
+            if msg.get("job") is not None and self.job is None:
+                self.job = msg["job"]
+        elif op == "announce":
+            data = bytes(msg["data"])
+            self.announcements.append(data)
+            del self.announcements[:-32]
+            if self.node is not None:
+                self._announce(data)
+        elif op == "assign":
+            leases = []
+            for lease, prompt in msg["leases"]:
+                self.prompt_of[lease] = prompt
+                leases.append(lease)
+            self.queue.append(Work(version=int(msg["version"]), leases=tuple(leases)))
+        elif op == "commit":
+            self.pending_commit = int(msg["version"])
+        elif op == "catch_up":
+            self.plan = CatchUpPlan(
+                target=int(msg["target"]),
+                snapshot=msg.get("snapshot"),
+                deltas=tuple(int(v) for v in msg["deltas"]),
+                bytes=0,
+            )
+            if msg.get("snapshot") is not None:
+                self.snapshot_hashes[int(msg["snapshot"])] = (
+                    str(msg["snapshot_hash"]),
+                    msg.get("snapshot_digest"),
+                )
+            asyncio.get_running_loop().create_task(self._fetch_plan(self.plan))
+        elif op == "route":
+            self.route = str(msg["source"])
+            if msg.get("addr"):
+                self.sources[self.route] = str(msg["addr"])
+            self._set_sources()
+        elif op == "stop":
+            self.stopping = True
+        elif op == "exclude":
+            log.info("%s: excluded from step v%s", self.id, msg.get("version"))
+
+    def _announce(self, data: bytes) -> None:
+        assert self.node is not None
+        try:
+            self.node.announce(data)
+        except Exception as exc:  # a bad announcement from anyone is refused, never fatal
+            log.warning("%s: refused an announcement: %s", self.id, exc)
+
+    def _set_sources(self) -> None:
+        if self.node is None:
+            return
+        order = [self.route, "trainer"]
+        addrs = [self.sources[s] for s in order if s is not None and s in self.sources]
+        parsed = []
+        for a in dict.fromkeys(addrs):
+            host, port = a.rsplit(":", 1)
+            parsed.append((host, int(port)))
+        self.node.set_sources(parsed)
+        if parsed and not self._subscribed:
+            self._subscribed = True
+            asyncio.get_running_loop().create_task(self._subscribe())
+
+    async def _subscribe(self) -> None:
+        assert self.node is not None
+        try:
+            await self.node.subscribe()
+        except ConnectionError as exc:  # it keeps trying in the background
+            log.warning("%s: %s", self.id, exc)
+
+    # -- catch-up ------------------------------------------------------------------------------
+
+    async def _fetch_plan(self, plan: CatchUpPlan) -> None:
+        assert self.store is not None
+        snapshot, deltas = to_fetch(
+            plan,
+            staged=set(self._staged()),
+            snapshots=set(self.snapshots),
+            in_flight=self.in_flight,
+        )
+        wanted = ([snapshot] if snapshot is not None else []) + list(deltas)
+        self.in_flight.update(wanted)
+        try:
+            if snapshot is not None:
+                # Checked against the Trainer's signature; its announcement names the chain
+                # hash h(v) the deltas after it build on (not the content hash of the file).
+                state, ann = await asyncio.to_thread(self.store.verified_snapshot, snapshot)
+                self.snapshots[snapshot] = (state, ann.chain_hash)
+            for v in deltas:
+                delta, _ann = await asyncio.to_thread(self.store.verified_delta, v)
+                self.fetched[v] = delta
+        except Exception as exc:  # the store is untrusted: a bad piece is refused, not applied
+            log.warning("%s: catch-up fetch failed: %s", self.id, exc)
+        finally:
+            self.in_flight.difference_update(wanted)
+            self.wake.set()
+
+    async def _apply_plan(self, plan: CatchUpPlan) -> None:
+        assert self.engine is not None
+        t0 = time.time()
+        if plan.snapshot is not None:
+            state, h = self.snapshots.pop(plan.snapshot)
+            await asyncio.to_thread(self.engine.load, state, version=plan.snapshot, weights_hash=h)
+        staged = self._staged()
+        for v in plan.deltas:
+            await self._apply(staged[v])
+        t1 = time.time()
+        keep, _restage = after_catch_up(plan, queue=self.queue, staged=staged)
+        self.queue = collections.deque(keep)
+        self.plan = None
+        self.pending_commit = None
+        self.fetched = {v: d for v, d in self.fetched.items() if v > plan.target}
+        self.snapshots.clear()
+        assert self.node is not None and self.engine.version is not None
+        assert self.engine.weights_hash is not None
+        self.node.caught_up(self.engine.version, self.engine.weights_hash)
+        self.stats["catch_ups"] += 1
+        digest = await asyncio.to_thread(self.engine.digest)
+        self.send(
+            {
+                "op": "caught_up",
+                "version": self.engine.version,
+                "weights_hash": self.engine.weights_hash,
+                "digest": digest,
+                "pause_ms": (t1 - t0) * 1e3,
+            }
+        )
+        self.send(
+            {"op": "span", "activity": "catch-up", "version": plan.target, "start": t0, "end": t1}
+        )
+
+    async def _start_node(self) -> None:
+        """The data-plane node: no weights yet (it relays and collects until the first
+        catch-up), announcements checked against the job's key, the store as last source."""
+        assert self.job is not None and self.store is not None
+        strat = self.job["strategy"]
+        config = TransportConfig(
+            secret=self.run.secret,
+            job=self.job["job_id"],
+            public_key=self.run.public_key,
+            streams=int(strat["streams"]),
+        )
+
+        def staged(delta: Delta, _ann: object) -> None:
+            self.send({"op": "staged", "version": delta.version})
+            self.wake.set()
+
+        def refused(version: int, reason: str) -> None:
+            log.warning("%s: D_%d refused: %s", self.id, version, reason)
+
+        store = self.store
+        self.node = Node(
+            self.id,
+            config,
+            on_staged=staged,
+            on_refused=refused,
+            fallback=lambda v: asyncio.to_thread(store.delta_bytes, v),
+        )
+        port = await self.node.serve(self.run.host, 0)
+        self.send({"op": "data", "addr": f"{self.run.host}:{port}"})
+        for data in self.announcements:
+            self._announce(data)
+        self._set_sources()
+
+    # -- the worker ------------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while not self.stopping:
+            if self.leaving:
+                return
+            if self.draining_until is not None and (
+                not self.queue or time.time() > self.draining_until
+            ):
+                return
+            decision = next_action(
+                active=self.active,
+                staged=set(self._staged()),
+                queue=self.queue,
+                plan=self.plan,
+                pending_commit=self.pending_commit,
+                snapshots=set(self.snapshots),
+            )
+            if isinstance(decision, ApplyPlan):
+                await self._apply_plan(decision.plan)
+            elif isinstance(decision, Generate):
+                self.queue.popleft()
+                await self._generate(decision.work)
+            elif isinstance(decision, Activate):
+                await self._activate(decision.version)
+            elif isinstance(decision, Drop):
+                self.queue.popleft()
+                log.info(
+                    "%s: dropped %d leases on v%d (%s)",
+                    self.id,
+                    len(decision.work.leases),
+                    decision.work.version,
+                    decision.reason,
+                )
+            else:
+                assert isinstance(decision, Wait)
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), 0.5)
+
+    async def _generate(self, work: Work) -> None:
+        assert self.engine is not None and self.job is not None and self.sampling is not None
+        per_step = int(self.job["prompts_per_step"])
+        prompts = [
+            (self.prompt_of[lease], task_index(self.prompt_of[lease], per_step))
+            for lease in work.leases
+        ]
+        t0 = time.time()
+        out = await asyncio.to_thread(self.engine.generate, prompts, self.sampling)
+        t1 = time.time()
+        h = self.engine.weights_hash
+        late = hooks.get("late_results")
+        if late is not None and int(late[0]) == work.version:
+            await asyncio.sleep(float(late[1]))  # fault injection: results after their expiry
+        claimed = work.version
+        if hooks.get("stale_version") == work.version:
+            claimed = work.version - 2  # fault injection: a result claiming an old version
+        copies = 2 if hooks.get("duplicate_results") == work.version else 1
+        tokens = 0
+        sent = []
+        for lease, gen in zip(work.leases, out, strict=True):
+            msg = {
+                "op": "result",
+                "lease": lease,
+                "version": claimed,
+                "weights_hash": h,
+                "payload": gen.payload,
+                "tokens": gen.tokens,
+            }
+            tokens += gen.tokens
+            sent.append(msg)
+            for _ in range(copies):
+                self.send(msg)
+            self.prompt_of.pop(lease, None)
+        self.unsent = sent  # the latest batch, re-sent if the connection turns out to be gone
+        self.stats["generated"] += tokens
+        self.send({"op": "throughput", "tokens": max(1, tokens), "seconds": max(t1 - t0, 1e-6)})
+        self.send(
+            {
+                "op": "span",
+                "activity": "generate",
+                "version": work.version,
+                "start": t0,
+                "end": t1,
+                "tokens": tokens,
+            }
+        )
+
+    async def _apply(self, delta: Delta) -> None:
+        assert self.engine is not None
+        if hooks.get("kill_mid_apply") == delta.version:
+            # Fault injection: write the first half of D_v into the weights, then die.
+            half = delta.tensors[: len(delta.tensors) // 2]
+            await asyncio.to_thread(self.engine.apply, dataclasses.replace(delta, tensors=half))
+            hooks.die()
+        await asyncio.to_thread(self.engine.apply, delta)
+
+    async def _activate(self, v: int) -> None:
+        assert self.engine is not None
+        staged = self._staged()
+        t0 = time.time()
+        if hooks.get("kill_mid_apply") == v:
+            # Fault injection: write the first half of D_v into the weights, then die.
+            torn = dataclasses.replace(
+                staged[v], tensors=staged[v].tensors[: len(staged[v].tensors) // 2]
+            )
+            await asyncio.to_thread(self.engine.apply, torn)
+            hooks.die()
+        await asyncio.to_thread(self.engine.apply, staged[v])
+        if self.node is not None and v in self.node.staged:
+            self.node.activate(v)
+        self.fetched.pop(v, None)
+        t1 = time.time()
+        if self.pending_commit is not None and self.pending_commit <= v:
+            self.pending_commit = None
+        self.stats["activations"] += 1
+        digest = await asyncio.to_thread(self.engine.digest)
+        self.send(
+            {
+                "op": "activated",
+                "version": v,
+                "weights_hash": self.engine.weights_hash,
+                "digest": digest,
+                "pause_ms": (t1 - t0) * 1e3,
+            }
+        )
+        self.send({"op": "span", "activity": "apply", "version": v, "start": t0, "end": t1})
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def _on_sigusr1(self) -> None:
+        """Leave now (graceful): finish the current step, hand the leases back, exit."""
+        self.leaving = True
+        self.wake.set()
+
+    def _on_sigterm(self) -> None:
+        if self.draining_until is not None:
+            return
+        self.draining_until = time.time() + self.run.notice_s
+        log.info("%s: preemption notice, leaving within %.0f s", self.id, self.run.notice_s)
+        self.send({"op": "notice", "seconds": self.run.notice_s})
+        self.wake.set()
+
+    async def main(self) -> int:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
+            loop.add_signal_handler(signal.SIGUSR1, self._on_sigusr1)
+        self.channel = await self._connect()
+        while self.job is None:
+            msg = await self.channel.recv()
+            self._on_message(msg)
+        job = self.job
+        self.sampling = Sampling(
+            n=int(job["group_size"]),
+            max_new_tokens=int(job["max_new_tokens"]),
+            temperature=float(job["temperature"]),
+            seed=int(job["seed"]),
+        )
+        self.store = CheckpointStore(
+            job["store"], job=job["job_id"], public_key=self.run.public_key
+        )
+        self.engine = await asyncio.to_thread(make_engine, job, engine=self.run.engine)
+        await self._start_node()
+        pump = asyncio.create_task(self._pump())
+        try:
+            await self._worker()
+        finally:
+            if (self.draining_until is not None or self.leaving) and not self.stopping:
+                self.send({"op": "leave"})
+                with contextlib.suppress(Exception):
+                    assert self.channel is not None
+                    await self.channel.send({"op": "heartbeat"})
+            self.stopping = True
+            pump.cancel()
+            if self.node is not None:
+                await self.node.close()
+            if self.channel is not None:
+                self.channel.close()
+        if self.failed is not None:
+            raise ConnectionError(self.failed)
+        return 0

@@ -1,0 +1,322 @@
+"""The role subcommands: ``aurora trainer``, ``ledger``, ``relay``, ``actor``, ``real``.
+
+Each role is its own process so that a deployment starts them on different hosts; ``aurora
+real`` starts them all on one. Keys come from files (``--secret-file``, ``--public-key``,
+``--signing-key``, made by ``aurora keys new``) or environment variables (``AURORA_JOB_SECRET``,
+``AURORA_JOB_PUBLIC_KEY``, ``AURORA_TRAINER_KEY``), never from the command line. A role that
+cannot start prints one line naming what is wrong and exits with 2 (bad input) or 1 (a failure
+at run time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from aurora.faults import EXAMPLES as FAULT_EXAMPLES
+
+
+def _addr(text: str, flag: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{flag} {text!r}: expected HOST:PORT")
+    return host, int(port)
+
+
+def _logging(role: str) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _run_role(role: str, make: Any) -> int:
+    """Run a role's coroutine; one line and an exit code for whatever stops it."""
+    _logging(role)
+    try:
+        return int(asyncio.run(make()))
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError) as exc:  # KeyFileError is a ValueError
+        print(f"aurora {role}: {exc}", file=sys.stderr)
+        return 2
+    except (ConnectionError, OSError, RuntimeError) as exc:
+        print(f"aurora {role}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _secret(args: argparse.Namespace) -> bytes:
+    from aurora.keys import load_job_secret
+
+    return load_job_secret(args.secret_file)
+
+
+def _public_key(args: argparse.Namespace) -> bytes:
+    from aurora.keys import load_public_key
+
+    return load_public_key(args.public_key)
+
+
+def _load_job(args: argparse.Namespace) -> dict[str, Any]:
+    if args.job:
+        try:
+            return dict(json.loads(Path(args.job).read_text())["spec"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"--job {args.job}: cannot read a job spec ({exc})") from None
+    if not args.topology:
+        raise ValueError("give --job FILE (written by aurora real) or --topology FILE")
+    from aurora.runtime.job import make_spec
+    from aurora.topology import load_topology
+
+    topo = load_topology(args.topology)
+    store = args.store or str(Path(args.run_dir) / "store")
+    return make_spec(
+        topo,
+        strategy=args.strategy,
+        seed=args.seed,
+        steps=args.steps,
+        store=store,
+        backend=args.backend,
+    )
+
+
+# -- trainer ------------------------------------------------------------------------------------
+
+
+def _trainer(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        from aurora.keys import load_signing_key
+        from aurora.runtime.trainer import TrainerProcess, TrainerRun
+
+        run = TrainerRun(
+            spec=_load_job(args),
+            run_dir=args.run_dir,
+            secret=_secret(args),
+            signing_key=load_signing_key(args.signing_key),
+            public_key=_public_key(args),
+            host=args.host,
+            data_port=args.data_port,
+            ledger=_addr(args.ledger, "--ledger") if args.ledger else None,
+            ledger_port=args.ledger_port,
+            ports_file=args.ports_file,
+        )
+        return await TrainerProcess(run).main()
+
+    return _run_role("trainer", main)
+
+
+def _job_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--job", help="job spec JSON written by aurora real (instead of --topology)")
+    p.add_argument("--topology", help="topology YAML (its real: section)")
+    p.add_argument("--strategy", default="aurora", help="transfer strategy (default aurora)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None, help="training steps (default real.steps)")
+    p.add_argument("--store", default=None, help="Checkpoint Store URL (default RUN_DIR/store)")
+    p.add_argument("--backend", default="rl", choices=["rl", "standin"], help=argparse.SUPPRESS)
+
+
+def _secret_arg(p: argparse.ArgumentParser, *, public_key: bool = True) -> None:
+    p.add_argument(
+        "--secret-file",
+        default=None,
+        help="file holding the job secret (default: the value of $AURORA_JOB_SECRET)",
+    )
+    if public_key:
+        p.add_argument(
+            "--public-key",
+            default=None,
+            help="file holding the job's public key (default: $AURORA_JOB_PUBLIC_KEY)",
+        )
+
+
+# -- ledger -------------------------------------------------------------------------------------
+
+
+def _ledger(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        from aurora.runtime.ledger import LedgerService
+        from aurora.runtime.trainer import ledger_config
+
+        spec = _load_job(args)
+        service = LedgerService(ledger_config(spec, args.db))
+        service.replay()
+        port = await service.start(
+            args.host,
+            args.port,
+            secret=_secret(args),
+            unix_path=str(Path(args.db).with_suffix(".sock")),
+        )
+        logging.getLogger("aurora.runtime.ledger").info(
+            "ledger: serving on %s:%d (log %s)", args.host, port, args.db
+        )
+        try:
+            await service.done.wait()
+            await asyncio.sleep(0.5)
+        finally:
+            await service.close()
+        return 0
+
+    return _run_role("ledger", main)
+
+
+# -- relay --------------------------------------------------------------------------------------
+
+
+def _relay(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        from aurora.runtime.relay import RelayProcess, RelayRun
+
+        run = RelayRun(
+            id=args.id,
+            region=args.region,
+            ledger=_addr(args.join, "--join"),
+            secret=_secret(args),
+            public_key=_public_key(args),
+            host=args.host,
+            port=args.port,
+        )
+        return await RelayProcess(run).main()
+
+    return _run_role("relay", main)
+
+
+# -- actor --------------------------------------------------------------------------------------
+
+
+def _actor(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        from aurora.runtime.actor import ActorProcess, ActorRun
+
+        run = ActorRun(
+            id=args.id,
+            region=args.region,
+            ledger=_addr(args.join, "--join"),
+            secret=_secret(args),
+            public_key=_public_key(args),
+            host=args.host,
+            engine=args.engine,
+            notice_s=args.notice_s,
+        )
+        return await ActorProcess(run).main()
+
+    return _run_role("actor", main)
+
+
+# -- real ---------------------------------------------------------------------------------------
+
+
+def _real(args: argparse.Namespace) -> int:
+    from aurora.faults import parse_fault
+    from aurora.runtime.launcher import Launcher, RealRun
+    from aurora.topology import load_topology
+
+    try:
+        topology = load_topology(args.topology)
+        faults = tuple(parse_fault(f) for f in args.fault)
+        extra = json.loads(args.extra) if args.extra else {}
+        run = RealRun(
+            topology=topology,
+            topology_path=args.topology,
+            strategy=args.strategy,
+            steps=args.steps,
+            seed=args.seed,
+            out=args.out,
+            faults=faults,
+            spot_hazard=args.spot_hazard,
+            spot_return_s=args.spot_return,
+            actors=args.actors,
+            backend=args.backend,
+            extra=extra,
+            progress=not args.quiet,
+        )
+        from aurora.runtime.job import strategy_spec
+
+        strategy_spec(args.strategy)
+    except ValueError as exc:
+        print(f"aurora real: {exc}", file=sys.stderr)
+        return 2
+    return Launcher(run).main()
+
+
+def add_parsers(sub: Any) -> None:
+    """Add every role subcommand to ``aurora``'s subparsers."""
+    p = sub.add_parser("real", help="run a topology on real processes on this host")
+    p.add_argument("--topology", required=True, help="topology YAML (examples/geo.yaml)")
+    p.add_argument(
+        "--strategy",
+        default="aurora",
+        help="aurora, prime-full, prime-async2, prime-async4 or ideal-singledc",
+    )
+    p.add_argument("--steps", type=int, default=None, help="training steps (default real.steps)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results/real", help="output folder (default results/real)")
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        help="membership or network event, repeatable: " + ", ".join(FAULT_EXAMPLES),
+    )
+    p.add_argument("--spot-hazard", type=float, default=0.0, help="preemptions/hour/spot Actor")
+    p.add_argument(
+        "--spot-return", type=float, default=None, help="a preempted spot Actor returns after S s"
+    )
+    p.add_argument("--actors", type=int, default=None, help="Actors to start (default real.actors)")
+    p.add_argument(
+        "--backend",
+        default="rl",
+        choices=["rl", "standin"],
+        help="compute: rl (real models) or standin (labelled stand-in for load/fault tests)",
+    )
+    p.add_argument("--extra", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--quiet", action="store_true", help="no live line")
+    p.set_defaults(func=_real)
+
+    p = sub.add_parser("trainer", help="run the Trainer (and by default the Ledger)")
+    _job_args(p)
+    p.add_argument("--run-dir", required=True, help="folder for the Trainer's state and logs")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--data-port", type=int, default=0, help="data-plane port (0: any)")
+    p.add_argument("--ledger-port", type=int, default=0, help="in-process Ledger port (0: any)")
+    p.add_argument("--ledger", default=None, help="HOST:PORT of a standalone aurora ledger")
+    p.add_argument("--ports-file", default=None, help="write the bound ports here (JSON)")
+    _secret_arg(p)
+    p.add_argument(
+        "--signing-key",
+        default=None,
+        help="file holding the Trainer's signing key (default: $AURORA_TRAINER_KEY)",
+    )
+    p.set_defaults(func=_trainer)
+
+    p = sub.add_parser("ledger", help="run a standalone Job Ledger (durable, SQLite)")
+    _job_args(p)
+    p.add_argument("--run-dir", default=".", help="folder for the default store")
+    p.add_argument("--db", required=True, help="SQLite log (replayed if it exists)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    _secret_arg(p, public_key=False)
+    p.set_defaults(func=_ledger)
+
+    p = sub.add_parser("relay", help="run a region's relay")
+    p.add_argument("--join", required=True, help="HOST:PORT of the Ledger")
+    p.add_argument("--id", required=True, help="relay id")
+    p.add_argument("--region", required=True, help="region it serves")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=0, help="data-plane port (0: any)")
+    _secret_arg(p)
+    p.set_defaults(func=_relay)
+
+    p = sub.add_parser("actor", help="run an Actor that joins a running job")
+    p.add_argument("--join", required=True, help="HOST:PORT of the Ledger")
+    p.add_argument("--id", required=True, help="Actor id (a returning Actor reuses its id)")
+    p.add_argument("--region", required=True, help="region it runs in")
+    p.add_argument("--host", default="127.0.0.1", help="address its data-plane node listens on")
+    p.add_argument("--engine", default=None, help="engine override (transformers, vllm, standin)")
+    p.add_argument("--notice-s", type=float, default=30.0, help="drain time on SIGTERM (s)")
+    _secret_arg(p)
+    p.set_defaults(func=_actor)

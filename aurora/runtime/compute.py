@@ -1,0 +1,135 @@
+"""What the runtime needs from the compute: a Trainer side and an engine side.
+
+Theory of operation
+-------------------
+The roles of :mod:`aurora.runtime` move weights, leases and results; they never look inside a
+model. They call the compute through the two small interfaces below, which a *backend* provides:
+
+* ``rl``: the real thing, :mod:`aurora.rl` (task, model, GRPO Trainer) and
+  :mod:`aurora.engines` (the transformers engine; vLLM behind the same protocol);
+* ``standin``: :mod:`aurora.runtime.standin`, a labelled stand-in for load and fault tests that
+  still moves real weights and real deltas (every hash and apply is real) but samples random
+  tokens and takes a random sparse optimizer step; nothing it reports is a learning result.
+
+Weights cross this boundary as bf16 bit patterns (``uint16`` numpy arrays under the
+transformers names), deltas as :class:`aurora.delta.Delta`, results as msgpack bytes (the
+Actor's completions with their token ids and log-probs; the Trainer computes rewards itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from aurora.delta import Delta, DeltaEncoder
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """How Actors sample (identical on every Actor of a job)."""
+
+    n: int
+    """Completions per prompt (the GRPO group size G)."""
+    max_new_tokens: int
+    """Longest completion (tokens)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are those of the distribution actually sampled."""
+    seed: int = 0
+    """Base seed; each lease's sampling is seeded from it and the prompt id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """The completions of one prompt, packed for the Ledger (``payload``)."""
+
+    prompt: str
+    payload: bytes
+    tokens: int
+    """Completion tokens generated (throughput accounting)."""
+
+
+class EngineSide(Protocol):
+    """An Actor's inference engine, as the runtime uses it."""
+
+    version: int | None
+    weights_hash: str | None
+    """h(v) of the loaded weights: the snapshot's hash, then chained per applied delta."""
+
+    def load(self, state: Mapping[str, np.ndarray], *, version: int, weights_hash: str) -> None:
+        """Replace the weights (a snapshot, as bf16 bit patterns)."""
+
+    def apply(self, delta: Delta) -> None:
+        """Apply a verified delta in place (its base is the loaded version)."""
+
+    def digest(self) -> str:
+        """Content hash of the weights as they are (``aurora.delta.weights_hash``)."""
+
+    def generate(self, prompts: Sequence[tuple[str, int]], sampling: Sampling) -> list[Generated]:
+        """Sample ``sampling.n`` completions of each ``(prompt id, task index)``."""
+
+
+class TrainerSide(Protocol):
+    """The Trainer's model, optimizer and task, as the runtime uses them."""
+
+    version: int
+    """The version of the published weights (0 before the first step)."""
+    max_new_tokens: int
+    """The task's longest completion (tokens), used when the job does not set one."""
+
+    def published(self) -> Mapping[str, np.ndarray]:
+        """The last published bf16 weights (bit patterns): the base of the next delta."""
+
+    def train(self, results: Sequence[tuple[int, bytes, int]]) -> dict[str, Any]:
+        """One optimizer step on ``(task index, payload, version generated on)`` of a batch;
+        returns its statistics (reward, loss, ...)."""
+
+    def encoder(self, *, version: int, base_hash: str, codec: str | None) -> DeltaEncoder:
+        """An encoder of ``D_version`` from :meth:`published` to the new weights; iterating its
+        segments also makes the new weights the published ones."""
+
+    def digest(self) -> str:
+        """Content hash of the published bf16 weights."""
+
+    def evaluate(self) -> float:
+        """Held-out reward of the published weights."""
+
+    def save(self, path: str) -> None:
+        """Checkpoint everything a restart needs (master weights, optimizer, RNG, version) into
+        exactly the file ``path`` (the caller renames it into place)."""
+
+    def load(self, path: str) -> None:
+        """Restore from :meth:`save`."""
+
+    def export(self, path: str) -> None:
+        """Write the published policy as a Hugging Face model directory."""
+
+
+def make_trainer(spec: Mapping[str, Any], *, workdir: str) -> TrainerSide:
+    """The Trainer side of the backend named in the job spec."""
+    backend = spec.get("backend", "rl")
+    if backend == "standin":
+        from aurora.runtime.standin import StandinTrainer
+
+        return StandinTrainer(spec)
+    if backend == "rl":
+        from aurora.runtime.rlbackend import RLTrainer
+
+        return RLTrainer(spec, workdir=workdir)
+    raise ValueError(f"unknown compute backend {backend!r} (expected rl or standin)")
+
+
+def make_engine(spec: Mapping[str, Any], *, engine: str | None = None) -> EngineSide:
+    """The engine side of the backend named in the job spec (``engine`` overrides its kind)."""
+    backend = spec.get("backend", "rl")
+    if backend == "standin":
+        from aurora.runtime.standin import StandinEngine
+
+        return StandinEngine(spec)
+    if backend == "rl":
+        from aurora.runtime.rlbackend import make_rl_engine
+
+        return make_rl_engine(spec, engine=engine)
+    raise ValueError(f"unknown compute backend {backend!r} (expected rl or standin)")

@@ -1,0 +1,170 @@
+"""From a topology YAML to a job: which processes run where, and the spec every role reads.
+
+Theory of operation
+-------------------
+``aurora real`` and each role subcommand read the same YAML as ``aurora sim``. Its ``real:``
+section (:class:`aurora.topology.RealSpec`, every field with a default) says how to run it on real
+processes; :func:`plan_job` turns topology + strategy + overrides into
+
+* a :class:`ProcessPlan`: the Actors (ids and regions, the topology's groups scaled to
+  ``real.actors`` for one host) and the relays (one standalone relay per remote region, or none
+  when a seed Actor relays), and
+* the **job spec**: one JSON-ready dict with everything an Actor or relay needs to take part (model,
+  task, sampling, strategy, store URL, job id). The Trainer registers it with the Ledger and the
+  Ledger hands it to each peer that joins, so an Actor on another host needs nothing but the
+  Ledger's address, the job secret and the job's public key.
+
+Strategies keep the simulator's names and meanings (:func:`sim.config.strategy`): ``aurora``
+sends sparse deltas through relays over S streams with a one-step lag; ``prime-full`` a dense
+bf16 copy every step, one stream, store-and-forward relays, and waits for the weights;
+``prime-async2/4`` the same with a lag bound of 2/4; ``ideal-singledc`` is ``aurora`` with no
+link shaping (on loopback they are the same run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from aurora.topology import Topology
+
+REAL_STRATEGIES = ("aurora", "prime-full", "prime-async2", "prime-async4", "ideal-singledc")
+"""Strategies ``aurora real`` runs (the simulator has more: its ablations)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActorPlan:
+    id: str
+    """Actor id (as in the topology: ``<group prefix>-<i>``)."""
+    region: str
+    """Region it runs in."""
+    engine: str
+    """Inference engine."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessPlan:
+    """The processes of one job, besides the Trainer (which hosts the Ledger)."""
+
+    actors: tuple[ActorPlan, ...]
+    relays: tuple[tuple[str, str], ...]
+    """(relay id, region) of every standalone relay process."""
+    scaled_from: int
+    """Actors in the topology, before scaling to ``real.actors``."""
+
+
+def scale_counts(counts: list[int], total: int | None) -> list[int]:
+    """Scale group sizes to ``total`` (at least one per group, largest remainder)."""
+    have = sum(counts)
+    if total is None or total >= have:
+        return list(counts)
+    total = max(total, len(counts))
+    exact = [c * total / have for c in counts]
+    out = [max(1, math.floor(x)) for x in exact]
+    order = sorted(range(len(counts)), key=lambda i: (out[i] - exact[i], i))
+    i = 0
+    while sum(out) < total:
+        out[order[i % len(order)]] += 1
+        i += 1
+    while sum(out) > total:
+        j = max(range(len(out)), key=lambda k: (out[k], -k))
+        out[j] -= 1
+    return out
+
+
+def plan_processes(topology: Topology, *, actors: int | None = None) -> ProcessPlan:
+    """Actors and relays to start for ``topology`` (``actors`` overrides ``real.actors``)."""
+    real = topology.real
+    want = actors if actors is not None else real.actors
+    counts = scale_counts([g.count for g in topology.actors], want)
+    plan = []
+    for group, n in zip(topology.actors, counts, strict=True):
+        for i in range(n):
+            plan.append(
+                ActorPlan(
+                    id=f"{group.prefix}-{i}",
+                    region=group.region,
+                    engine=group.engine or real.engine,
+                )
+            )
+    relays: list[tuple[str, str]] = []
+    if real.relays == "standalone":
+        remote = sorted({a.region for a in plan} - {topology.trainer.region})
+        named = {r.region: r.id for r in topology.relays}
+        relays = [(named.get(region, f"relay-{region}"), region) for region in remote]
+    return ProcessPlan(
+        actors=tuple(plan), relays=tuple(relays), scaled_from=sum(g.count for g in topology.actors)
+    )
+
+
+def strategy_spec(name: str) -> dict[str, Any]:
+    """The transfer strategy ``name`` as the runtime needs it (same meanings as the simulator)."""
+    if name not in REAL_STRATEGIES:
+        raise ValueError(
+            f"--strategy: {name!r} does not run on real processes (one of "
+            f"{', '.join(REAL_STRATEGIES)}; the simulator's ablations are simulator-only)"
+        )
+    from sim.config import strategy
+
+    s = strategy(name)
+    dense = s.payload == "dense" and not s.rdma
+    return {
+        "name": s.name,
+        "payload": "dense" if dense else "delta",
+        "codec": s.codec if not dense else None,
+        "streams": s.streams if not s.rdma else 4,
+        "relays": s.relays,
+        "max_lag": s.max_lag,
+        "cut_through": s.cut_through if not s.rdma else True,
+        "staging_grace_s": s.staging_grace_s if not s.rdma else 10.0,
+        "shaped": not s.rdma,
+    }
+
+
+def job_id(topology: Topology, strategy: str, seed: int) -> str:
+    """A stable id for one run's job (names its keys' scope in announcements)."""
+    raw = f"{topology.name}|{strategy}|{seed}".encode()
+    return f"{topology.name}-{strategy}-s{seed}-{hashlib.blake2b(raw, digest_size=4).hexdigest()}"
+
+
+def make_spec(
+    topology: Topology,
+    *,
+    strategy: str,
+    seed: int,
+    steps: int | None,
+    store: str,
+    backend: str = "rl",
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The job spec (see the module docstring); ``extra`` adds backend settings."""
+    real = topology.real
+    strat = strategy_spec(strategy)
+    spec: dict[str, Any] = {
+        "job_id": job_id(topology, strategy, seed),
+        "name": topology.name,
+        "backend": backend,
+        "model": real.model,
+        "engine": real.engine,
+        "device": real.device,
+        "task": real.task,
+        "regime": real.regime,
+        "learning_rate": real.learning_rate,
+        "seed": seed,
+        "steps": steps if steps is not None else real.steps,
+        "prompts_per_step": real.prompts_per_step,
+        "group_size": real.group_size,
+        "max_new_tokens": real.max_new_tokens,
+        "temperature": real.temperature,
+        "snapshot_interval": real.snapshot_interval,
+        "lease_initial_s": real.lease_initial_s,
+        "threads": real.threads_per_process,
+        "eval_prompts": real.eval_prompts,
+        "store": store,
+        "trainer_region": topology.trainer.region,
+        "strategy": strat,
+    }
+    spec.update(extra or {})
+    return spec

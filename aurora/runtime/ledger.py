@@ -1,0 +1,820 @@
+"""The Job Ledger process: ``decide`` with real events and the wall clock, durable in SQLite.
+
+Theory of operation
+-------------------
+The Ledger is the control plane's hub. Every Actor, relay and the Trainer keeps one
+authenticated connection to it (:mod:`aurora.runtime.channel`); what arrives becomes an event of
+:mod:`aurora.policy.ledger` (``ActorJoined``, ``DeltaStaged``, ``ResultArrived`` ...), and each
+event goes through the same three steps:
+
+1. it is appended to the SQLite log (:class:`~aurora.runtime.ledgerlog.LedgerLog`), with the
+   result payload it carries, and committed;
+2. :func:`aurora.policy.ledger.decide` turns it into actions at ``now`` (the wall clock, read in
+   one place, :attr:`LedgerService.clock`);
+3. the actions are carried out: sent to the Actor they name (``Assign``, ``Commit``,
+   ``CatchUp``, ``Route``...), counted toward their batch (``Accepted``), or recorded.
+
+When a batch starts is the orchestrator's decision, :mod:`aurora.policy.pacing` (the lag bound
+and the grace for late stagers), made here as the simulator makes it: batch ``k`` is requested
+once batch ``k-1`` is complete and a version allowed for it is published and staged by the
+Actors one version behind (or the grace ran out). A batch is complete when every one of its
+prompts has an admitted result; the Trainer is told and fetches the results.
+
+Restart: :meth:`LedgerService.replay` feeds the log back through ``decide`` with the recorded
+times, which rebuilds the state exactly (the lease book, versions, estimates, the orchestrator's
+counters). Connections are not state: Actors and the Trainer reconnect, and an Actor the Ledger
+still counts as live is re-sent its live leases and pending commit instead of joining again. A
+peer whose connection drops and does not come back within ``reconnect_grace_s`` is lost
+(``ActorLost``, ``RelayLost``): its leases expire back to the pool and survivors pick them up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aurora.policy import pacing
+from aurora.policy.ledger import (
+    Accepted,
+    Action,
+    ActorJoined,
+    ActorLeft,
+    ActorLost,
+    Assign,
+    BatchRequested,
+    CatchUp,
+    CaughtUp,
+    Commit,
+    DeltaPublished,
+    DeltaStaged,
+    Event,
+    Exclude,
+    Expired,
+    FallBack,
+    LedgerConfig,
+    PreemptionNotice,
+    Refused,
+    RelayJoined,
+    RelayLost,
+    Released,
+    ResultArrived,
+    Route,
+    ThroughputObserved,
+    Tick,
+    VersionActivated,
+    decide,
+    event_from_record,
+    initial_state,
+    to_record,
+)
+from aurora.policy.membership import TRAINER
+from aurora.runtime.channel import Channel, ChannelClosed, serve
+from aurora.runtime.ledgerlog import LedgerLog
+
+log = logging.getLogger("aurora.runtime.ledger")
+
+TICK_SLACK_S = 0.05
+"""A lease is checked this long after its expiry (s), so the check never runs just before it."""
+
+
+def prompt_id(batch: int, index: int) -> str:
+    """The id of prompt ``index`` of batch ``batch`` (1-based): ``b{batch}-{index}``."""
+    return f"b{batch}-{index}"
+
+
+def batch_of(prompt: str) -> int:
+    """Batch number of a prompt id made by :func:`prompt_id`."""
+    return int(prompt[1 : prompt.index("-")])
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerServiceConfig:
+    """How the Ledger process runs (the policy itself is ``policy``)."""
+
+    policy: LedgerConfig
+    """The policy core's parameters (lag bound, relays, lease lengths, EMA)."""
+    log_path: str
+    """SQLite file of the durable event log (created if missing, replayed if present)."""
+    staging_grace_s: float = 10.0
+    """How long a batch waits for Actors still staging its version (s); ``inf`` waits for all
+    (the PrimeRL baselines, whose orchestrator waits for the weights)."""
+    reconnect_grace_s: float = 0.0
+    """A peer whose connection drops is lost unless it reconnects within this (s). 0 (the
+    default): lost at once, so no prompt is leased to a dead machine meanwhile (each such lease
+    would cost the batch another lease length); an Actor that was only cut off comes back
+    through the join path as a returning Actor."""
+    stats_path: str | None = None
+    """Where :meth:`LedgerService.close` writes its counts and latencies (JSON); None: beside
+    the log (``ledger.stats.json``)."""
+
+    def __post_init__(self) -> None:
+        if not self.staging_grace_s >= 0 or not self.reconnect_grace_s >= 0:
+            raise ValueError("staging_grace_s and reconnect_grace_s must be >= 0")
+
+
+@dataclass
+class Job:
+    """What the Trainer registered: the run's shape and what every Actor needs to take part."""
+
+    steps: int
+    prompts_per_batch: int
+    spec: dict[str, Any]
+    """Model, task, sampling, store URL, strategy, job id: sent to each Actor and relay."""
+
+
+@dataclass
+class Counters:
+    """Totals over the run, for the summary and the live line."""
+
+    refused: dict[str, int] = field(default_factory=dict)
+    expired: int = 0
+    released: int = 0
+    accepted: int = 0
+    hash_mismatches: int = 0
+    digest_mismatches: int = 0
+    activations: int = 0
+
+
+class LedgerService:
+    """One job's Ledger (see the module docstring)."""
+
+    def __init__(
+        self, config: LedgerServiceConfig, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        """The wall clock (s): the one place the Ledger reads time."""
+        self.state = initial_state(config.policy)
+        self.log = LedgerLog(config.log_path)
+        self.job: Job | None = None
+        self.next_batch = 1
+        self.batch_target: dict[int, int] = {}
+        self.accepted: dict[int, list[tuple[str, str, str, int]]] = {}
+        """batch -> admitted results (actor, lease, prompt, version)."""
+        self.batch_done: set[int] = set()
+        self.published: dict[int, dict[str, Any]] = {}
+        """version -> what the Trainer announced (h(v), content digest, sizes)."""
+        self.counters = Counters()
+        self.channels: dict[str, Channel] = {}
+        self.roles: dict[str, dict[str, Any]] = {}
+        """peer id -> its hello (role, region, data-plane address)."""
+        self.trainer: Channel | None = None
+        self.observers: set[Channel] = set()
+        self.finished = False
+        self.done = asyncio.Event()
+        self._ready_since: float | None = None
+        self._grace_timer: asyncio.TimerHandle | None = None
+        self._ticks: dict[float, asyncio.TimerHandle] = {}
+        self._lost_timers: dict[str, asyncio.TimerHandle] = {}
+        self._server: asyncio.base_events.Server | None = None
+        self._unix: asyncio.base_events.Server | None = None
+        self._spans = Path(
+            config.log_path if config.log_path != ":memory:" else (config.stats_path or "x")
+        ).with_suffix(".spans.jsonl")
+        self.replayed = 0
+        self._start_timer: asyncio.TimerHandle | None = None
+        self.timings: dict[str, collections.deque[float]] = {
+            "decide": collections.deque(maxlen=1 << 18),
+            "log": collections.deque(maxlen=1 << 18),
+        }
+        """Seconds per event spent in ``decide`` and in appending to the log (the load
+        benchmark's latency figures)."""
+        self._early_staged: dict[int, set[str]] = {}
+        """Versions Actors staged before the Trainer announced them (cut-through)."""
+
+    # -- durable log ------------------------------------------------------------------------
+
+    def replay(self) -> int:
+        """Rebuild the state from the log (a restarted Ledger); returns the events replayed."""
+        n = 0
+        for row in self.log.events():
+            if row.kind == "driver":
+                self._apply_driver(row.record)
+            else:
+                event = event_from_record(row.record)
+                try:
+                    _, actions = decide(self.state, event, now=row.now)
+                except ValueError:
+                    continue  # refused when it happened too, state unchanged
+                self._after(event, actions, replaying=True)
+            n += 1
+        self.replayed = n
+        if n:
+            log.info("ledger: replayed %d events from %s", n, self.config.log_path)
+            self._schedule_next_expiry()
+        return n
+
+    def note(self, record: dict[str, Any]) -> None:
+        """Log a driver record (something the runtime around ``decide`` must rebuild)."""
+        self.log.append(self.clock(), "driver", record)
+        self._apply_driver(record)
+
+    def _apply_driver(self, rec: dict[str, Any]) -> None:
+        kind = rec.get("type")
+        if kind == "Job" and self.job is None:
+            self.job = Job(
+                steps=int(rec["steps"]),
+                prompts_per_batch=int(rec["prompts_per_batch"]),
+                spec=dict(rec["spec"]),
+            )
+        elif kind == "Published":
+            self.published[int(rec["version"])] = rec
+        elif kind == "Activation":
+            self._check_activation(rec)
+        elif kind == "Finished":
+            self.finished = True
+
+    def _check_activation(self, rec: dict[str, Any]) -> None:
+        self.counters.activations += 1
+        v = int(rec["version"])
+        announced = self.published.get(v)
+        if announced is None:
+            return
+        if rec.get("weights_hash") != announced.get("weights_hash"):
+            self.counters.hash_mismatches += 1
+        if rec.get("digest") and announced.get("digest") and rec["digest"] != announced["digest"]:
+            self.counters.digest_mismatches += 1
+
+    # -- events ------------------------------------------------------------------------------
+
+    def feed(self, event: Event, *, payload: tuple[str, str, bytes] | None = None) -> list[Action]:
+        """Log ``event``, decide, carry out the actions. An event the policy refuses as
+        impossible (a ``ValueError``: e.g. a result from an unknown Actor) is logged and
+        dropped without changing the state."""
+        now = self.clock()
+        t0 = time.perf_counter()
+        seq = self.log.append(now, "policy", to_record(event), payload=payload)
+        t1 = time.perf_counter()
+        try:
+            _, actions = decide(self.state, event, now=now)
+            self.timings["decide"].append(time.perf_counter() - t1)
+            self.timings["log"].append(t1 - t0)
+        except ValueError as exc:
+            log.warning("ledger: %s refused: %s", type(event).__name__, exc)
+            self.log.record_actions(seq, [{"type": "Invalid", "reason": str(exc)}])
+            return []
+        self.log.record_actions(seq, [to_record(a) for a in actions])
+        self._after(event, actions, replaying=False)
+        for action in actions:
+            self._carry_out(action, now)
+        self._try_request()
+        return actions
+
+    def _after(self, event: Event, actions: list[Action], *, replaying: bool) -> None:
+        """Bookkeeping shared by live events and replay (never sends anything)."""
+        if isinstance(event, BatchRequested):
+            k = batch_of(event.prompts[0]) if event.prompts else self.next_batch
+            self.batch_target[k] = event.version
+            self.next_batch = max(self.next_batch, k + 1)
+        elif isinstance(event, DeltaPublished):
+            pass
+        for action in actions:
+            if isinstance(action, Accepted):
+                k = batch_of(action.prompt)
+                self.accepted.setdefault(k, []).append(
+                    (action.actor, action.lease, action.prompt, action.version)
+                )
+                self.counters.accepted += 1
+                if self.job is not None and len(self.accepted[k]) == self.job.prompts_per_batch:
+                    self.batch_done.add(k)
+                    if not replaying:
+                        self._tell_trainer({"op": "batch_done", "batch": k})
+                        self._tell_observers({"op": "batch_done", "batch": k})
+            elif isinstance(action, Refused):
+                name = action.reason.name
+                self.counters.refused[name] = self.counters.refused.get(name, 0) + 1
+            elif isinstance(action, Expired):
+                self.counters.expired += 1
+            elif isinstance(action, Released):
+                self.counters.released += 1
+
+    def _carry_out(self, action: Action, now: float) -> None:
+        if isinstance(action, Assign):
+            self._send(
+                action.actor,
+                {
+                    "op": "assign",
+                    "version": action.version,
+                    "leases": [list(p) for p in zip(action.leases, action.prompts, strict=True)],
+                    "expiry_in": max(0.0, action.expiry - now),
+                },
+            )
+            self._schedule_tick(action.expiry)
+        elif isinstance(action, Commit):
+            self._send(action.actor, {"op": "commit", "version": action.version})
+        elif isinstance(action, Exclude):
+            self._send(action.actor, {"op": "exclude", "version": action.version})
+        elif isinstance(action, CatchUp):
+            plan = action.plan
+            msg: dict[str, Any] = {
+                "op": "catch_up",
+                "target": plan.target,
+                "snapshot": plan.snapshot,
+                "deltas": list(plan.deltas),
+            }
+            if plan.snapshot is not None:
+                # A snapshot's file names its content hash; the chain hash h(v) the deltas after
+                # it build on (and leases check) comes from what the Trainer published.
+                info = self.state.versions[plan.snapshot]
+                msg["snapshot_hash"] = info.weights_hash
+                msg["snapshot_digest"] = self.published.get(plan.snapshot, {}).get("digest")
+            self._send(action.actor, msg)
+        elif isinstance(action, Route | FallBack):
+            self._send_route(action.actor, action.source)
+
+    def _send_route(self, actor: str, source: str) -> None:
+        self._send(actor, {"op": "route", "source": source, "addr": self._address(source)})
+
+    def _address(self, peer: str) -> str | None:
+        if peer == TRAINER:
+            return self.job.spec.get("trainer_data") if self.job is not None else None
+        hello = self.roles.get(peer)
+        return None if hello is None else hello.get("data")
+
+    def _send(self, peer: str, msg: dict[str, Any]) -> None:
+        channel = self.channels.get(peer)
+        if channel is not None:
+            channel.send_nowait(msg)
+
+    def _tell_trainer(self, msg: dict[str, Any]) -> None:
+        if self.trainer is not None:
+            self.trainer.send_nowait(msg)
+
+    def _tell_observers(self, msg: dict[str, Any]) -> None:
+        for obs in list(self.observers):
+            obs.send_nowait(msg)
+
+    # -- leases and time ---------------------------------------------------------------------
+
+    def _schedule_tick(self, expiry: float) -> None:
+        if not math.isfinite(expiry) or expiry in self._ticks:
+            return
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, expiry - self.clock()) + TICK_SLACK_S
+
+        def tick() -> None:
+            self._ticks.pop(expiry, None)
+            if not self.finished:
+                self.feed(Tick())
+
+        self._ticks[expiry] = loop.call_later(delay, tick)
+
+    def _schedule_next_expiry(self) -> None:
+        """After a replay: a tick for every lease still live (their timers died with the
+        previous process)."""
+        with contextlib.suppress(RuntimeError):  # no running loop: replay outside a server
+            asyncio.get_running_loop()
+            for actor in list(self.state.book.by_actor):
+                for lease in self.state.book.live(actor):
+                    self._schedule_tick(lease.expiry)
+
+    # -- the orchestrator: when each batch starts --------------------------------------------
+
+    def _try_request(self) -> None:
+        job = self.job
+        if job is None or self.finished:
+            return
+        k = self.next_batch
+        if k > job.steps or (k > 1 and k - 1 not in self.batch_done):
+            return
+        if k == 1 and not self._enough_actors():
+            return
+        w = pacing.batch_version(self.state, k)
+        if w is None:
+            return
+        now = self.clock()
+        if self._ready_since is None:
+            self._ready_since = now
+        waiting = pacing.waiting_on(self.state, w) if w > 0 else []
+        grace = self.config.staging_grace_s
+        if not pacing.request_at(
+            ready_since=self._ready_since, waiting=waiting, grace_s=grace, now=now
+        ):
+            if self._grace_timer is None and math.isfinite(grace):
+
+                def expire() -> None:
+                    self._grace_timer = None
+                    self._try_request()
+
+                self._grace_timer = asyncio.get_running_loop().call_later(
+                    self._ready_since + grace - now, expire
+                )
+            return
+        self._ready_since = None
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None
+        prompts = tuple(prompt_id(k, i) for i in range(job.prompts_per_batch))
+        self.feed(BatchRequested(version=w, prompts=prompts))
+        self._tell_observers({"op": "batch_requested", "batch": k, "version": w})
+
+    def _enough_actors(self) -> bool:
+        """The first batch waits until ``start_actors`` Actors are ready (or ``start_wait_s``
+        has passed since the job was registered), so a run's first steps are not taken by
+        whichever Actor happened to load first. Later joins need no barrier."""
+        assert self.job is not None
+        want = int(self.job.spec.get("start_actors", 1))
+        ready = sum(
+            1 for a in self.state.actors.values() if a.schedulable and a.versions.active is not None
+        )
+        if ready >= want:
+            return True
+        if self._start_timer is None:
+            wait = float(self.job.spec.get("start_wait_s", 120.0))
+            self._start_timer = asyncio.get_running_loop().call_later(wait, self._start_anyway)
+        return False
+
+    def _start_anyway(self) -> None:
+        assert self.job is not None
+        self.job.spec["start_actors"] = 0
+        log.warning("ledger: starting before every expected Actor is ready")
+        self._try_request()
+
+    # -- connections -------------------------------------------------------------------------
+
+    async def start(
+        self, host: str, port: int, *, secret: bytes, unix_path: str | None = None
+    ) -> int:
+        """Serve the control plane; returns the port. With ``unix_path`` it also listens on that
+        Unix socket (for observers on this host outside the Ledger's network namespace)."""
+        self._server = await serve(host, port, secret=secret, handler=self._session)
+        if unix_path is not None and len(unix_path.encode()) < 100:  # sun_path holds 108 bytes
+            import os
+
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(unix_path)
+            self._unix = await serve(
+                "", 0, secret=secret, handler=self._session, unix_path=unix_path
+            )
+        sock = self._server.sockets[0]
+        return int(sock.getsockname()[1])
+
+    def stats(self) -> dict[str, Any]:
+        """Counts and latencies of this process's life (written as ``ledger.stats.json``)."""
+
+        def pct(values: collections.deque[float], q: float) -> float | None:
+            if not values:
+                return None
+            ordered = sorted(values)
+            return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+        out: dict[str, Any] = {
+            "events": len(self.timings["decide"]),
+            "accepted": self.counters.accepted,
+            "log_bytes": self.log.bytes_written,
+            "log_path": self.config.log_path,
+        }
+        for name, values in self.timings.items():
+            out[f"{name}_p50_s"] = pct(values, 0.5)
+            out[f"{name}_p99_s"] = pct(values, 0.99)
+            out[f"{name}_total_s"] = sum(values)
+        if self.config.log_path != ":memory:":
+            files = [Path(self.config.log_path), Path(self.config.log_path + "-wal")]
+            out["db_file_bytes"] = sum(f.stat().st_size for f in files if f.exists())
+        return out
+
+    async def close(self) -> None:
+        if self.config.log_path != ":memory:" or self.timings["decide"]:
+            with contextlib.suppress(OSError):
+                path = self.config.stats_path or str(
+                    Path(self.config.log_path).with_suffix(".stats.json")
+                )
+                Path(path).write_text(json.dumps(self.stats(), indent=2))
+        for timer in [*self._ticks.values(), *self._lost_timers.values()]:
+            timer.cancel()
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+        for ch in [*self.channels.values(), *self.observers]:
+            ch.close()
+        if self.trainer is not None:
+            self.trainer.close()
+        for server in (self._server, self._unix):
+            if server is not None:
+                server.close()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(server.wait_closed(), 1.0)
+        self.log.close()
+
+    async def _session(self, ch: Channel) -> None:
+        role = ch.hello.get("role")
+        if role == "trainer":
+            await self._trainer_session(ch)
+        elif role in ("actor", "relay"):
+            await self._peer_session(ch, role)
+        elif role == "observer":
+            self.observers.add(ch)
+            try:
+                ch.send_nowait(self.progress())
+                while True:
+                    msg = await ch.recv()
+                    if msg["op"] == "fault":
+                        self.note({"type": "Fault", "spec": str(msg.get("spec", ""))})
+            finally:
+                self.observers.discard(ch)
+        else:
+            log.warning("ledger: %s connected with unknown role %r", ch.peer, role)
+
+    def progress(self) -> dict[str, Any]:
+        """The numbers of the live line (sent to observers on connect)."""
+        return {
+            "op": "progress",
+            "latest": self.state.latest,
+            "batch": self.next_batch - 1,
+            "done": sorted(self.batch_done),
+            "actors": sorted(a.id for a in self.state.actors.values() if a.live),
+            "refused": dict(self.counters.refused),
+            "expired": self.counters.expired,
+        }
+
+    async def _trainer_session(self, ch: Channel) -> None:
+        if self.trainer is not None:
+            self.trainer.close()
+        self.trainer = ch
+        ch.send_nowait(
+            {"op": "resume", "latest": self.state.latest, "done": sorted(self.batch_done)}
+        )
+        try:
+            while True:
+                msg = await ch.recv()
+                op = msg["op"]
+                if op == "job":
+                    if self.job is None:
+                        self.note({"type": "Job", **msg["job"]})
+                        for peer_ch in list(self.channels.values()):
+                            self._welcome(peer_ch, str(peer_ch.hello.get("role")))
+                    self._try_request()
+                elif op == "published":
+                    self._on_published(msg)
+                elif op == "get_batch":
+                    await ch.send(self._batch_message(int(msg["batch"])))
+                elif op == "stats":
+                    self._tell_observers({**msg, "op": "stats"})
+                elif op == "finished":
+                    self.note({"type": "Finished"})
+                    for peer in list(self.channels.values()):
+                        peer.send_nowait({"op": "stop"})
+                    self._tell_observers({"op": "finished"})
+                    self.done.set()
+        finally:
+            if self.trainer is ch:
+                self.trainer = None
+
+    def _on_published(self, msg: dict[str, Any]) -> None:
+        v = int(msg["version"])
+        if v in self.published:
+            # A restarted Trainer announcing a version again: it must be the same version.
+            if self.published[v].get("weights_hash") != msg["weights_hash"]:
+                log.error("ledger: the Trainer re-published v%d with another hash; ignored", v)
+            return
+        rec = {
+            "type": "Published",
+            "version": v,
+            "weights_hash": msg["weights_hash"],
+            "digest": msg.get("digest"),
+            "delta_bytes": msg.get("delta_bytes"),
+            "snapshot_bytes": msg.get("snapshot_bytes"),
+            "stats": msg.get("stats") or {},
+            "at": self.clock(),
+            "announcement": bytes(msg["announcement"]).hex() if msg.get("announcement") else None,
+        }
+        self.note(rec)
+        if rec["announcement"]:
+            # Anyone may carry a signed announcement: every peer gets it from here too, so a
+            # node whose source withholds it still learns the version exists (and its deadline
+            # starts).
+            for peer_ch in list(self.channels.values()):
+                peer_ch.send_nowait({"op": "announce", "data": bytes(msg["announcement"])})
+        self.feed(
+            DeltaPublished(
+                version=v,
+                weights_hash=msg["weights_hash"],
+                delta_bytes=msg.get("delta_bytes"),
+                snapshot_bytes=msg.get("snapshot_bytes"),
+            )
+        )
+        for actor in sorted(self._early_staged.pop(v, ())):
+            rec = self.state.actors.get(actor)
+            if rec is not None and rec.live and (rec.versions.active or 0) < v:
+                self.feed(DeltaStaged(actor=actor, version=v))
+        self._tell_observers({"op": "published", "version": v})
+
+    def _batch_message(self, k: int) -> dict[str, Any]:
+        results = []
+        for actor, lease, prompt, version in self.accepted.get(k, []):
+            body = self.log.payload(actor, lease)
+            results.append(
+                {
+                    "actor": actor,
+                    "lease": lease,
+                    "prompt": prompt,
+                    "version": version,
+                    "payload": body,
+                }
+            )
+        return {"op": "batch", "batch": k, "complete": k in self.batch_done, "results": results}
+
+    async def _peer_session(self, ch: Channel, role: str) -> None:
+        peer = ch.peer
+        if peer == TRAINER or not peer:
+            raise ChannelClosed(f"peer id {peer!r} is reserved")
+        old = self.channels.get(peer)
+        if old is not None and not old.closed:
+            log.warning("ledger: %s connected again; closing its previous connection", peer)
+            old.close()
+        self.channels[peer] = ch
+        self.roles[peer] = dict(ch.hello)
+        timer = self._lost_timers.pop(peer, None)
+        if timer is not None:
+            timer.cancel()
+        self._welcome(ch, role)
+        try:
+            if role == "relay":
+                self._join_relay(peer, ch.hello)
+            else:
+                self._join_actor(peer, ch.hello)
+            while True:
+                msg = await ch.recv()
+                self._on_peer_message(peer, msg)
+        finally:
+            if self.channels.get(peer) is ch:
+                del self.channels[peer]
+                if not self.finished:
+                    if self.config.reconnect_grace_s > 0:
+                        self._lost_timers[peer] = asyncio.get_running_loop().call_later(
+                            self.config.reconnect_grace_s, self._lose, peer, role
+                        )
+                    else:
+                        self._lose(peer, role)
+
+    def _welcome(self, ch: Channel, role: str) -> None:
+        spec = self.job.spec if self.job is not None else None
+        recent = sorted(v for v, r in self.published.items() if r.get("announcement"))[-16:]
+        for v in recent:
+            ch.send_nowait(
+                {"op": "announce", "data": bytes.fromhex(self.published[v]["announcement"])}
+            )
+        ch.send_nowait(
+            {
+                "op": "welcome",
+                "job": spec,
+                "sources": {
+                    rid: self._address(rid)
+                    for rid in [TRAINER, *self.state.relays]
+                    if self._address(rid) is not None
+                },
+            }
+        )
+
+    def _join_relay(self, peer: str, hello: dict[str, Any]) -> None:
+        if peer in self.state.relays:
+            return
+        self.feed(RelayJoined(relay=peer, region=str(hello.get("region", ""))))
+        # Actors routed to this relay before it (re)connected learn its address now.
+        for rec in self.state.actors.values():
+            if rec.live and rec.source == peer:
+                self._send_route(rec.id, peer)
+
+    def _join_actor(self, peer: str, hello: dict[str, Any]) -> None:
+        rec = self.state.actors.get(peer)
+        active = hello.get("active")
+        if (
+            rec is not None
+            and rec.live
+            and active is not None
+            and rec.versions.active is not None
+            and int(active) > rec.versions.active
+            and int(active) in self.state.versions
+        ):
+            # It switched versions while the Ledger could not hear it (a restart, a blip).
+            self.feed(CaughtUp(actor=peer, version=int(active)))
+        if rec is not None and rec.live and rec.versions.active == active:
+            # Reconnected (a network blip or a restarted Ledger): resend what it may have missed.
+            self._send_route(peer, rec.source)
+            for lease in self.state.book.live(peer):
+                self._send(
+                    peer,
+                    {
+                        "op": "assign",
+                        "version": lease.version,
+                        "leases": [[lease.id, lease.prompt]],
+                        "expiry_in": max(0.0, lease.expiry - self.clock()),
+                    },
+                )
+            if rec.commit_sent is not None:
+                self._send(peer, {"op": "commit", "version": rec.commit_sent})
+            return
+        if rec is not None and rec.live:
+            self.feed(ActorLost(actor=peer))
+        self.feed(
+            ActorJoined(
+                actor=peer,
+                region=str(hello.get("region", "")),
+                active=None if active is None else int(active),
+            )
+        )
+        for v in sorted(int(x) for x in hello.get("staged", ())):
+            if self.state.actors[peer].live and v in self.state.versions:
+                self.feed(DeltaStaged(actor=peer, version=v))
+
+    def _lose(self, peer: str, role: str) -> None:
+        self._lost_timers.pop(peer, None)
+        if peer in self.channels or self.finished:
+            return
+        if role == "relay":
+            if peer in self.state.relays:
+                self.feed(RelayLost(relay=peer))
+        else:
+            rec = self.state.actors.get(peer)
+            if rec is not None and rec.live:
+                self.feed(ActorLost(actor=peer))
+
+    def _on_peer_message(self, peer: str, msg: dict[str, Any]) -> None:
+        op = msg["op"]
+        rec = self.state.actors.get(peer)
+        if op == "span":
+            with open(self._spans, "a") as f:
+                f.write(json.dumps({**msg, "who": peer}) + "\n")
+            return
+        if op == "data":
+            self.roles.setdefault(peer, {})["data"] = str(msg["addr"])
+            for other in self.state.actors.values():
+                if other.live and other.source == peer and other.id != peer:
+                    self._send_route(other.id, peer)
+            return
+        if rec is None or not rec.live:
+            if op == "result":
+                # A result from a machine the Ledger no longer counts: refused, never admitted.
+                self.counters.refused["UNKNOWN_ACTOR"] = (
+                    self.counters.refused.get("UNKNOWN_ACTOR", 0) + 1
+                )
+            return
+        if op == "staged":
+            v = int(msg["version"])
+            if v not in self.state.versions:
+                # Cut-through: the delta can reach an Actor before the Trainer has told the
+                # Ledger it is published. Remember it; it is fed when the version is.
+                self._early_staged.setdefault(v, set()).add(peer)
+                return
+            if rec.versions.state(v).value in ("staged", "active") or (
+                rec.versions.active is not None and v <= rec.versions.active
+            ):
+                return  # already known (a re-subscribed node stages what it had again)
+            self.feed(DeltaStaged(actor=peer, version=v))
+        elif op == "activated":
+            self.note(
+                {
+                    "type": "Activation",
+                    "actor": peer,
+                    "version": int(msg["version"]),
+                    "weights_hash": msg.get("weights_hash"),
+                    "digest": msg.get("digest"),
+                    "pause_ms": msg.get("pause_ms"),
+                    "how": "activate",
+                }
+            )
+            self.feed(VersionActivated(actor=peer, version=int(msg["version"])))
+        elif op == "caught_up":
+            self.note(
+                {
+                    "type": "Activation",
+                    "actor": peer,
+                    "version": int(msg["version"]),
+                    "weights_hash": msg.get("weights_hash"),
+                    "digest": msg.get("digest"),
+                    "pause_ms": msg.get("pause_ms"),
+                    "how": "catch_up",
+                }
+            )
+            self.feed(CaughtUp(actor=peer, version=int(msg["version"])))
+        elif op == "result":
+            payload = msg.get("payload")
+            self.feed(
+                ResultArrived(
+                    actor=peer,
+                    lease=str(msg["lease"]),
+                    version=int(msg["version"]),
+                    weights_hash=str(msg["weights_hash"]),
+                ),
+                payload=(peer, str(msg["lease"]), bytes(payload or b"")),
+            )
+        elif op == "throughput":
+            self.feed(
+                ThroughputObserved(
+                    actor=peer, tokens=int(msg["tokens"]), seconds=float(msg["seconds"])
+                )
+            )
+        elif op == "notice":
+            self.feed(PreemptionNotice(actor=peer, deadline=self.clock() + float(msg["seconds"])))
+        elif op == "leave":
+            self.feed(ActorLeft(actor=peer))
+        else:
+            log.warning("ledger: unknown message %r from %s", op, peer)

@@ -1,0 +1,118 @@
+"""A standalone relay process: one per remote region, receives each delta once, fans it out.
+
+Theory of operation
+-------------------
+A relay is a data-plane node (:class:`aurora.transport.Node`) that subscribes to the Trainer
+(its sources: the Trainer, then any peer relay the Ledger names) and serves the Actors of its
+region, forwarding every verified segment the moment it has it (cut-through). It registers with
+the Ledger (``RelayJoined``), which routes the region's Actors to it; if it dies, the Ledger
+notices the dropped connection and re-routes them (``RelayLost`` → ``FallBack``), and the
+Actors' nodes fall back to their next source on their own meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aurora.runtime.channel import Channel, connect
+from aurora.transport import Node, TransportConfig
+
+log = logging.getLogger("aurora.runtime.relay")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelayRun:
+    """Where and how one relay process runs."""
+
+    id: str
+    """Relay id."""
+    region: str
+    """Region it serves."""
+    ledger: tuple[str, int]
+    """The Ledger's control address."""
+    secret: bytes
+    """The job secret."""
+    public_key: bytes
+    """The job's public key (announcements are verified before anything is forwarded)."""
+    host: str = "127.0.0.1"
+    """Address its data-plane node listens on."""
+    port: int = 0
+    """Data-plane port (0: any free port)."""
+    connect_timeout_s: float = 30.0
+    """How long to keep trying to reach the Ledger (s)."""
+
+
+class RelayProcess:
+    def __init__(self, run: RelayRun) -> None:
+        self.run = run
+        self.node: Node | None = None
+        self.job: dict[str, Any] | None = None
+        self.sources: dict[str, str] = {}
+
+    async def _connect(self) -> Channel:
+        deadline = time.monotonic() + self.run.connect_timeout_s
+        hello = {"id": self.run.id, "role": "relay", "region": self.run.region}
+        while True:
+            try:
+                return await connect(
+                    self.run.ledger[0], self.run.ledger[1], secret=self.run.secret, hello=hello
+                )
+            except ConnectionError as exc:
+                if time.monotonic() > deadline or "refused us" in str(exc):
+                    raise
+                await asyncio.sleep(0.5)
+
+    async def main(self) -> int:
+        channel = await self._connect()
+        while True:
+            try:
+                msg = await channel.recv()
+            except ConnectionError:
+                log.warning("%s: lost the Ledger; reconnecting", self.run.id)
+                channel = await self._connect()
+                if self.node is not None:
+                    channel.send_nowait({"op": "data", "addr": self._addr})
+                continue
+            op = msg.get("op")
+            if op == "welcome":
+                self.sources.update({k: v for k, v in (msg.get("sources") or {}).items() if v})
+                if msg.get("job") is not None and self.node is None:
+                    self.job = msg["job"]
+                    await self._start(channel)
+            elif op == "announce" and self.node is not None:
+                try:
+                    self.node.announce(bytes(msg["data"]))
+                except Exception as exc:  # refused, never fatal
+                    log.warning("%s: refused an announcement: %s", self.run.id, exc)
+            elif op == "stop":
+                break
+        if self.node is not None:
+            await self.node.close()
+        channel.close()
+        return 0
+
+    async def _start(self, channel: Channel) -> None:
+        assert self.job is not None
+        strat = self.job["strategy"]
+        config = TransportConfig(
+            secret=self.run.secret,
+            job=self.job["job_id"],
+            public_key=self.run.public_key,
+            streams=int(strat["streams"]),
+            cache_versions=max(8, int(strat["max_lag"]) + 2),
+        )
+        trainer = self.sources.get("trainer") or self.job["trainer_data"]
+        host, port = trainer.rsplit(":", 1)
+        self.node = Node(self.run.id, config, sources=[(host, int(port))])
+        port_bound = await self.node.serve(self.run.host, self.run.port)
+        self._addr = f"{self.run.host}:{port_bound}"
+        channel.send_nowait({"op": "data", "addr": self._addr})
+        try:
+            await self.node.subscribe()
+        except ConnectionError as exc:  # it keeps reconnecting in the background
+            log.warning("%s: %s", self.run.id, exc)
+        log.info("%s: relaying %s from %s on %s", self.run.id, self.run.region, trainer, self._addr)

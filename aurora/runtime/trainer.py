@@ -1,0 +1,471 @@
+"""The Trainer process: train on each admitted batch, publish ``D_v``, checkpoint, repeat.
+
+Theory of operation
+-------------------
+One-step asynchronous RL as the paper runs it: the Ledger starts batch ``k`` (on an older policy,
+within the lag bound) while the Trainer is still training on batch ``k-1``. The Trainer's loop:
+
+1. wait until the Ledger says batch ``k`` is complete, and fetch its admitted results (every
+   result passed the acceptance predicate: its lease was live, its version and weights hash were
+   the lease's);
+2. one optimizer step on them (:meth:`~aurora.runtime.compute.TrainerSide.train`; the Trainer
+   computes the rewards itself from the prompts and the completions' text);
+3. extract ``D_k`` against the last published bf16 weights and publish it segment by segment as
+   extraction produces them (cut-through) on its data-plane node; relays and Actors stage it
+   while they generate;
+4. store ``D_k`` (and every ``snapshot_interval`` a snapshot) in the Checkpoint Store, save its
+   own checkpoint (master weights, optimizer, RNG, version), and only then tell the Ledger
+   ``published(k)`` with h(k), the content digest of its bf16 weights and the step's statistics.
+
+The order of 4 makes a kill at any point safe: a Trainer restarted from its checkpoint redoes at
+most the step whose checkpoint it had not written, producing the same bytes (a deterministic
+step on the same sorted inputs), which the store accepts as a no-op and Actors that staged the
+first copy find identical. By default the Ledger runs in this process, on the same event loop,
+behind the same TCP interface as a standalone ``aurora ledger``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from aurora.delta import Segment
+from aurora.runtime.channel import Channel, connect
+from aurora.runtime.compute import TrainerSide, make_trainer
+from aurora.runtime.ledger import LedgerService, LedgerServiceConfig
+from aurora.store import CheckpointStore
+from aurora.store.files import write_atomic
+from aurora.transport import Node, TransportConfig
+
+log = logging.getLogger("aurora.runtime.trainer")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerRun:
+    """Where and how one Trainer process runs."""
+
+    spec: dict[str, Any]
+    """The job spec (:func:`aurora.runtime.job.make_spec`)."""
+    run_dir: str
+    """Folder of this run: the Trainer's checkpoint, the Ledger's log, exports."""
+    secret: bytes
+    """The job secret (admission control on every connection)."""
+    signing_key: bytes
+    """The Trainer's Ed25519 private key: it signs every version and snapshot it publishes."""
+    public_key: bytes
+    """The job's public key (the signing key's; every node verifies against it)."""
+    host: str = "127.0.0.1"
+    """Address the data plane (and an in-process Ledger) listen on."""
+    data_port: int = 0
+    """Data-plane port (0: any free port)."""
+    ledger: tuple[str, int] | None = None
+    """A standalone Ledger to use; None runs one in this process."""
+    ledger_port: int = 0
+    """Port of the in-process Ledger (0: any free port)."""
+    ports_file: str | None = None
+    """Where to write the ports actually bound (JSON), for a launcher to read."""
+
+
+def _segments_in_thread(enc_segments: Any, loop: asyncio.AbstractEventLoop) -> asyncio.Queue:
+    """Iterate a segment generator (extraction, CPU work) in a worker thread and hand each
+    segment to the event loop as it is produced, so publishing overlaps extraction."""
+    queue: asyncio.Queue[Segment | BaseException | None] = asyncio.Queue()
+
+    def work() -> None:
+        try:
+            for seg in enc_segments:
+                loop.call_soon_threadsafe(queue.put_nowait, seg)
+        except BaseException as exc:  # handed to the loop, which raises it
+            loop.call_soon_threadsafe(queue.put_nowait, exc)
+        else:
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    loop.run_in_executor(None, work)
+    return queue
+
+
+class TrainerProcess:
+    """The Trainer role (see the module docstring)."""
+
+    def __init__(self, run: TrainerRun) -> None:
+        self.run = run
+        self.spec = run.spec
+        self.dir = Path(run.run_dir)
+        self.state_dir = self.dir / "trainer"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.store = CheckpointStore(
+            self.spec["store"], job=self.spec["job_id"], public_key=run.public_key
+        )
+        self.compute: TrainerSide | None = None
+        self.hashes: dict[int, str] = {}
+        """h(v) of every version published, by version (persisted beside the checkpoint)."""
+        self.announcements: dict[int, bytes] = {}
+        """Signed announcements of the versions published by this process (or re-served)."""
+        self.ledger_service: LedgerService | None = None
+        self.node: Node | None = None
+        self.channel: Channel | None = None
+        self.done_batches: set[int] = set()
+        self._batch_event = asyncio.Event()
+        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._batch_tokens = 0
+        """Messages from the Ledger other than ``batch_done`` (one queue per connection)."""
+
+    # -- state on disk -----------------------------------------------------------------------
+
+    @property
+    def _ckpt(self) -> str:
+        return str(self.state_dir / "state")
+
+    def _save(self, meta: dict[str, Any]) -> None:
+        """Checkpoint, then the version it is at: both renamed into place, checkpoint first, so
+        a kill at any point leaves a matching pair (or the previous one)."""
+        assert self.compute is not None
+        tmp = f"{self._ckpt}.tmp"
+        self.compute.save(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self._ckpt)
+        write_atomic(self.state_dir / "published.json", [json.dumps(meta).encode()])
+
+    def _resume(self) -> dict[str, Any] | None:
+        path = self.state_dir / "published.json"
+        if not path.exists():
+            return None
+        meta = json.loads(path.read_text())
+        assert self.compute is not None
+        self.compute.load(self._ckpt)
+        if self.compute.version != meta["version"]:
+            raise RuntimeError(
+                f"{self.state_dir}: checkpoint is at v{self.compute.version} but "
+                f"published.json at v{meta['version']}"
+            )
+        return meta
+
+    # -- main --------------------------------------------------------------------------------
+
+    async def main(self) -> int:
+        self.compute = await asyncio.to_thread(make_trainer, self.spec, workdir=str(self.dir))
+        if self.spec.get("max_new_tokens") is None:
+            self.spec = {**self.spec, "max_new_tokens": self.compute.max_new_tokens}
+        spec = self.spec
+        meta = self._resume()
+        if meta is None:
+            h0 = await asyncio.to_thread(
+                lambda: self.store.publish_snapshot(
+                    0, self.compute.published(), signing_key=self.run.signing_key
+                )
+            )
+            self.hashes = {0: h0}
+            reward_first = await asyncio.to_thread(self.compute.evaluate)
+            meta = {"version": 0, "hashes": {"0": h0}, "reward_first": reward_first}
+            self._save(meta)
+        else:
+            log.info("trainer: resumed from its checkpoint at v%d", meta["version"])
+        self.hashes = {int(k): v for k, v in meta["hashes"].items()}
+        v = int(meta["version"])
+        strat = spec["strategy"]
+        config = TransportConfig(
+            secret=self.run.secret,
+            job=spec["job_id"],
+            public_key=self.run.public_key,
+            streams=int(strat["streams"]),
+            cache_versions=max(8, int(strat["max_lag"]) + 2),
+        )
+        self.node = Node(
+            "trainer", config, active=(v, self.hashes[v]), signing_key=self.run.signing_key
+        )
+        await self._refill_cache(v)
+        data_port = await self.node.serve(self.run.host, self.run.data_port)
+        spec = {**spec, "trainer_data": f"{self.run.host}:{data_port}"}
+        ledger_addr = self.run.ledger
+        if ledger_addr is None:
+            memory = bool(spec.get("ledger_in_memory"))
+            self.ledger_service = LedgerService(
+                ledger_config(
+                    spec,
+                    ":memory:" if memory else str(self.dir / "ledger.db"),
+                    stats_path=str(self.dir / "ledger.stats.json"),
+                )
+            )
+            self.ledger_service.replay()
+            port = await self.ledger_service.start(
+                self.run.host,
+                self.run.ledger_port,
+                secret=self.run.secret,
+                unix_path=str(self.dir / "ledger.sock"),
+            )
+            ledger_addr = (self.run.host, port)
+        if self.run.ports_file:
+            write_atomic(
+                self.run.ports_file,
+                [json.dumps({"data": data_port, "ledger": ledger_addr[1]}).encode()],
+            )
+        try:
+            await self._serve_job(spec, ledger_addr, v, meta)
+        finally:
+            await self.close()
+        return 0
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+        if self.node is not None:
+            await self.node.close()
+        if self.ledger_service is not None:
+            await self.ledger_service.close()
+
+    async def _refill_cache(self, v: int) -> None:
+        """After a restart: serve the newest published deltas again from the store, so relays
+        and Actors that missed them can still fetch them from the Trainer."""
+        from aurora.delta import segments_of
+
+        assert self.node is not None
+        first = max(1, v - self.node.config.cache_versions + 1)
+        for u in range(first, v + 1):
+            data = await asyncio.to_thread(self.store.delta_bytes, u)
+            signed = await asyncio.to_thread(self.store.announcement, u)
+            self.announcements[u] = signed
+            await self.node.publish(u, segments_of(data), announcement=signed)
+
+    async def _connect(self, addr: tuple[str, int]) -> Channel:
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                return await connect(
+                    addr[0],
+                    addr[1],
+                    secret=self.run.secret,
+                    hello={"id": "trainer", "role": "trainer"},
+                )
+            except ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    async def _serve_job(
+        self, spec: dict[str, Any], addr: tuple[str, int], v: int, meta: dict[str, Any]
+    ) -> None:
+        assert self.compute is not None
+        steps = int(spec["steps"])
+        while True:
+            # After a lost Ledger connection, go on from what is published (and saved): a step
+            # whose announcement did not get through is announced again, not trained again.
+            v = int(meta["version"])
+            self.channel = await self._connect(addr)
+            self._inbox = asyncio.Queue()
+            reader = asyncio.create_task(self._read(self.channel))
+            try:
+                resume = await self._resume_with_ledger(spec, v, meta)
+                self.done_batches |= set(resume)
+                while v < steps:
+                    k = v + 1
+                    results = await self._fetch_batch(k)
+                    v = await self._step(k, results, meta)
+                await self._finish(meta)
+                return
+            except ConnectionError as exc:
+                log.warning("trainer: lost the Ledger (%s); reconnecting", exc)
+                await asyncio.sleep(0.5)
+            finally:
+                reader.cancel()
+
+    async def _resume_with_ledger(
+        self, spec: dict[str, Any], v: int, meta: dict[str, Any]
+    ) -> list[int]:
+        assert self.channel is not None
+        first = await self._inbox.get()
+        if first.get("op") != "resume":
+            raise ConnectionError(f"expected resume from the Ledger, got {first.get('op')}")
+        await self.channel.send(
+            {
+                "op": "job",
+                "job": {
+                    "steps": int(spec["steps"]),
+                    "prompts_per_batch": int(spec["prompts_per_step"]),
+                    "spec": spec,
+                },
+            }
+        )
+        latest = first.get("latest")
+        start = 0 if latest is None else int(latest) + 1
+        for u in range(start, v + 1):
+            await self._announce(u, meta.get("steps", {}).get(str(u), {}))
+        return [int(k) for k in first.get("done", ())]
+
+    async def _read(self, ch: Channel) -> None:
+        try:
+            while True:
+                msg = await ch.recv()
+                if msg.get("op") == "batch_done":
+                    self.done_batches.add(int(msg["batch"]))
+                    self._batch_event.set()
+                else:
+                    await self._inbox.put(msg)
+        except ConnectionError as exc:
+            await self._inbox.put({"op": "closed", "why": str(exc)})
+            self._batch_event.set()
+
+    async def _fetch_batch(self, k: int) -> list[tuple[int, bytes, int]]:
+        assert self.channel is not None
+        while k not in self.done_batches:
+            self._batch_event.clear()
+            if self.channel.closed:
+                raise ConnectionError("the Ledger closed the connection")
+            await self._batch_event.wait()
+        await self.channel.send({"op": "get_batch", "batch": k})
+        while True:
+            msg = await self._inbox.get()
+            if msg.get("op") == "closed":
+                raise ConnectionError(msg.get("why", "closed"))
+            if msg.get("op") == "batch" and int(msg["batch"]) == k:
+                break
+        out = []
+        self._batch_tokens = 0
+        for r in msg["results"]:
+            body = msgpack.unpackb(r["payload"])
+            self._batch_tokens += sum(len(c["ids"]) for c in body["completions"])
+            out.append((int(body["index"]), bytes(r["payload"]), int(r["version"])))
+        # A deterministic order: the same batch trains to the same bytes after any restart.
+        out.sort(key=lambda t: t[0])
+        return out
+
+    async def _step(self, k: int, results: list[tuple[int, bytes, int]], meta: dict) -> int:
+        assert self.compute is not None and self.node is not None
+        spec = self.spec
+        t0 = time.time()
+        stats = await asyncio.to_thread(self.compute.train, results)
+        t1 = time.time()
+        codec = spec["strategy"].get("codec")
+        enc = self.compute.encoder(version=k, base_hash=self.hashes[k - 1], codec=codec)
+        queue = _segments_in_thread(enc.segments(), asyncio.get_running_loop())
+        pieces: list[bytes] = []
+        signed: bytes | None = None
+        while True:
+            seg = await queue.get()
+            if seg is None:
+                break
+            if isinstance(seg, BaseException):
+                raise seg
+            pieces.append(bytes(seg.data))
+            signed = await self.node.publish(k, [seg]) or signed
+        t2 = time.time()
+        assert signed is not None and enc.weights_hash is not None
+        self.announcements[k] = signed
+        data = b"".join(pieces)
+        await asyncio.to_thread(lambda: self.store.publish_delta(data, announcement=signed))
+        self.hashes[k] = enc.weights_hash
+        snapshot_bytes = None
+        if k % int(spec["snapshot_interval"]) == 0:
+            await asyncio.to_thread(
+                lambda: self.store.publish_snapshot(
+                    k,
+                    self.compute.published(),
+                    chain_hash=self.hashes[k],
+                    signing_key=self.run.signing_key,
+                )
+            )
+            snapshot_bytes = self.store.sizes()[1].get(k)
+        digest = await asyncio.to_thread(self.compute.digest)
+        dense = sum(a.nbytes for a in self.compute.published().values())
+        nnz = sum(t.nnz for t in enc.tensors)
+        numel = sum(a.size for a in self.compute.published().values())
+        step = {
+            **{k2: v2 for k2, v2 in stats.items() if isinstance(v2, int | float | str)},
+            "train_s": t1 - t0,
+            "extract_s": t2 - t1,
+            "delta_bytes": len(data),
+            "dense_bytes": dense,
+            "density": nnz / numel if numel else 0.0,
+            "batch_versions": sorted({r[2] for r in results}),
+            "results": len(results),
+            "tokens": self._batch_tokens,
+            "time": t2,
+        }
+        meta["version"] = k
+        meta["hashes"] = {str(u): h for u, h in self.hashes.items()}
+        meta.setdefault("steps", {})[str(k)] = step
+        await asyncio.to_thread(self._save, meta)
+        await self._announce(k, step, digest=digest, delta_bytes=len(data), snap=snapshot_bytes)
+        return k
+
+    async def _announce(
+        self,
+        v: int,
+        stats: dict[str, Any],
+        *,
+        digest: str | None = None,
+        delta_bytes: int | None = None,
+        snap: int | None = None,
+    ) -> None:
+        assert self.channel is not None and self.compute is not None
+        if v == 0:
+            snap = self.store.sizes()[1].get(0)
+        elif delta_bytes is None:
+            delta_bytes = self.store.sizes()[0].get(v)
+        if digest is None and v == self.compute.version:
+            digest = await asyncio.to_thread(self.compute.digest)
+        signed = self.announcements.get(v)
+        if signed is None and v > 0:
+            signed = await asyncio.to_thread(self.store.announcement, v)
+        await self.channel.send(
+            {
+                "op": "published",
+                "version": v,
+                "announcement": signed,
+                "weights_hash": self.hashes[v],
+                "digest": digest,
+                "delta_bytes": delta_bytes,
+                "snapshot_bytes": snap,
+                "stats": stats,
+            }
+        )
+        if v > 0:
+            await self.channel.send({"op": "stats", "version": v, **stats})
+
+    async def _finish(self, meta: dict[str, Any]) -> None:
+        assert self.compute is not None and self.channel is not None
+        if "reward_last" not in meta:
+            meta["reward_last"] = await asyncio.to_thread(self.compute.evaluate)
+            export = self.dir / "model"
+            await asyncio.to_thread(self.compute.export, str(export))
+            meta["exported"] = str(export)
+            await asyncio.to_thread(self._save, meta)
+        await self.channel.send(
+            {
+                "op": "finished",
+                "reward_first": meta.get("reward_first"),
+                "reward_last": meta.get("reward_last"),
+            }
+        )
+        # Give the Ledger a moment to tell everyone to stop before this process goes away.
+        await asyncio.sleep(0.2)
+
+
+def ledger_config(
+    spec: dict[str, Any], log_path: str, *, stats_path: str | None = None
+) -> LedgerServiceConfig:
+    """The Ledger's configuration for a job spec."""
+    from aurora.policy.leases import LeaseConfig
+    from aurora.policy.ledger import LedgerConfig
+
+    strat = spec["strategy"]
+    grace = float(strat["staging_grace_s"])
+    return LedgerServiceConfig(
+        policy=LedgerConfig(
+            trainer_region=spec["trainer_region"],
+            lease=LeaseConfig(initial_s=float(spec["lease_initial_s"])),
+            max_lag=int(strat["max_lag"]),
+            relays=bool(strat["relays"]),
+        ),
+        log_path=log_path,
+        staging_grace_s=grace,
+        stats_path=stats_path,
+    )

@@ -1,0 +1,272 @@
+"""Measurements across an emulated network: RTT, TCP goodput, UDP loss, the start-up probe.
+
+Theory of operation
+-------------------
+Each measurement runs real endpoints inside the namespaces (``ip netns exec``): a server from
+:mod:`emulation.probe` (or the kernel itself, for ICMP echo) in the destination region and a
+client in the source region, and reads what they print.
+
+* RTT (:func:`ping`): ICMP ``ping`` where installed (the far end's kernel answers, so no
+  user-space scheduling there; ``ping`` stamps replies in the kernel), else the probe's UDP
+  echo. One echo at a time, idle link: the configured RTT plus the delay line's wake-ups.
+* Goodput (:func:`tcp`): ``streams`` TCP streams for ``seconds`` with congestion control ``cc``
+  set per socket, counted at the receiver. The rate is taken over the window from
+  ``skip_fraction`` of the time to the first stream's end: the ramp-up is skipped, and once a
+  stream ends the rest are no longer S streams (and the senders' socket buffers, up to 4 MiB a
+  stream, keep draining after they stop writing).
+* Loss (:func:`blast`): ``packets`` UDP datagrams at ``pps``, counted by sequence number at the
+  receiver; keep ``pps x size`` under the link's rate, or queue drops add to the loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from emulation.plan import DirectionPlan, EmulationError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from emulation.network import Network
+
+PROBE = str(Path(__file__).resolve().parent / "probe.py")
+
+
+def read_line(proc: subprocess.Popen, what: str, timeout_s: float = 30.0) -> str:
+    """One line of ``proc``'s stdout within ``timeout_s``; fail naming ``what`` otherwise."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout.fileno()], [], [], timeout_s)
+    line = proc.stdout.readline() if ready else ""
+    if not line:
+        proc.kill()
+        err = ""
+        if proc.stderr is not None:
+            with contextlib.suppress(Exception):
+                err = proc.stderr.read().strip()
+        raise EmulationError(f"{what} did not start: {err or 'no answer in time'}")
+    return line.strip()
+
+
+@contextlib.contextmanager
+def probe_server(net: Network, region: str) -> Iterator[tuple[subprocess.Popen, dict]]:
+    """A probe server in ``region``; yields the process and its ports (``udp``, ``tcp``)."""
+    proc = net.popen(
+        region,
+        [sys.executable, PROBE, "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc, json.loads(read_line(proc, f"the probe server in {region}"))
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def client(net: Network, region: str, args: list[str], *, timeout: float) -> dict:
+    """Run one probe client in ``region``; its JSON result."""
+    try:
+        out = subprocess.run(
+            net.wrap(region, [sys.executable, PROBE, *args]),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        raise EmulationError(f"probe {args[0]} from {region} took over {timeout:.0f} s") from None
+    if out.returncode != 0:
+        raise EmulationError(f"probe {args[0]} from {region} failed: {out.stderr.strip()}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def ping(
+    net: Network,
+    src: str,
+    dst: str,
+    *,
+    count: int = 10,
+    interval_s: float = 0.01,
+    timeout_s: float = 2.0,
+) -> dict:
+    """RTTs (ms) from ``src`` to ``dst``: ``{"rtt_ms": [...], "lost", "method"}``."""
+    exe = shutil.which("ping")
+    limit = count * (interval_s + timeout_s) + 10
+    if exe is None:
+        with probe_server(net, dst) as (_proc, ports):
+            got = client(
+                net,
+                src,
+                [
+                    "rtt",
+                    net.address(dst),
+                    str(ports["udp"]),
+                    "--count",
+                    str(count),
+                    "--interval",
+                    str(interval_s),
+                    "--timeout",
+                    str(timeout_s),
+                ],
+                timeout=limit,
+            )
+        return {"rtt_ms": got["rtt_ms"], "lost": got["lost"], "method": "udp-echo"}
+    argv = [
+        exe,
+        "-n",
+        "-c",
+        str(count),
+        "-i",
+        f"{interval_s:.3f}",
+        "-W",
+        f"{max(timeout_s, 0.001):.3f}",
+        net.address(dst),
+    ]
+    try:
+        out = subprocess.run(net.wrap(src, argv), capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        raise EmulationError(f"ping {src}->{dst} did not finish") from None
+    rtts = [float(m.group(1)) for m in re.finditer(r"time=([\d.]+) ms", out.stdout)]
+    return {"rtt_ms": rtts, "lost": count - len(rtts), "method": "ping"}
+
+
+def tail_gbps(samples: list, *, skip_fraction: float = 0.5, until_s: float | None = None) -> float:
+    """Goodput (Gbit/s) from cumulative ``(seconds, bytes)`` receiver samples, over the part
+    of ``[0, until_s]`` after ``skip_fraction`` of it (the ramp-up is skipped)."""
+    if until_s is not None:
+        kept = [s for s in samples if s[0] <= until_s]
+        samples = kept if len(kept) >= 2 else samples
+    if not samples or samples[-1][0] <= 0:
+        return 0.0
+    end_t, end_b = samples[-1]
+    start = skip_fraction * end_t
+    t0, b0 = samples[0]
+    for t, b in samples:
+        if t > start:
+            break
+        t0, b0 = t, b
+    span = end_t - t0
+    return (end_b - b0) * 8 / span / 1e9 if span > 0 else 0.0
+
+
+def tcp(
+    net: Network,
+    src: str,
+    dst: str,
+    *,
+    streams: int = 4,
+    seconds: float = 2.0,
+    cc: str = "bbr",
+    skip_fraction: float = 0.5,
+) -> dict:
+    """Goodput of ``streams`` TCP streams ``src -> dst`` (see the module docstring).
+
+    Returns ``gbps`` (the measured window), ``bytes`` (all received), ``cc`` (as the socket
+    reports it), ``first_close_s``, the receiver's cumulative ``samples`` (seconds from the
+    first byte, bytes) and ``first_monotonic`` (the first byte on ``time.monotonic``'s clock,
+    which is the same in every process of the machine)."""
+    with probe_server(net, dst) as (proc, ports):
+        sent = client(
+            net,
+            src,
+            [
+                "tcp",
+                net.address(dst),
+                str(ports["tcp"]),
+                "--streams",
+                str(streams),
+                "--seconds",
+                str(seconds),
+                "--cc",
+                cc,
+            ],
+            timeout=seconds * 10 + 60,
+        )
+        got = json.loads(read_line(proc, f"the probe server in {dst}", 60))
+    return {
+        "gbps": tail_gbps(
+            got["samples"], skip_fraction=skip_fraction, until_s=got["first_close_s"]
+        ),
+        "bytes": got["bytes"],
+        "cc": sent["cc"],
+        "streams": streams,
+        "seconds": seconds,
+        "first_close_s": got["first_close_s"],
+        "first_monotonic": got["first_monotonic"],
+        "samples": got["samples"],
+    }
+
+
+def blast(net: Network, src: str, dst: str, *, packets: int, pps: float, size: int = 200) -> dict:
+    """Send ``packets`` UDP datagrams ``src -> dst``; ``{"sent", "received", "loss"}``."""
+    with probe_server(net, dst) as (proc, ports):
+        client(
+            net,
+            src,
+            [
+                "blast",
+                net.address(dst),
+                str(ports["udp"]),
+                "--packets",
+                str(packets),
+                "--pps",
+                str(pps),
+                "--size",
+                str(size),
+            ],
+            timeout=packets / pps * 3 + 30,
+        )
+        got = json.loads(read_line(proc, f"the probe server in {dst}", 30))
+    return {
+        "sent": got["sent"],
+        "received": got["received"],
+        "loss": 1 - got["received"] / got["sent"],
+    }
+
+
+def probe_direction(
+    net: Network,
+    d: DirectionPlan,
+    *,
+    pings: int,
+    seconds: float,
+    streams: int,
+    cc: str,
+    gbps_now: float,
+) -> dict:
+    """The start-up probe of one direction (a row of ``emulation.json``'s ``probe``)."""
+    rtt = ping(net, d.src, d.dst, count=pings, timeout_s=2.0 + 4 * d.rtt_ms / 1e3)
+    got = tcp(net, d.src, d.dst, streams=streams, seconds=seconds, cc=cc)
+    rtts = rtt["rtt_ms"]
+    report: dict[str, Any] = {
+        "a": d.src,
+        "b": d.dst,
+        "rtt_ms": d.rtt_ms,
+        "gbps": gbps_now,
+        "measured_rtt_ms": statistics.median(rtts) if rtts else None,
+        "rtt_min_ms": min(rtts) if rtts else None,
+        "rtt_max_ms": max(rtts) if rtts else None,
+        "pings": pings,
+        "pings_lost": rtt["lost"],
+        "rtt_method": rtt["method"],
+        "measured_gbps": got["gbps"],
+        "tcp_streams": streams,
+        "tcp_cc": got["cc"],
+        "tcp_seconds": seconds,
+        "tcp_bytes": got["bytes"],
+    }
+    return report

@@ -1,0 +1,103 @@
+"""The Ledger process's durable log: a restarted Ledger replays it to exactly the same state."""
+
+import asyncio
+
+import pytest
+
+from aurora.policy.leases import LeaseConfig
+from aurora.policy.ledger import (
+    ActorJoined,
+    DeltaPublished,
+    LedgerConfig,
+    ResultArrived,
+    Tick,
+)
+from aurora.runtime.ledger import LedgerService, LedgerServiceConfig
+from aurora.runtime.ledgerlog import LedgerLog
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def config(db) -> LedgerServiceConfig:
+    return LedgerServiceConfig(
+        policy=LedgerConfig(trainer_region="us", lease=LeaseConfig(initial_s=30.0)),
+        log_path=str(db),
+    )
+
+
+async def drive(svc: LedgerService, clock: Clock) -> None:
+    svc.note({"type": "Job", "steps": 3, "prompts_per_batch": 6, "spec": {"start_actors": 2}})
+    svc.note({"type": "Published", "version": 0, "weights_hash": "h0"})
+    svc.feed(DeltaPublished(version=0, weights_hash="h0", delta_bytes=None, snapshot_bytes=100))
+    for a in ("a1", "a2"):
+        svc.feed(ActorJoined(actor=a, region="us", active=0))
+    assert svc.next_batch == 2  # batch 1 was requested once both were ready
+    clock.now += 2.0
+    for lease in svc.state.book.live("a1"):
+        svc.feed(
+            ResultArrived(actor="a1", lease=lease.id, version=0, weights_hash="h0"),
+            payload=("a1", lease.id, b"result of " + lease.id.encode()),
+        )
+    clock.now += 60.0  # a2's leases expire and go back to the pool
+    svc.feed(Tick())
+
+
+def test_a_restarted_ledger_replays_its_log_to_the_same_state(tmp_path):
+    db = tmp_path / "ledger.db"
+    clock = Clock()
+
+    async def first() -> LedgerService:
+        svc = LedgerService(config(db), clock=clock)
+        await drive(svc, clock)
+        return svc  # "killed": never closed, nothing flushed beyond what each event committed
+
+    before = asyncio.run(first())
+    assert before.counters.expired == 3 and before.counters.accepted == 3
+
+    async def second() -> LedgerService:
+        svc = LedgerService(config(db), clock=clock)
+        assert svc.replay() > 0
+        return svc
+
+    after = asyncio.run(second())
+    assert after.state == before.state
+    assert after.state.book == before.state.book
+    assert (after.next_batch, after.batch_target, after.accepted, after.batch_done) == (
+        before.next_batch,
+        before.batch_target,
+        before.accepted,
+        before.batch_done,
+    )
+    assert after.job is not None and after.job.prompts_per_batch == 6
+    # The admitted results themselves survived with the events that carried them.
+    actor, lease, _, _ = after.accepted[1][0]
+    assert after.log.payload(actor, lease) == b"result of " + lease.encode()
+
+
+def test_an_event_the_policy_refuses_is_logged_and_changes_nothing(tmp_path):
+    clock = Clock()
+
+    async def main() -> None:
+        svc = LedgerService(config(tmp_path / "l.db"), clock=clock)
+        await drive(svc, clock)
+        snapshot = (svc.state.book.pool_size, dict(svc.state.actors))
+        assert (
+            svc.feed(ResultArrived(actor="nobody", lease="L1", version=0, weights_hash="h0")) == []
+        )
+        assert (svc.state.book.pool_size, dict(svc.state.actors)) == snapshot
+
+    asyncio.run(main())
+    rows = list(LedgerLog(tmp_path / "l.db").events())
+    assert rows[-1].record["actor"] == "nobody"
+
+
+def test_an_unreadable_log_is_a_one_line_error(tmp_path):
+    (tmp_path / "dir.db").mkdir()
+    with pytest.raises(ValueError, match="cannot open the Ledger log"):
+        LedgerLog(tmp_path / "dir.db")

@@ -1,0 +1,260 @@
+"""The runtime on real processes (``aurora real``), on the labelled stand-in compute.
+
+The stand-in keeps everything but the model (real Ledger, leases, data plane, deltas, applies,
+hashes), so these runs check the runtime itself in seconds; the real-model run is in
+``tests/test_runtime_rl.py``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+TOPOLOGY = """
+name: {name}
+trainer: {{region: us, model: qwen3-8b, gpu: H100, gpus: 1, egress_gbps: 10}}
+regions: [{{name: us}}, {{name: ca}}]
+links: [{{a: us, b: ca, gbps: 1.0, rtt_ms: 40, loss: 0}}]
+actors:
+  - {{region: ca, gpu: A100, count: {actors}}}
+real: {{steps: {steps}, prompts_per_step: 12, group_size: 4}}
+"""
+
+
+def real(
+    tmp_path: Path,
+    *args: str,
+    actors: int = 2,
+    steps: int = 6,
+    name: str = "t",
+    rate: float = 0.0,
+    timeout: float = 90,
+) -> tuple[subprocess.CompletedProcess, Path]:
+    topo = tmp_path / f"{name}.yaml"
+    topo.write_text(TOPOLOGY.format(name=name, actors=actors, steps=steps))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aurora.cli",
+            "real",
+            "--topology",
+            str(topo),
+            "--backend",
+            "standin",
+            "--out",
+            str(tmp_path / "out"),
+            "--quiet",
+            "--extra",
+            json.dumps({"standin_tokens_per_s": rate}),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return run, tmp_path / "out" / f"{name}-aurora-s0"
+
+
+def events(run_dir: Path) -> list[dict]:
+    with open(run_dir / "events.csv") as f:
+        return [r | {"rec": json.loads(r["record"])} for r in csv.DictReader(f)]
+
+
+def assert_invariants(run_dir: Path, steps: int) -> dict:
+    """What every run must satisfy, read from its own outputs."""
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["steps_completed"] == steps
+    assert s["prompts_lost"] == 0 and s["prompts_settled_twice"] == 0
+    assert s["prompts_settled"] == s["prompts_requested"] == steps * 12
+    assert s["lease_book_ok"], s["lease_book_error"]
+    assert s["replay_action_mismatches"] == 0
+    assert s["wrong_admits"] == 0
+    assert s["actor_hash_mismatches"] == 0 and s["actor_digest_mismatches"] == 0
+    rows = events(run_dir)
+    # Every admitted result carried its lease's version and the h(v) the Trainer published.
+    published = {
+        r["rec"]["version"]: r["rec"]["weights_hash"] for r in rows if r["type"] == "Published"
+    }
+    arrived = {r["rec"]["lease"]: r["rec"] for r in rows if r["type"] == "ResultArrived"}
+    accepted = [r["rec"] for r in rows if r["type"] == "Accepted"]
+    assert accepted
+    for a in accepted:
+        res = arrived[a["lease"]]
+        assert res["version"] == a["version"] and res["weights_hash"] == published[a["version"]]
+    assert Counter(a["prompt"] for a in accepted).most_common(1)[0][1] == 1
+    # Each Actor's weights hash equals h(v) at each activation and catch-up.
+    activations = [r["rec"] for r in rows if r["type"] == "Activation"]
+    assert activations
+    for act in activations:
+        assert act["weights_hash"] == published[act["version"]]
+    return s
+
+
+def test_a_run_with_two_actors_and_a_relay_completes_with_every_invariant(tmp_path):
+    run, out = real(tmp_path, actors=2, steps=6)
+    assert run.returncode == 0, run.stderr[-2000:]
+    s = assert_invariants(out, 6)
+    assert s["results_refused"] == {} and s["leases_expired"] == 0
+    assert s["activation_pause_ms"]["n"] > 0
+    for f in ("steps.csv", "events.csv", "timeline.csv", "summary.json", "t.png"):
+        assert (out / f).exists(), f
+    with open(out / "steps.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == list(range(1, 7))
+    assert all(r["backend"] == "standin" for r in rows)
+    # The relay took part: some Actor was routed to it.
+    routes = [r["rec"]["source"] for r in events(out) if r["type"] == "Route"]
+    assert "relay-ca" in routes
+    assert run.stdout.splitlines()[0].startswith("t: 2 Actors (2 in ca")
+
+
+def test_a_killed_actors_leases_are_re_leased_and_a_joiner_catches_up_and_contributes(tmp_path):
+    run, out = real(
+        tmp_path,
+        "--fault",
+        "preempt:ca-a100-1@step=3",
+        "--fault",
+        "join:ca-new-0:ca:A100@step=4",
+        actors=3,
+        steps=14,
+        rate=300.0,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    s = assert_invariants(out, 14)
+    assert s["faults"] == ["preempt:ca-a100-1@step=3", "join:ca-new-0:ca:A100@step=4"]
+    rows = events(out)
+    expired = [r["rec"] for r in rows if r["type"] == "Expired"]
+    assert expired and all(e["actor"] == "ca-a100-1" for e in expired)
+    accepted = {r["rec"]["prompt"]: r["rec"]["actor"] for r in rows if r["type"] == "Accepted"}
+    # Every prompt the killed Actor held was admitted from a survivor.
+    assert all(accepted[e["prompt"]] != "ca-a100-1" for e in expired)
+    # The joiner caught up (snapshot + chain) and then produced admitted results.
+    caught = [
+        r["rec"]
+        for r in rows
+        if r["type"] == "Activation"
+        and r["rec"]["actor"] == "ca-new-0"
+        and r["rec"]["how"] == "catch_up"
+    ]
+    assert caught
+    assert "ca-new-0" in accepted.values()
+
+
+def test_bad_input_gives_one_line_and_no_run(tmp_path):
+    topo = tmp_path / "t.yaml"
+    topo.write_text(TOPOLOGY.format(name="t", actors=1, steps=2))
+    cases = [
+        (["--strategy", "aurora-leb128"], "does not run on real processes"),
+        (["--fault", "preempt:nobody@step=1"], "unknown Actor 'nobody'"),
+        (["--fault", "preempt:ca-a100-0@step=9"], "after the last step"),
+        (["--spot-hazard", "1"], "no spot Actors"),
+    ]
+    for args, why in cases:
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "aurora.cli",
+                "real",
+                "--topology",
+                str(topo),
+                "--backend",
+                "standin",
+                "--out",
+                str(tmp_path / "out"),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 2, (args, run.stderr)
+        assert why in run.stderr and "Traceback" not in run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1
+    missing = subprocess.run(
+        [sys.executable, "-m", "aurora.cli", "real", "--topology", str(tmp_path / "no.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and "cannot read topology file" in missing.stderr
+
+
+@pytest.mark.parametrize("secret", ["00" * 32, None])
+def test_an_actor_with_a_wrong_or_missing_secret_is_refused_with_one_line(tmp_path, secret):
+    import os
+    import socket
+    import time
+
+    from aurora.keys import new_job_keys
+
+    keys = new_job_keys(tmp_path / "keys")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    topo = tmp_path / "t.yaml"
+    topo.write_text(TOPOLOGY.format(name="t", actors=1, steps=2))
+    ledger = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aurora.cli",
+            "ledger",
+            "--topology",
+            str(topo),
+            "--backend",
+            "standin",
+            "--db",
+            str(tmp_path / "l.db"),
+            "--port",
+            str(port),
+            "--secret-file",
+            str(keys.secret),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        time.sleep(1.5)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AURORA_")}
+        args = ["--public-key", str(keys.public_key)]
+        if secret is not None:
+            bad = tmp_path / "bad"
+            bad.write_text(secret)
+            args += ["--secret-file", str(bad)]
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "aurora.cli",
+                "actor",
+                "--join",
+                f"127.0.0.1:{port}",
+                "--id",
+                "a",
+                "--region",
+                "ca",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert run.returncode in (1, 2)
+        last = run.stderr.strip().splitlines()[-1]
+        assert last.startswith("aurora actor: ") and "Traceback" not in run.stderr
+        if secret is None:
+            assert "AURORA_JOB_SECRET" in last
+        else:
+            assert "refused us" in last or "authentication" in last
+    finally:
+        ledger.kill()
+        ledger.wait()
