@@ -61,6 +61,8 @@ class Transfers:
         self.relays: dict[str, Node] = {}
         self._outgoing: dict[str, dict[int, Transfer]] = {}
         """Transfers each node is sending, so that losing the node stops them."""
+        self._bundles: dict[tuple[str, frozenset[str]], tuple[str, frozenset[str]]] = {}
+        """Canonical connection-bundle keys (see :meth:`_bundle`)."""
         self.on_hold: Callable[[str], None] | None = None
         """Called with an Actor's id when it holds a version (fan-out measurement)."""
 
@@ -116,13 +118,19 @@ class Transfers:
         """The rate one segment crosses the last hop at, unshared (for the cut-through tail)."""
         return pair_cap if self.sim.cfg.strategy.rdma else min(pair_cap, node.nic_in.capacity)
 
+    def _bundle(self, src: str, members: list[str]) -> tuple[str, frozenset[str]]:
+        """The connection bundle from ``src`` to ``members``: one object per pair (or cohort),
+        so that comparing two is an identity check, not a walk over 10^4 member ids."""
+        key = (src, frozenset(members))
+        return self._bundles.setdefault(key, key)
+
     def _busy(self, node: Node, bundle: object) -> bool:
         """Whether ``node`` receives anything other than on ``bundle`` (so a new flow to it must
         be its own, sharing its interface)."""
         if isinstance(node, ActorNode) and node.pulling:
             return True
         return any(
-            t.flow is not None and t.flow.active and t.flow.bundle != bundle
+            t.flow is not None and t.flow.active and t.flow.bundle is not bundle
             for t in node.inbound.values()
         )
 
@@ -279,7 +287,7 @@ class Transfers:
             if len(members) > 1:
                 # A receiver already getting something else (not an earlier version on this same
                 # connection) shares its interface: it gets a flow of its own.
-                bundle = (src, frozenset(m.id for m in members))
+                bundle = self._bundle(src, [m.id for m in members])
                 singles = [m for m in members if self._busy(m, bundle)]
                 rest = [m for m in members if m not in singles]
                 if len(rest) == 1:
@@ -314,7 +322,7 @@ class Transfers:
                 upstream=upstream,
                 producer=producer,
                 latency=latency,
-                bundle=(src, frozenset(transfer.members)),
+                bundle=self._bundle(src, transfer.members),
                 on_done=lambda _f, t=transfer: self._forwarded(t),
             )
             self._outgoing.setdefault(src, {})[id(transfer)] = transfer
