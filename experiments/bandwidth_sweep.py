@@ -10,30 +10,25 @@ the paper's sweep ran between its own machines), so the rate, not TCP, is the li
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from aurora.topology import topology_from_dict  # noqa: E402
-from experiments.common import (  # noqa: E402
+from aurora.topology import topology_from_dict
+from experiments.common import (
+    Claim,
     Point,
-    compare,
+    experiment_main,
+    fanout_measure,
     one,
-    parser,
-    results_root,
-    run_points,
-    written,
 )
-from sim.config import SimConfig, strategy  # noqa: E402
-from sim.model import Simulation  # noqa: E402
-from sim.traces import Quantity, Traces, load_traces  # noqa: E402
+from sim.config import SimConfig, strategy
+from sim.traces import Quantity, Traces, load_traces
 
 NAME = "bandwidth_sweep"
+measure = fanout_measure
 BANDWIDTHS_GBPS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SYSTEMS = {
     "Full (PrimeRL-Full)": "prime-full",
@@ -83,11 +78,9 @@ def points(full: bool = False) -> list[Point]:
     return out
 
 
-def measure(cfg: SimConfig) -> dict[str, float]:
-    return {"transfer_s": Simulation(cfg).measure_fanout()}
-
-
 def figure(rows: pd.DataFrame, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
     models = sorted(rows["model"].unique())
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
@@ -111,18 +104,22 @@ def figure(rows: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
-    args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = results_root(args)
-    rows = run_points(NAME, points(args.full), measure, root=root)
-    figure(rows, root / NAME / f"{NAME}.png")
-    table = [
-        (claim, paper, one(rows, "transfer_s", model=m, system=s, gbps=g))
-        for claim, m, s, g, paper in PAPER
+def claims(rows: pd.DataFrame) -> list[Claim]:
+    return [
+        Claim(
+            id=f"fig14.{m}.{system.split()[0].lower()}.{gbps:g}",
+            where="§6.6 Fig. 14",
+            text=claim,
+            low=paper,
+            high=paper,
+            ours=one(rows, "transfer_s", model=m, system=system, gbps=gbps),
+        )
+        for claim, m, system, gbps, paper in PAPER
     ]
-    print(compare(table))
-    print(written(root, NAME))
-    return rows
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    return experiment_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,20 @@
-"""Plumbing shared by the experiments: result rows that skip existing points, paper-vs-ours
-tables, figures.
+"""Plumbing shared by the experiments: result rows that skip existing points, the paper's
+claims beside ours, figures.
 
-An experiment is a function returning a list of *points* (identifying columns plus a config) and
-a ``main()`` that runs the points not yet in ``results/<name>/rows.csv``, appends their rows
-(identifying columns, resolved config, seed, git SHA, metrics), draws ``results/<name>/<name>.png``
-from the whole CSV and prints the paper's numbers beside ours. CLI parsing happens only under
-``__main__``; re-running a sweep computes only the missing rows (cleanrl / nanochat habits).
+An experiment module has ``NAME``, ``points(full)`` (identifying columns plus a config each),
+a ``measure`` (``SimConfig -> metrics``), ``claims(rows)`` (every claim of the paper it checks,
+as :class:`Claim`), ``figure(rows, path)`` and ``main(argv)``, which runs the points not yet in
+``results/<name>/rows.csv`` (over every local core, or a Dask cluster: :mod:`experiments.sweep`),
+appends each row as its run finishes (identifying columns, resolved config, seed, git SHA,
+metrics), draws ``results/<name>/<name>.png`` and prints the claims. CLI parsing happens only
+under ``__main__``; re-running a sweep computes only the missing rows (cleanrl / nanochat habits).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -21,9 +25,11 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from aurora.provenance import git_sha
 from aurora.topology import Topology
+from experiments import sweep
 from sim.config import SimConfig, strategy
-from sim.output import provenance
+from sim.output import config_columns
 from sim.traces import load_traces
 
 RESULTS = Path(os.environ.get("AURORA_RESULTS", "results"))
@@ -45,12 +51,31 @@ def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--full", action="store_true", help="paper scale (slower)")
     p.add_argument("--out", default=None, help="results root (default results/)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="simulations at once on this machine (default: every core, "
+        f"{sweep.default_workers()})",
+    )
+    p.add_argument(
+        "--cluster",
+        default=None,
+        metavar="ADDRESS",
+        help="run on the Dask scheduler at tcp://HOST:PORT ('local': a cluster on this machine); "
+        "needs pip install -e .[cluster]",
+    )
     return p
 
 
 def results_root(args: argparse.Namespace) -> Path:
     """Where an experiment writes: ``--out``, else :data:`RESULTS`."""
     return Path(args.out) if args.out else RESULTS
+
+
+def sweep_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``run_points`` keywords from the command line (``--workers``, ``--cluster``)."""
+    return {"workers": args.workers, "cluster": args.cluster}
 
 
 def written(root: Path, name: str) -> str:
@@ -85,60 +110,183 @@ def paired_points(
     ]
 
 
-def gain_claims(
-    rows: pd.DataFrame, *, column: str, better: str, baseline: str, paper_pct: dict[str, float]
-) -> list[tuple[str, float, float]]:
-    """(claim, paper %, ours %) per workload: how much ``better`` beats ``baseline`` in tokens/s."""
-    out = []
-    for w, paper in paper_pct.items():
-        a = one(rows, "tokens_per_s", workload=w, **{column: better})
-        b = one(rows, "tokens_per_s", workload=w, **{column: baseline})
-        out.append((f"{better} over {baseline}, {w} (%)", paper, 100 * (a / b - 1)))
-    return out
+def gain_claim(
+    rows: pd.DataFrame,
+    *,
+    where: str,
+    what: str,
+    column: str,
+    better: str,
+    baseline: str,
+    workload: str,
+    paper_pct: float,
+) -> Claim:
+    """How much ``better`` beats ``baseline`` in tokens/s (%), on one workload."""
+    a = one(rows, "tokens_per_s", workload=workload, **{column: better})
+    b = one(rows, "tokens_per_s", workload=workload, **{column: baseline})
+    return Claim(
+        id=f"{where}.{better}_over_{baseline}.{workload}".replace(" ", "_"),
+        where=where,
+        text=f"{what}, {workload} (%)",
+        low=paper_pct,
+        high=paper_pct,
+        ours=100 * (a / b - 1),
+    )
+
+
+def experiment_main(module: Any, argv: Sequence[str] | None) -> pd.DataFrame:
+    """The ``main`` of a point-based experiment module: run its missing points, draw its
+    figure, print its claims beside ours."""
+    doc = (module.__doc__ or module.NAME).split("\n\n")[0]
+    args = parser(doc).parse_args(argv)
+    files_only()
+    root = results_root(args)
+    rows = run_points(
+        module.NAME,
+        module.points(args.full),
+        getattr(module, "measure", summary_measure),
+        root=root,
+        **sweep_options(args),
+    )
+    module.figure(rows, root / module.NAME / f"{module.NAME}.png")
+    print(claims_table(module.claims(rows)))
+    print(written(root, module.NAME))
+    return rows
+
+
+def files_only() -> None:
+    """Draw figures into files (the Agg backend), unless something already chose a backend
+    (a notebook draws inline)."""
+    import sys
+
+    if "matplotlib.pyplot" not in sys.modules:
+        import matplotlib
+
+        matplotlib.use("Agg")
+
+
+@functools.cache
+def _sha() -> str:
+    return git_sha()
+
+
+def provenance(cfg: SimConfig) -> dict[str, Any]:
+    """The columns every row carries: resolved config, seed, git SHA (looked up once)."""
+    return config_columns(cfg) | {"git_sha": _sha()}
+
+
+def _key_of(values: Iterable[Any]) -> tuple[str, ...]:
+    return tuple(str(v) for v in values)
 
 
 def run_points(
     name: str,
     points: Sequence[Point],
-    measure: Callable[[SimConfig], dict[str, float]],
+    measure: Callable[[SimConfig], dict[str, Any]],
     *,
     root: Path | None = None,
+    workers: int | None = None,
+    cluster: str | None = None,
 ) -> pd.DataFrame:
-    """Run the points missing from ``<root>/<name>/rows.csv``; return the rows of ``points``
-    (the file keeps every row ever computed, e.g. other budgets)."""
+    """Run the points missing from ``<root>/<name>/rows.csv`` (each row is appended as its run
+    finishes, so an interrupted sweep resumes where it stopped); return the rows of ``points``
+    in their order (the file keeps every row ever computed, e.g. other budgets)."""
     out = (root or RESULTS) / name
     out.mkdir(parents=True, exist_ok=True)
     path = out / "rows.csv"
-    old = pd.read_csv(path) if path.exists() else pd.DataFrame()
+    old = pd.read_csv(path) if path.exists() and path.stat().st_size else pd.DataFrame()
     keys = list(points[0].key) if points else []
-
-    def key_of(values: Iterable[Any]) -> tuple[str, ...]:
-        return tuple(str(v) for v in values)
-
     done: set[tuple[str, ...]] = set()
     if not old.empty and all(k in old.columns for k in keys):
-        done = {key_of(row) for row in old[keys].itertuples(index=False)}
-    todo = [p for p in points if key_of(p.key.values()) not in done]
-    new = []
-    for point in tqdm(todo, desc=name, unit="run", leave=False):
-        new.append(point.key | measure(point.config) | provenance(point.config))
-    rows = pd.concat([old, pd.DataFrame(new)], ignore_index=True) if new else old
-    if new:
-        tmp = path.with_suffix(".csv.tmp")
-        rows.to_csv(tmp, index=False)
-        os.replace(tmp, path)
-    wanted = {key_of(p.key.values()) for p in points}
-    mine = [key_of(row) in wanted for row in rows[keys].itertuples(index=False)]
-    return rows[mine].reset_index(drop=True)
+        done = {_key_of(row) for row in old[keys].itertuples(index=False)}
+    todo = [p for p in points if _key_of(p.key.values()) not in done]
+    new: dict[tuple[str, ...], dict[str, Any]] = {}
+    header = list(old.columns)
+    bar = tqdm(total=len(todo), desc=name, unit="run", leave=False)
+    try:
+        for point, metrics in sweep.run(todo, measure, workers=workers, cluster=cluster):
+            row = point.key | metrics | provenance(point.config)
+            new[_key_of(point.key.values())] = row
+            if header and set(row) <= set(header):
+                with open(path, "a", newline="") as f:
+                    csv.DictWriter(f, fieldnames=header).writerow(row)
+            else:  # a new file, or new columns: rewrite it whole
+                merged = pd.concat([old, pd.DataFrame(list(new.values()))], ignore_index=True)
+                _write(merged, path)
+                header = list(merged.columns)
+            bar.update(1)
+    finally:
+        bar.close()
+    ordered = [new[_key_of(p.key.values())] for p in todo if _key_of(p.key.values()) in new]
+    rows = pd.concat([old, pd.DataFrame(ordered)], ignore_index=True) if ordered else old
+    if ordered:
+        _write(rows, path)  # the same rows, now in point order: deterministic files
+    rows = pd.read_csv(path)  # one parse for old and new rows alike (types as on disk)
+    wanted = {_key_of(p.key.values()): i for i, p in enumerate(points)}
+    mine = rows[[_key_of(r) in wanted for r in rows[keys].itertuples(index=False)]].copy()
+    mine["_order"] = [wanted[_key_of(r)] for r in mine[keys].itertuples(index=False)]
+    return mine.sort_values("_order").drop(columns="_order").reset_index(drop=True)
 
 
-def compare(rows: Sequence[tuple[str, float, float]], unit: str = "") -> str:
-    """A table of (claim, paper, ours) with the ratio ours/paper."""
-    lines = [f"{'claim':<58} {'paper':>10} {'ours':>10} {'ours/paper':>10}"]
-    for claim, paper, ours in rows:
-        ratio = ours / paper if paper else math.nan
-        lines.append(f"{claim:<58} {paper:>10.3g} {ours:>10.3g} {ratio:>10.2f}")
-    return "\n".join(lines) + (f"\n(units: {unit})" if unit else "")
+def _write(rows: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_suffix(".csv.tmp")
+    rows.to_csv(tmp, index=False)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """One number the paper states, and ours."""
+
+    id: str
+    """Stable name, e.g. ``fig8a.aurora_over_full.qwen3-4b``."""
+    where: str
+    """Where the paper states it (``§6.2 Fig. 8a``)."""
+    text: str
+    """What is claimed, with its unit."""
+    low: float | None
+    """The paper's value, or the low end of its range (None: not a number)."""
+    high: float | None
+    """The high end of the paper's range (= ``low`` for a single value)."""
+    ours: float | None
+    """Our value (None: not simulable; ``note`` says why)."""
+    note: str = ""
+    """Why a claim is not simulable, or what an open-ended range means."""
+
+    @property
+    def paper(self) -> str:
+        if self.low is None:
+            return "-"
+        if self.high is None or self.high == self.low:
+            return f"{self.low:.3g}"
+        if math.isinf(self.high):
+            return f"> {self.low:.3g}"
+        return f"{self.low:.3g}-{self.high:.3g}"
+
+    @property
+    def verdict(self) -> str:
+        if self.ours is None:
+            return "not simulable"
+        if self.low is None or not math.isfinite(self.ours):
+            return "-"
+        high = self.low if self.high is None else self.high
+        tol = 0.0 if high != self.low else 0.2  # a single value: within 20%
+        if self.low * (1 - tol) <= self.ours <= high * (1 + tol):
+            return "within" if high != self.low else f"within 20% ({self.ours / self.low:.2f}x)"
+        edge = self.low if self.ours < self.low else high
+        side = "below" if self.ours < self.low else "above"
+        return f"{side} by {abs(self.ours / edge - 1):.0%}" if edge else side
+
+
+def claims_table(claims: Sequence[Claim]) -> str:
+    """A table of claims: where, what, paper, ours, verdict."""
+    lines = [f"{'where':<16} {'claim':<62} {'paper':>13} {'ours':>9}  verdict"]
+    for c in claims:
+        ours = "-" if c.ours is None else f"{c.ours:.3g}"
+        lines.append(f"{c.where:<16} {c.text:<62} {c.paper:>13} {ours:>9}  {c.verdict}")
+        if c.ours is None and c.note:
+            lines.append(f"{'':<16}   ({c.note})")
+    return "\n".join(lines)
 
 
 def one(rows: pd.DataFrame, column: str, **where: Any) -> float:
@@ -149,20 +297,6 @@ def one(rows: pd.DataFrame, column: str, **where: Any) -> float:
     if len(sel) != 1:
         raise KeyError(f"{len(sel)} rows match {where}")
     return float(sel[column].iloc[0])
-
-
-def compare_ranges(rows: Sequence[tuple[str, float, float, float]]) -> str:
-    """A table of (claim, paper low, paper high, ours) saying whether ours falls in the range."""
-    lines = [f"{'claim':<58} {'paper':>13} {'ours':>9}  verdict"]
-    for claim, low, high, ours in rows:
-        paper = f"{low:.3g}-{high:.3g}" if low != high else f"{low:.3g}"
-        if low <= ours <= high:
-            verdict = "within"
-        else:
-            edge = low if ours < low else high
-            verdict = f"{'below' if ours < low else 'above'} by {abs(ours / edge - 1):.0%}"
-        lines.append(f"{claim:<58} {paper:>13} {ours:>9.3g}  {verdict}")
-    return "\n".join(lines)
 
 
 def geo_topology(
@@ -213,6 +347,14 @@ def summary_measure(cfg: SimConfig) -> dict[str, float]:
     return {k: s[k] for k in ("tokens_per_s", "step_time_s", "wan_gb_per_step")}
 
 
+def fanout_measure(cfg: SimConfig) -> dict[str, float]:
+    """Seconds for one version (bytes ready) to reach every Actor, and its size (MB)."""
+    from sim.model import Simulation
+
+    sim = Simulation(cfg)
+    return {"transfer_s": sim.measure_fanout(), "payload_mb": sim.version_bytes / 1e6}
+
+
 def bar_figure(
     rows: pd.DataFrame,
     *,
@@ -225,9 +367,6 @@ def bar_figure(
     paper: dict[tuple[Any, Any], float] | None = None,
 ) -> None:
     """Grouped bars of ``value`` by ``x`` and ``hue``; paper values as black crosses."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 

@@ -8,19 +8,18 @@ is the same job with the transfer at RDMA cost. Prices are inputs, each with its
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pandas as pd
 
 from experiments.common import (
+    Claim,
     Point,
     bar_figure,
-    compare,
+    experiment_main,
     one,
-    parser,
-    results_root,
-    run_points,
     summary_config,
-    summary_measure,
-    written,
 )
 from experiments.throughput import MODELS, deployment
 from sim.config import strategy
@@ -58,32 +57,50 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
     ]
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
-    args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = results_root(args)
-    rows = run_points(NAME, points(args.full), summary_measure, root=root)
+def _with_dollars(rows: pd.DataFrame) -> pd.DataFrame:
+    rows = rows.copy()
     rows["dollars_per_hour"] = [
         dollars_per_hour(m, s) for m, s in zip(rows.model, rows.system, strict=True)
     ]
     rows["tokens_per_dollar"] = rows["tokens_per_s"] * 3600 / rows["dollars_per_hour"]
+    return rows
+
+
+def figure(rows: pd.DataFrame, path: Path) -> None:
     bar_figure(
-        rows,
+        _with_dollars(rows),
         x="model",
         hue="system",
         value="tokens_per_dollar",
         ylabel="tokens per dollar",
         title="Table 8: cost-efficiency",
-        path=root / NAME / f"{NAME}.png",
+        path=path,
     )
-    table = []
+
+
+def claims(rows: pd.DataFrame) -> list[Claim]:
+    rows = _with_dollars(rows)
+    out = []
     for model, paper in PAPER_GAIN.items():
         a = one(rows, "tokens_per_dollar", model=model, system="aurora-leb128")
         i = one(rows, "tokens_per_dollar", model=model, system="ideal-singledc")
-        table.append((f"tokens/$ AuroraRL over Ideal-SingleDC, {model} (x)", paper, a / i))
-    print(compare(table))
+        out.append(
+            Claim(
+                id=f"table8.tokens_per_dollar.{model}",
+                where="§6.9 Table 8",
+                text=f"tokens/$ AuroraRL over Ideal-SingleDC, {model} (x)",
+                low=paper,
+                high=paper,
+                ours=a / i,
+            )
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    rows = experiment_main(sys.modules[__name__], argv)
     for name, (price, source) in PRICES_PER_GPU_HOUR.items():
         print(f"  price {name}: ${price:.3f}/GPU-h  ({source})")
-    print(written(root, NAME))
     return rows
 
 

@@ -11,7 +11,9 @@ LEB128 scales the paper's 202 MB LEB128 delta. Transfer time is
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 
@@ -20,21 +22,19 @@ from aurora.delta import DeltaEncoder, codecs, weights_hash
 from aurora.delta.synthetic import lr_for_density, make_step
 from aurora.topology import topology_from_dict
 from experiments.common import (
+    Claim,
     Point,
     bar_figure,
-    compare,
+    experiment_main,
+    fanout_measure,
     geo_topology,
     one,
-    parser,
-    results_root,
-    run_points,
-    written,
 )
 from sim.config import SimConfig, strategy
-from sim.model import Simulation
 from sim.traces import Quantity, load_traces
 
 NAME = "encoding"
+measure = fanout_measure
 COMBOS = [
     ("naive, 1 stream", "naive", 1),
     ("leb128, 1 stream", "leb128", 1),
@@ -84,45 +84,69 @@ def points(full: bool = False, ratios: dict[str, float] | None = None) -> list[P
     return out
 
 
-def measure(cfg: SimConfig) -> dict[str, float]:
-    sim = Simulation(cfg)
-    return {"transfer_s": sim.measure_fanout(), "payload_mb": sim.version_bytes / 1e6}
-
-
-def main(argv: list[str] | None = None) -> pd.DataFrame:
-    args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = results_root(args)
-    rows = run_points(NAME, points(args.full), measure, root=root)
+def _mean(rows: pd.DataFrame) -> pd.DataFrame:
     mean = rows.groupby("encoding", sort=False)[["transfer_s", "payload_mb"]].mean().reset_index()
     mean["what"] = "simulated"
+    return mean
+
+
+def figure(rows: pd.DataFrame, path: Path) -> None:
     bar_figure(
-        mean,
+        _mean(rows),
         x="encoding",
         hue="what",
         value="transfer_s",
         ylabel="transfer per step (s)",
         title="Fig. 11: Qwen3-8B delta transfer, US-Canada",
-        path=root / NAME / f"{NAME}.png",
+        path=path,
         paper={(k, "simulated"): v for k, v in PAPER_S.items()},
     )
-    table = [
-        (f"transfer, {k} (s)", v, one(mean, "transfer_s", encoding=k)) for k, v in PAPER_S.items()
+
+
+def claims(rows: pd.DataFrame) -> list[Claim]:
+    mean = _mean(rows)
+
+    def t(encoding: str) -> float:
+        return one(mean, "transfer_s", encoding=encoding)
+
+    out = [
+        Claim(
+            id=f"fig11.transfer.{k.replace(', ', '.').replace(' ', '_')}",
+            where="§6.3 Fig. 11",
+            text=f"transfer per step, {k} (s)",
+            low=v,
+            high=v,
+            ours=t(k),
+        )
+        for k, v in PAPER_S.items()
     ]
-    table += [
-        (f"payload, {c} (MB)", v, one(mean, "payload_mb", encoding=f"{c}, 1 stream"))
+    out += [
+        Claim(
+            id=f"fig11.payload.{c}",
+            where="§6.3 Fig. 11",
+            text=f"payload, {c} (MB)",
+            low=v,
+            high=v,
+            ours=one(mean, "payload_mb", encoding=f"{c}, 1 stream"),
+        )
         for c, v in PAPER_MB.items()
     ]
-    table.append(
-        (
-            "overall speedup naive/1 -> leb128/4 (x)",
-            9.22 / 2.90,
-            one(mean, "transfer_s", encoding="naive, 1 stream")
-            / one(mean, "transfer_s", encoding="leb128, 4 streams"),
+    out.append(
+        Claim(
+            id="fig11.overall",
+            where="§6.3 Fig. 11",
+            text="overall speedup, naive/1 stream -> LEB128/4 streams (x)",
+            low=3.2,
+            high=3.2,
+            ours=t("naive, 1 stream") / t("leb128, 4 streams"),
         )
     )
-    print(compare(table))
-    print(mean.round(3).to_string(index=False))
-    print(written(root, NAME))
+    return out
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    rows = experiment_main(sys.modules[__name__], argv)
+    print(_mean(rows).round(3).to_string(index=False))
     return rows
 
 

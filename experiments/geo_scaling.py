@@ -9,21 +9,20 @@ no rates): 1 Gbit/s each; RTT US-Japan 150 ms, US-Netherlands 90 ms, US-Iceland 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pandas as pd
 
 from aurora.topology import topology_from_dict
 from experiments.common import (
+    Claim,
     Point,
     bar_figure,
-    compare,
+    experiment_main,
     geo_topology,
     one,
-    parser,
-    results_root,
-    run_points,
     summary_config,
-    summary_measure,
-    written,
 )
 from sim.config import strategy
 
@@ -65,10 +64,7 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
     return out
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
-    args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = results_root(args)
-    rows = run_points(NAME, points(args.full), summary_measure, root=root)
+def figure(rows: pd.DataFrame, path: Path) -> None:
     bar_figure(
         rows,
         x="layout",
@@ -76,31 +72,62 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         value="tokens_per_s",
         ylabel="throughput (tokens/s)",
         title="Fig. 15: Actors across 1-4 regions",
-        path=root / NAME / f"{NAME}.png",
+        path=path,
         paper=PAPER,
     )
-    tps = {
-        (lay, s): one(rows, "tokens_per_s", layout=lay, system=s)
-        for lay, s in [(lay, s) for lay in LAYOUTS for s in ("aurora-leb128", "prime-full")]
-    }
-    table = [(f"PrimeRL-Full tokens/s, {lay}", v, tps[(lay, s)]) for (lay, s), v in PAPER.items()]
-    table.append(
-        (
-            "PrimeRL-Full 1-DC / 4-DC (x)",
-            7_137 / 1_219,
-            tps[("1-DC", "prime-full")] / tps[("4-DC", "prime-full")],
+
+
+def claims(rows: pd.DataFrame) -> list[Claim]:
+    def tps(layout: str, system: str) -> float:
+        return one(rows, "tokens_per_s", layout=layout, system=system)
+
+    out = [
+        Claim(
+            id=f"fig15.full.{lay}",
+            where="§6.7 Fig. 15",
+            text=f"PrimeRL-Full tokens/s, {lay}",
+            low=v,
+            high=v,
+            ours=tps(lay, s),
+        )
+        for (lay, s), v in PAPER.items()
+    ]
+    out.append(
+        Claim(
+            id="fig15.full_collapse",
+            where="§6.7 Fig. 15",
+            text="PrimeRL-Full 1-DC / 4-DC (x)",
+            low=7_137 / 1_219,
+            high=7_137 / 1_219,
+            ours=tps("1-DC", "prime-full") / tps("4-DC", "prime-full"),
         )
     )
-    table.append(
-        (
-            "AuroraRL drop from 1-DC to 4-DC (%)",
-            PAPER_AURORA_DROP_PCT,
-            100 * (1 - tps[("4-DC", "aurora-leb128")] / tps[("1-DC", "aurora-leb128")]),
+    out.append(
+        Claim(
+            id="fig15.aurora_drop",
+            where="§6.7 Fig. 15",
+            text="AuroraRL drop from 1-DC to 4-DC (%)",
+            low=PAPER_AURORA_DROP_PCT,
+            high=PAPER_AURORA_DROP_PCT,
+            ours=100 * (1 - tps("4-DC", "aurora-leb128") / tps("1-DC", "aurora-leb128")),
         )
     )
-    print(compare(table))
-    print(written(root, NAME))
-    return rows
+    for lay in LAYOUTS:
+        out.append(
+            Claim(
+                id=f"fig15.aurora_over_full.{lay}",
+                where="§6.7 Fig. 15",
+                text=f"AuroraRL / PrimeRL-Full, {lay} (x; paper 1.9-9 over 1-4 DC)",
+                low=1.9,
+                high=9.0,
+                ours=tps(lay, "aurora-leb128") / tps(lay, "prime-full"),
+            )
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    return experiment_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

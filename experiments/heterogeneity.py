@@ -8,21 +8,20 @@ batch in proportion.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pandas as pd
 
 from aurora.topology import topology_from_dict
 from experiments.common import (
+    Claim,
     Point,
     bar_figure,
-    compare,
-    gain_claims,
+    experiment_main,
+    gain_claim,
     geo_topology,
     paired_points,
-    parser,
-    results_root,
-    run_points,
-    summary_measure,
-    written,
 )
 
 NAME = "heterogeneity"
@@ -51,10 +50,7 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
     )
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
-    args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = results_root(args)
-    rows = run_points(NAME, points(args.full), summary_measure, root=root)
+def figure(rows: pd.DataFrame, path: Path) -> None:
     bar_figure(
         rows,
         x="workload",
@@ -62,18 +58,28 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         value="tokens_per_s",
         ylabel="throughput (tokens/s)",
         title="Table 7: mixed A100 + L40 pool",
-        path=root / NAME / f"{NAME}.png",
+        path=path,
     )
-    table = gain_claims(
-        rows,
-        column="allocation",
-        better="proportional",
-        baseline="uniform",
-        paper_pct=PAPER_GAIN_PCT,
-    )
-    print(compare(table))
-    print(written(root, NAME))
-    return rows
+
+
+def claims(rows: pd.DataFrame) -> list[Claim]:
+    return [
+        gain_claim(
+            rows,
+            where="§6.4 Table 7",
+            what="proportional over uniform",
+            column="allocation",
+            better="proportional",
+            baseline="uniform",
+            workload=w,
+            paper_pct=paper,
+        )
+        for w, paper in PAPER_GAIN_PCT.items()
+    ]
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    return experiment_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -8,21 +8,20 @@ The Canada-Australia path is assumed: 1 Gbit/s, 200 ms RTT, loss 1e-5 (the paper
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pandas as pd
 
 from aurora.topology import topology_from_dict
 from experiments.common import (
+    Claim,
     Point,
     bar_figure,
-    compare,
-    gain_claims,
+    experiment_main,
+    gain_claim,
     geo_topology,
     paired_points,
-    parser,
-    results_root,
-    run_points,
-    summary_measure,
-    written,
 )
 
 NAME = "relay"
@@ -52,10 +51,7 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
     )
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
-    args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = results_root(args)
-    rows = run_points(NAME, points(args.full), summary_measure, root=root)
+def figure(rows: pd.DataFrame, path: Path) -> None:
     bar_figure(
         rows,
         x="workload",
@@ -63,16 +59,28 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         value="tokens_per_s",
         ylabel="throughput (tokens/s)",
         title="Table 6: Canada-Australia, Qwen3-8B",
-        path=root / NAME / f"{NAME}.png",
+        path=path,
     )
-    table = gain_claims(
-        rows, column="relay", better="relay", baseline="no relay", paper_pct=PAPER_GAIN_PCT
-    )
-    print(compare(table))
-    wan = rows.groupby("relay")["wan_gb_per_step"].mean()
-    print(f"WAN GB per step: {wan.round(3).to_dict()}")
-    print(written(root, NAME))
-    return rows
+
+
+def claims(rows: pd.DataFrame) -> list[Claim]:
+    return [
+        gain_claim(
+            rows,
+            where="§6.3 Table 6",
+            what="relay over no relay",
+            column="relay",
+            better="relay",
+            baseline="no relay",
+            workload=w,
+            paper_pct=paper,
+        )
+        for w, paper in PAPER_GAIN_PCT.items()
+    ]
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    return experiment_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -3,19 +3,18 @@ in place (Qwen3-8B and Qwen3-14B, the paper's default US-Canada deployment)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pandas as pd
 
 from experiments.common import (
+    Claim,
     Point,
     bar_figure,
-    compare,
+    experiment_main,
     one,
-    parser,
-    results_root,
-    run_points,
     summary_config,
-    summary_measure,
-    written,
 )
 from experiments.throughput import MODELS, deployment
 from sim.config import replace_strategy, strategy
@@ -52,10 +51,8 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
     return out
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
-    args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    root = results_root(args)
-    rows = run_points(NAME, points(args.full), summary_measure, root=root)
+def figure(rows: pd.DataFrame, path: Path) -> None:
+    rows = rows.copy()
     rows["case"] = rows["model"] + " " + rows["workload"]
     rows["S"] = rows["streams"].map(lambda s: f"S={s}")
     bar_figure(
@@ -65,18 +62,30 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         value="tokens_per_s",
         ylabel="throughput (tokens/s)",
         title="Fig. 12: one vs four TCP streams",
-        path=root / NAME / f"{NAME}.png",
+        path=path,
     )
-    table = []
+
+
+def claims(rows: pd.DataFrame) -> list[Claim]:
+    out = []
     for (model, workload), paper in PAPER_GAIN_PCT.items():
         four = one(rows, "tokens_per_s", model=model, workload=workload, streams=4)
         single = one(rows, "tokens_per_s", model=model, workload=workload, streams=1)
-        table.append(
-            (f"4 streams over 1, {model} {workload} (%)", paper, 100 * (four / single - 1))
+        out.append(
+            Claim(
+                id=f"fig12.streams.{model}.{workload}",
+                where="§6.3 Fig. 12",
+                text=f"4 streams over 1, end to end, {model} {workload} (%)",
+                low=paper,
+                high=paper,
+                ours=100 * (four / single - 1),
+            )
         )
-    print(compare(table))
-    print(written(root, NAME))
-    return rows
+    return out
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    return experiment_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

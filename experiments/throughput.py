@@ -10,27 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
+import yaml
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
-
-from aurora.topology import Topology, topology_from_dict  # noqa: E402
-from experiments.common import (  # noqa: E402
-    Point,
-    compare_ranges,
-    one,
-    parser,
-    results_root,
-    run_points,
-    summary_measure,
-    written,
-)
-from sim.config import SimConfig, strategy  # noqa: E402
-from sim.traces import load_traces  # noqa: E402
+from aurora.topology import Topology, topology_from_dict
+from experiments.common import Claim, Point, experiment_main, one, summary_config
+from sim.config import strategy
 
 NAME = "throughput"
 GEO = Path(__file__).resolve().parent.parent / "examples" / "geo.yaml"
@@ -58,30 +44,25 @@ def deployment(model: str, gpus: int, actors: int) -> Topology:
 def points(full: bool = False, steps: int | None = None) -> list[Point]:
     steps = steps or (100 if full else 12)
     workloads = ("gsm8k", "math", "deepscaler") if full else ("gsm8k",)
-    traces = load_traces()
-    out = []
-    for model, (gpus, actors) in MODELS.items():
-        topology = deployment(model, gpus, actors)
-        for workload in workloads:
-            for name in STRATEGIES:
-                cfg = SimConfig(
-                    topology=topology,
-                    traces=traces,
-                    strategy=strategy(name),
-                    steps=steps,
-                    workload=workload,
-                    record_trace=False,
-                )
-                out.append(
-                    Point(
-                        key={"model": model, "workload": workload, "system": name, "steps": steps},
-                        config=cfg,
-                    )
-                )
-    return out
+    return [
+        Point(
+            key={"model": model, "workload": workload, "system": name, "steps": steps},
+            config=summary_config(
+                topology=deployment(model, gpus, actors),
+                strategy=strategy(name),
+                steps=steps,
+                workload=workload,
+            ),
+        )
+        for model, (gpus, actors) in MODELS.items()
+        for workload in workloads
+        for name in STRATEGIES
+    ]
 
 
 def figure(rows: pd.DataFrame, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
     rows = rows[rows["workload"] == rows["workload"].iloc[0]]
     models = [m for m in MODELS if m in set(rows["model"])]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
@@ -107,100 +88,138 @@ def figure(rows: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def claims(rows: pd.DataFrame) -> list[tuple[str, float, float, float]]:
-    w = rows["workload"].iloc[0]
+def claims(rows: pd.DataFrame) -> list[Claim]:
+    """Every number of §6.2 (Fig. 8a/8b, gap to ideal), per model and workload simulated."""
+    out: list[Claim] = []
+    inf = float("inf")
+    for model in [m for m in MODELS if m in set(rows["model"])]:
+        for w in dict.fromkeys(rows["workload"]):
 
-    def tps(model: str, system: str) -> float:
-        return one(rows, "tokens_per_s", model=model, workload=w, system=system)
+            def tps(system: str, model: str = model, w: str = w) -> float:
+                return one(rows, "tokens_per_s", model=model, workload=w, system=system)
 
-    out = []
-    models = set(rows["model"])
-    if "qwen3-4b" in models:
-        out.append(
-            (
-                "AuroraRL / PrimeRL-Full, Qwen3-4B (x)",
-                2.4,
-                3.7,
-                tps("qwen3-4b", "aurora-leb128") / tps("qwen3-4b", "prime-full"),
-            )
-        )
-    if "qwen3-14b" in models:
-        out.append(
-            (
-                "AuroraRL / PrimeRL-Full, Qwen3-14B (x)",
-                7.7,
-                9.5,
-                tps("qwen3-14b", "aurora-leb128") / tps("qwen3-14b", "prime-full"),
-            )
-        )
-        out.append(
-            (
-                "PrimeRL-Full step time, Qwen3-14B (s, paper: > 500)",
-                500,
-                1e9,
-                one(rows, "step_time_s", model="qwen3-14b", workload=w, system="prime-full"),
-            )
-        )
-    for m in sorted(models):
-        out.append(
-            (
-                f"gap of AuroraRL to Ideal-SingleDC, {m} (%)",
-                1.31,
-                8.91,
-                100 * (1 - tps(m, "aurora-leb128") / tps(m, "ideal-singledc")),
-            )
-        )
-        for a in ("prime-async2", "prime-async4"):
+            def step(system: str, model: str = model, w: str = w) -> float:
+                return one(rows, "step_time_s", model=model, workload=w, system=system)
+
+            tag = f"{model} {w}"
+
+            def claim(
+                cid: str,
+                where: str,
+                text: str,
+                low: float,
+                high: float,
+                ours: float,
+                tag: str = tag,
+                model: str = model,
+                w: str = w,
+            ) -> Claim:
+                return Claim(
+                    id=f"{cid}.{model}.{w}",
+                    where=where,
+                    text=f"{text}, {tag}",
+                    low=low,
+                    high=high,
+                    ours=ours,
+                )
+
+            aurora, full = tps("aurora-leb128"), tps("prime-full")
+            ms, ideal = tps("prime-multistream"), tps("ideal-singledc")
+            paper_ratio = {"qwen3-4b": (2.4, 3.7), "qwen3-14b": (7.7, 9.5)}.get(model)
+            if paper_ratio is not None:
+                out.append(
+                    claim(
+                        "fig8a.aurora_over_full",
+                        "§6.2 Fig. 8a",
+                        "AuroraRL / PrimeRL-Full (x)",
+                        *paper_ratio,
+                        aurora / full,
+                    )
+                )
+            for a in ("prime-async2", "prime-async4"):
+                out.append(
+                    claim(
+                        f"fig8a.{a}_gain",
+                        "§6.2 Fig. 8a",
+                        f"{a} gain over PrimeRL-Full (%)",
+                        44,
+                        160,
+                        100 * (tps(a) / full - 1),
+                    )
+                )
+                out.append(
+                    claim(
+                        f"fig8a.aurora_over_{a}",
+                        "§6.2 Fig. 8a",
+                        f"AuroraRL / {a} (x)",
+                        1.3,
+                        6.1,
+                        aurora / tps(a),
+                    )
+                )
+                out.append(
+                    claim(
+                        f"fig8b.{a}_step_cut",
+                        "§6.2 Fig. 8b",
+                        f"{a} step-time cut vs PrimeRL-Full (%)",
+                        30,
+                        60,
+                        100 * (1 - step(a) / step("prime-full")),
+                    )
+                )
             out.append(
-                (
-                    f"{a} gain over PrimeRL-Full, {m} (%)",
-                    44,
-                    160,
-                    100 * (tps(m, a) / tps(m, "prime-full") - 1),
+                claim(
+                    "fig8a.multistream_over_full",
+                    "§6.2 Fig. 8a",
+                    "PrimeRL-MultiStream / PrimeRL-Full (x, up to 2.1)",
+                    1.0,
+                    2.1,
+                    ms / full,
                 )
             )
-        out.append(
-            (
-                f"PrimeRL-MultiStream / PrimeRL-Full, {m} (x, paper: up to 2.1)",
-                1.0,
-                2.1,
-                tps(m, "prime-multistream") / tps(m, "prime-full"),
+            out.append(
+                claim(
+                    "fig8a.aurora_over_multistream",
+                    "§6.2 Fig. 8a",
+                    "AuroraRL / PrimeRL-MultiStream (x)",
+                    1.5,
+                    6.0,
+                    aurora / ms,
+                )
             )
-        )
-    if "qwen3-8b" in models:
-        out.append(
-            (
-                "Qwen3-8B PrimeRL-Full s/step (Fig. 10: 15 min 48 s / 5)",
-                189.6,
-                189.6,
-                one(rows, "step_time_s", model="qwen3-8b", workload=w, system="prime-full"),
-            )
-        )
-        out.append(
-            (
-                "Qwen3-8B AuroraRL s/step (Fig. 10: 5 min 9 s / 5)",
-                61.8,
-                61.8,
-                one(rows, "step_time_s", model="qwen3-8b", workload=w, system="aurora-leb128"),
-            )
-        )
+            for system, low, high, label in (
+                ("aurora-leb128", 1.31, 8.91, "AuroraRL"),
+                ("prime-full", 59.0, 90.3, "PrimeRL-Full"),
+                ("prime-multistream", 37.3, 84.5, "PrimeRL-MultiStream"),
+            ):
+                out.append(
+                    claim(
+                        f"gap.{system}",
+                        "§6.2 gap",
+                        f"gap of {label} to Ideal-SingleDC (%)",
+                        low,
+                        high,
+                        100 * (1 - tps(system) / ideal),
+                    )
+                )
+            if model == "qwen3-14b":
+                out.append(
+                    claim(
+                        "fig8b.full_step",
+                        "§6.2 Fig. 8b",
+                        "PrimeRL-Full step time (s, > 500)",
+                        500,
+                        inf,
+                        step("prime-full"),
+                    )
+                )
     return out
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    p = parser(__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default 12; 100 --full)")
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
-    args = p.parse_args(argv)
-    root = results_root(args)
-    wanted = set(args.models.split(","))
-    pts = [pt for pt in points(args.full, args.steps) if pt.key["model"] in wanted]
-    rows = run_points(NAME, pts, summary_measure, root=root)
-    figure(rows, root / NAME / f"{NAME}.png")
-    print("AuroraRL is the paper's system: aurora-leb128 (the paper's encoding).")
-    print(compare_ranges(claims(rows)))
-    print(written(root, NAME))
-    return rows
+    import sys
+
+    return experiment_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -145,7 +145,8 @@ class SimConfig:
     """Stop with :class:`sim.model.SimulationStalled` when no step completes for this many
     simulated seconds (a deployment that cannot make progress, e.g. every Actor churning)."""
     record_trace: bool = True
-    """Keep the human-readable event trace (turn off for 10^4 Actors)."""
+    """Keep the human-readable event trace, the timeline and every event fed to the Ledger with
+    its decisions (turn off for 10^4 Actors and for sweeps)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -161,6 +162,18 @@ class SimConfig:
             raise ValueError("segment_bytes and snapshot_interval must be >= 1")
         if self.spot_hazard_per_hour < 0:
             raise ValueError(f"spot_hazard_per_hour must be >= 0, got {self.spot_hazard_per_hour}")
+        if self.spot_hazard_per_hour > 0 and not any(g.spot for g in self.topology.actors):
+            raise ValueError(
+                f"spot_hazard_per_hour: {self.spot_hazard_per_hour:g} preemptions per hour, but "
+                f"topology {self.topology.name!r} has no spot Actors (set spot: true on an "
+                "Actor group)"
+            )
+        for name in ("spot_notice_s", "spot_return_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+        if not self.stall_after_s > 0:
+            raise ValueError(f"stall_after_s must be > 0, got {self.stall_after_s!r}")
         # Everything the run will look up must exist: fail before simulating, naming the field.
         model = self.topology.trainer.model
         m = self.traces.model(model, where="trainer.model")
@@ -173,8 +186,6 @@ class SimConfig:
             self.traces.gpu(group.gpu, model, where=f"actors[{i}].gpu")
         check_faults(self.faults, self.topology, steps=self.steps)
         for f in self.faults:
-            if f.kind == "link_cut":
-                raise ValueError(f"--fault {f.spec()!r}: link_cut is not simulated yet")
             if f.kind == "ledger_crash":
                 raise ValueError(
                     f"--fault {f.spec()!r}: the simulator has no Ledger process to crash "

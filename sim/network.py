@@ -21,8 +21,16 @@ Trainer's extraction is modelled the same way: a flow from the Trainer is capped
 which extraction produces bytes until extraction ends.
 
 Identical flows (same path, cap, size, upstream, start) form one *cohort* with a multiplicity ``m``
-(a relay forwarding to 1000 identical Actors): it takes ``m`` shares of each resource and finishes
-for all its members at once, which keeps 10^4 Actors cheap.
+(a relay forwarding to 1000 identical Actors): it takes ``m`` shares of each *shared* resource
+(a sender's interface, a WAN path) and finishes for all its members at once, which keeps 10^4
+Actors cheap. A *per-member* resource (a receiver's interface) is one member's: a flow loads it
+with its per-member rate whatever its multiplicity. A member whose situation diverges (it gets a
+second flow at the same time) is split off into a flow of its own (:meth:`Network.split`), so
+per-member resources stay exact.
+
+TCP connections belong to a sender-receiver pair, not to a version: flows started with the same
+*bundle* key (the pair) are sent one after the other, in start order, as bytes queued on one
+connection bundle are. A queued flow moves nothing until the flows ahead of it end.
 
 Each flow also has a fixed *latency* (half an RTT of propagation on a push, a full RTT more on a
 pull) added between the last byte leaving and the receiver holding it.
@@ -59,13 +67,17 @@ def tcp_cap(
 class Resource:
     """A shared link or interface with a (possibly changing) capacity in bytes/s."""
 
-    __slots__ = ("name", "capacity", "flows", "carried")
+    __slots__ = ("name", "capacity", "flows", "carried", "per_member", "cut")
 
-    def __init__(self, name: str, capacity: float) -> None:
+    def __init__(self, name: str, capacity: float, *, per_member: bool = False) -> None:
         if not capacity > 0:
             raise ValueError(f"resource {name!r}: capacity must be > 0 bytes/s, got {capacity!r}")
         self.name = name
         self.capacity = capacity
+        self.per_member = per_member
+        """One receiver's resource: a cohort flow loads it with one member's rate."""
+        self.cut = 0
+        """While > 0 (cuts in force), it carries nothing; ``capacity`` is kept for after."""
         self.flows: dict[Flow, None] = {}
         """Flows on this resource, in start order (a dict, so iteration is deterministic)."""
         self.carried = 0.0
@@ -92,6 +104,11 @@ class Flow:
         "started",
         "finished",
         "active",
+        "bundle",
+        "queued",
+        "on_begin",
+        "weights",
+        "began",
     )
 
     def __init__(
@@ -119,6 +136,21 @@ class Flow:
         self.started = started
         self.finished: float | None = None
         self.active = True
+        """Not yet finished or cancelled (queued flows are active)."""
+        self.bundle: object | None = None
+        """Connection bundle (sender-receiver pair) it is sent on, in FIFO order."""
+        self.queued = False
+        """Waiting behind earlier flows of its bundle: moves no bytes yet."""
+        self.on_begin: list[Callable[[], None]] = []
+        """Called (through the event queue) when it leaves the queue."""
+        self.began: float | None = None
+        """When it left its queue and started moving bytes (simulated s)."""
+        self.weights: tuple[int, ...] = ()
+        """Load per unit of rate on each resource of ``path`` (``mult``, or 1 per member)."""
+        self.set_weights()
+
+    def set_weights(self) -> None:
+        self.weights = tuple(1 if r.per_member else self.mult for r in self.path)
 
     def __repr__(self) -> str:
         return f"Flow({self.label!r}, {self.remaining:.4g}/{self.size:.4g} B, {self.rate:.4g} B/s)"
@@ -143,6 +175,8 @@ class Network:
         self._last = env.now
         self._token = 0
         self._producers: dict[int, Producer] = {}
+        self._bundles: dict[object, list[Flow]] = {}
+        """Flows of each connection bundle in start order; the first one is sending."""
 
     # -- public ------------------------------------------------------------------------------
 
@@ -157,9 +191,11 @@ class Network:
         upstream: Flow | None = None,
         producer: Producer | None = None,
         latency: float = 0.0,
+        bundle: object | None = None,
         on_done: Callable[[Flow], None],
     ) -> Flow:
-        """Start a flow now; ``on_done(flow)`` runs when its last byte reaches the receiver."""
+        """Start a flow now (or queue it behind the flows of its ``bundle``); ``on_done(flow)``
+        runs when its last byte reaches the receiver."""
         assert size >= 0 and mult >= 1 and latency >= 0 and cap > 0
         self._advance()
         flow = Flow(label, float(size), path, cap, mult, upstream, latency, on_done, self.env.now)
@@ -167,11 +203,23 @@ class Network:
             self._producers[id(flow)] = producer
             # Re-rate when production ends: the cap lifts.
             self.env.timeout(producer.until - self.env.now).callbacks.append(self._on_change)
-        self.flows.append(flow)
-        for res in path:
-            res.flows[flow] = None
+        flow.bundle = bundle
+        if bundle is not None:
+            queue = self._bundles.setdefault(bundle, [])
+            queue.append(flow)
+            if len(queue) > 1:
+                flow.queued = True
+                return flow
+        self._begin(flow)
         self._reschedule()
         return flow
+
+    def when_flowing(self, flow: Flow, fn: Callable[[], None]) -> None:
+        """Call ``fn`` now if ``flow`` is moving bytes, else when it leaves its queue."""
+        if flow.queued:
+            flow.on_begin.append(fn)
+        else:
+            fn()
 
     def cancel(self, flow: Flow) -> None:
         """Stop a flow (its sender or receiver is gone); ``on_done`` is never called."""
@@ -181,11 +229,67 @@ class Network:
         self._remove(flow)
         self._reschedule()
 
+    def set_mult(self, flow: Flow, mult: int) -> None:
+        """A cohort lost or gave away members: it now carries ``mult`` copies."""
+        assert mult >= 1
+        if mult == flow.mult or not flow.active:
+            return
+        self._advance()
+        flow.mult = mult
+        flow.set_weights()
+        if not flow.queued:
+            self._reschedule()
+
+    def split(
+        self,
+        flow: Flow,
+        *,
+        label: str,
+        path: tuple[Resource, ...],
+        cap: float,
+        on_done: Callable[[Flow], None],
+    ) -> Flow:
+        """Take one member out of cohort ``flow`` into a flow of its own, with the same bytes
+        left, upstream, producer, latency and place in the bundle order (it may use another
+        ``path`` and ``cap``, e.g. its own interface instead of the cohort's cap)."""
+        assert flow.active and flow.mult > 1
+        self._advance()
+        new = Flow(
+            label, flow.size, path, cap, 1, flow.upstream, flow.latency, on_done, flow.started
+        )
+        new.remaining = flow.remaining
+        prod = self._producers.get(id(flow))
+        if prod is not None:
+            self._producers[id(new)] = prod
+        flow.mult -= 1
+        flow.set_weights()
+        if flow.queued:
+            # Starts sending when the cohort does (it waits behind the same flows).
+            new.queued = True
+            flow.on_begin.append(lambda: self._begin_split(new))
+            return new
+        self._begin(new)
+        self._reschedule()
+        return new
+
+    def _begin_split(self, flow: Flow) -> None:
+        if flow.active and flow.queued:
+            self._advance()
+            self._begin(flow)
+            self._reschedule()
+
     def set_capacity(self, res: Resource, capacity: float) -> None:
         if not capacity > 0:
             raise ValueError(f"resource {res.name!r}: capacity must be > 0, got {capacity!r}")
         self._advance()
         res.capacity = capacity
+        self._reschedule()
+
+    def set_cut(self, res: Resource, cut: bool) -> None:
+        """Cut ``res`` (it carries nothing; flows on it stall) or lift one cut of it."""
+        self._advance()
+        res.cut += 1 if cut else -1
+        assert res.cut >= 0
         self._reschedule()
 
     def settle(self) -> None:
@@ -205,17 +309,40 @@ class Network:
             for f in self.flows:
                 moved = min(f.rate * dt, f.remaining)
                 f.remaining -= moved
-                carried = moved * f.mult
-                for res in f.path:
-                    res.carried += carried
+                for res, w in zip(f.path, f.weights, strict=True):
+                    res.carried += moved * w
         self._last = now
+
+    def _begin(self, flow: Flow) -> None:
+        flow.queued = False
+        flow.began = self.env.now
+        self.flows.append(flow)
+        for res in flow.path:
+            res.flows[flow] = None
+        if flow.on_begin:
+            callbacks, flow.on_begin = flow.on_begin, []
+            for fn in callbacks:
+                # Through the event queue: it may start flows, not allowed mid-computation.
+                self.env.timeout(0).callbacks.append(lambda _e, fn=fn: fn())
 
     def _remove(self, flow: Flow) -> None:
         flow.active = False
-        self.flows.remove(flow)
         self._producers.pop(id(flow), None)
+        if flow.queued:
+            flow.queued = False
+            if flow.bundle is not None:
+                self._bundles[flow.bundle].remove(flow)
+            return
+        self.flows.remove(flow)
         for res in flow.path:
             res.flows.pop(flow, None)
+        if flow.bundle is not None:
+            queue = self._bundles[flow.bundle]
+            queue.remove(flow)
+            if queue:
+                self._begin(queue[0])  # the next flow on the connection starts sending
+            else:
+                del self._bundles[flow.bundle]
 
     def _caps(self) -> dict[Flow, float]:
         now = self.env.now
@@ -234,9 +361,9 @@ class Network:
         left: dict[Resource, float] = {}
         count: dict[Resource, int] = {}
         for f in self.flows:
-            for res in f.path:
-                left.setdefault(res, res.capacity)
-                count[res] = count.get(res, 0) + f.mult
+            for res, w in zip(f.path, f.weights, strict=True):
+                left.setdefault(res, 0.0 if res.cut else res.capacity)
+                count[res] = count.get(res, 0) + w
         by_cap = sorted(self.flows, key=lambda f: (caps[f], f.started, f.label))
         i = 0
         while unfrozen:
@@ -259,9 +386,9 @@ class Network:
             for f in frozen:
                 f.rate = max(rate, 0.0)
                 unfrozen.discard(f)
-                for res in f.path:
-                    left[res] -= rate * f.mult
-                    count[res] -= f.mult
+                for res, w in zip(f.path, f.weights, strict=True):
+                    left[res] -= rate * w
+                    count[res] -= w
 
     def _reschedule(self) -> None:
         caps = self._caps()

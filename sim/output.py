@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -32,6 +33,10 @@ def config_columns(cfg: SimConfig) -> dict[str, Any]:
         "workload": cfg.workload,
         "seed": cfg.seed,
         "strategy_config": json.dumps(asdict(cfg.strategy), sort_keys=True),
+        "faults": " ".join(f.spec() for f in cfg.faults),
+        "spot_hazard_per_hour": cfg.spot_hazard_per_hour,
+        "spot_notice_s": cfg.spot_notice_s,
+        "spot_return_s": cfg.spot_return_s,
     }
 
 
@@ -50,15 +55,22 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def write_result(result: Result, cfg: SimConfig, out_dir: str | Path) -> Path:
-    """Write ``steps.csv``, ``events.csv``, ``timeline.csv`` and ``summary.json``."""
+def write_result(
+    result: Result, cfg: SimConfig, out_dir: str | Path, *, stalled: str | None = None
+) -> Path:
+    """Write ``steps.csv``, ``events.csv``, ``timeline.csv`` and ``summary.json``; a run that
+    stalled (``stalled`` says why) writes what it produced, and says so in the summary."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = provenance(cfg)
     _write_csv(out / "steps.csv", [meta | row for row in result.rows])
     _write_csv(out / "events.csv", [{"time_s": t, "who": w, "what": x} for t, w, x in result.trace])
     _write_csv(out / "timeline.csv", result.timeline)
-    summary = meta | result.summary()
+    summary = meta | result.summary() | {"steps_requested": cfg.steps, "stalled": stalled}
+    # JSON has no NaN: a run that stalled before its first step has no means.
+    summary = {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in summary.items()
+    }
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, out / "summary.json")

@@ -101,6 +101,12 @@ class Constants:
     """Rate at which an Actor loads a dense checkpoint into its engine (bytes/s)."""
     trainer_restart_s: Quantity
     """Seconds from a Trainer crash until it trains again (reschedule, reload, warm-up)."""
+    d2h_bytes_per_s_per_gpu: Quantity
+    """Rate at which each training GPU copies its shard of the bf16 weights to host memory
+    (bytes/s); the Trainer waits for this copy before its next optimizer step."""
+    serialize_bytes_per_s: Quantity
+    """Rate at which a dense checkpoint is written to the store before it can be served
+    (bytes/s); runs beside the next training step."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,187 @@
+"""The Job Ledger's driver: reports events to :func:`aurora.policy.ledger.decide` and hands each
+returned action to the role that carries it out.
+
+Theory of operation
+-------------------
+The simulator never decides who works on what. Every role reports what happened through
+:meth:`LedgerDriver.feed` (an Actor joined, staged a delta, returned a result, a tick), which
+calls ``decide`` at ``env.now`` and routes its actions: ``Assign``/``Commit``/``CatchUp``/``Route``
+to :mod:`sim.actors`, ``Fanout``/``FallBack`` to :mod:`sim.transfers`, ``Accepted`` to the
+orchestrator's batch accounting, the rest to the recorder. Each fed event and its actions are
+kept (``fed``, ``decisions``) when the run records its trace, so a test can replay the run
+through ``decide`` alone (the policy-parity test).
+
+Lease expiries need a ``Tick`` just after them: one timer per distinct expiry time.
+
+While a ``link_cut`` separates a region from the Trainer's (:mod:`sim.faults`), messages between
+the Ledger and that region's Actors are held here and delivered, in order, when it is restored:
+the Actors' reports are then judged at their arrival time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from aurora.policy.ledger import Accepted as AcceptedAction
+from aurora.policy.ledger import (
+    Action,
+    ActorLeft,
+    ActorLost,
+    Assign,
+    CatchUp,
+    Commit,
+    Event,
+    Exclude,
+    FallBack,
+    Fanout,
+    LedgerConfig,
+    RelayAssigned,
+    Route,
+    Tick,
+    decide,
+    initial_state,
+)
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from sim.model import Simulation
+
+_TICK_SLACK_S = 1e-6
+"""A lease is expired strictly after its expiry; tick this long after it (s)."""
+_TO_ACTORS = (Assign, Commit, CatchUp, Route, FallBack)
+"""Actions that are messages to an Actor (held while its region is cut off)."""
+_GONE = (ActorLeft, ActorLost)
+"""Events the Ledger learns whatever the network (a lost Actor stops heartbeating): what that
+Actor's region still held for or from it is dropped."""
+
+
+class LedgerDriver:
+    """Feeds events to the policy core and carries out its actions."""
+
+    def __init__(self, sim: Simulation) -> None:
+        cfg = sim.cfg
+        self.sim = sim
+        self.env = sim.env
+        self.state = initial_state(
+            LedgerConfig(
+                trainer_region=cfg.topology.trainer.region,
+                lease=cfg.lease,
+                max_lag=cfg.strategy.max_lag,
+                relays=cfg.strategy.relays,
+            )
+        )
+        self.record = cfg.record_trace
+        """Keep every fed event and its actions (the parity test replays them); 10^5 Actors
+        feed 10^7 events, so big runs do not."""
+        self.fed: list[tuple[float, Event]] = []
+        self.decisions: list[list[Action]] = []
+        self._ticks: set[float] = set()
+        self._held: dict[str, tuple[list[Action], list[Event]]] = {}
+        """Per region cut off from the Ledger: actions to its Actors, and their reports."""
+
+    def _cut_off(self, actor: str) -> str | None:
+        """The region of ``actor`` if the Ledger cannot reach it now, else None."""
+        cut = self.sim.faults.cut_off
+        if not cut:
+            return None
+        node = self.sim.actors.nodes.get(actor)
+        return node.region if node is not None and node.region in cut else None
+
+    def _forget(self, actor: str) -> None:
+        for actions, events in self._held.values():
+            actions[:] = [a for a in actions if getattr(a, "actor", None) != actor]
+            events[:] = [e for e in events if getattr(e, "actor", None) != actor]
+
+    def reconnected(self, region: str) -> None:
+        """``region`` can reach the Ledger again: deliver what waited, in order."""
+        actions, events = self._held.pop(region, ([], []))
+        for action in actions:
+            if isinstance(action, FallBack):
+                self.sim.transfers.fall_back(action)
+            else:
+                self._do(action)
+        for event in events:
+            self.feed(event)
+
+    def feed(self, event: Event) -> None:
+        """Report ``event`` to the Ledger at ``env.now`` and carry out its decisions."""
+        if self._held or self.sim.faults.cut_off:
+            kind = type(event)
+            if kind in _GONE:
+                # Whatever the machine had not yet got through is lost with it.
+                self._forget(event.actor)  # type: ignore[union-attr]
+            elif kind is not Tick:
+                region = self._cut_off(getattr(event, "actor", ""))
+                if region is not None:
+                    self._held.setdefault(region, ([], []))[1].append(event)
+                    return
+        now = self.env.now
+        _, actions = decide(self.state, event, now=now)
+        if self.record:
+            self.fed.append((now, event))
+            self.decisions.append(actions)
+        sim = self.sim
+        fallbacks = []
+        for action in actions:
+            if type(action) is AcceptedAction:  # the common case, kept cheap
+                sim.orchestrator.accepted_result(action.actor, action.prompt, action.version)
+            elif isinstance(action, FallBack):
+                fallbacks.append(action)
+            else:
+                self._do(action)
+        # A new relay's own fallback (to the Trainer) first, so that its region can follow it.
+        fallbacks.sort(key=lambda a: a.source in sim.actors.nodes)
+        for action in fallbacks:
+            if not self._hold(action):
+                sim.transfers.fall_back(action)
+
+    def _hold(self, action: Action) -> bool:
+        """Keep an action for an Actor the Ledger cannot reach now; True if kept."""
+        if not self.sim.faults.cut_off or not isinstance(action, _TO_ACTORS):
+            return False
+        region = self._cut_off(action.actor)
+        if region is None:
+            return False
+        self._held.setdefault(region, ([], []))[0].append(action)
+        return True
+
+    def _do(self, action: Action) -> None:
+        sim, rec = self.sim, self.sim.recorder
+        if self._hold(action):
+            if isinstance(action, Assign):
+                self._schedule_tick(action.expiry)  # the Ledger's clock runs on
+            return
+        if isinstance(action, Assign):
+            sim.actors.assign(action)
+            self._schedule_tick(action.expiry)
+        elif isinstance(action, Commit):
+            sim.actors.commit(action)
+        elif isinstance(action, Exclude):
+            rec.log(action.actor, f"excluded from v{action.version} (on v{action.active})")
+            rec.excluded.setdefault(sim.orchestrator.requesting, []).append(action.actor)
+        elif isinstance(action, CatchUp):
+            sim.actors.catch_up(sim.actors.nodes[action.actor], action.plan)
+        elif isinstance(action, Route):
+            sim.actors.nodes[action.actor].source = action.source
+        elif isinstance(action, RelayAssigned):
+            rec.log(action.region, f"relay is {action.relay}")
+        elif isinstance(action, Fanout):
+            sim.transfers.fanout(action.version, action.edges)
+        else:
+            name = type(action).__name__
+            if name == "Expired":
+                rec.expired += 1
+            elif name == "Refused":
+                rec.refused += 1
+            rec.log(getattr(action, "actor", ""), f"{name.lower()} {getattr(action, 'lease', '')}")
+
+    def _schedule_tick(self, expiry: float) -> None:
+        if expiry in self._ticks or not math.isfinite(expiry):
+            return
+        self._ticks.add(expiry)
+
+        def tick() -> None:
+            self._ticks.discard(expiry)
+            self.feed(Tick())
+
+        self.sim.later(max(0.0, expiry - self.env.now) + _TICK_SLACK_S, tick)

@@ -1,0 +1,84 @@
+"""What publishing one version costs the Trainer, per strategy.
+
+Theory of operation
+-------------------
+After an optimizer step the new bf16 weights are on the training GPUs. Each strategy gets them
+out differently, and only part of that work holds up the next optimizer step:
+
+============== ========================================= =========================================
+strategy       the Trainer waits for (blocking)           then, beside the next step (background)
+============== ========================================= =========================================
+delta          each GPU copies its shard of the bf16      extraction of ``D_v`` on the CPU from the
+(AuroraRL)     weights to host memory:                    host copies of v-1 and v (``extract_s``);
+               ``dense_bytes / (d2h rate x GPUs)``        segments leave as they are produced
+                                                          (cut-through), or when it ends
+dense          the same copy to host memory               writing the dense checkpoint to the store
+(PrimeRL)                                                 (``dense_bytes / serialize rate``); the
+                                                          broadcast starts when it is written
+RDMA           the broadcast itself, GPU to GPU over      nothing
+(Ideal)        the fabric: ``dense_bytes / RDMA rate``
+============== ========================================= =========================================
+
+The paper says extraction is "largely overlapped with rollout" (§6.2); the host copy is what
+cannot overlap: the next optimizer step overwrites the weights being copied. The host keeps two
+buffers (v-1 and v), so the copy of v+1 also waits until the background work on v is done
+with them (it binds only when a training step is shorter than the extraction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from sim.model import Simulation
+
+GBPS = 1e9 / 8
+"""Bytes/s in one Gbit/s."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Publication:
+    """The Trainer-side cost of publishing one version."""
+
+    blocking: str
+    """Name of the blocking work in the timeline (``copy``, ``broadcast``)."""
+    blocking_s: float
+    """Seconds the Trainer waits before its next optimizer step."""
+    background: str
+    """Name of the background work in the timeline (``extract``, ``serialize``, or empty)."""
+    background_s: float
+    """Seconds of work beside the next step before the version's bytes are all produced."""
+    cut_through: bool
+    """Bytes leave while the background work produces them (else when it ends)."""
+
+
+def publication(sim: Simulation) -> Publication:
+    """The publication cost of ``sim``'s strategy and model."""
+    cfg, consts, model = sim.cfg, sim.consts, sim.model
+    strat, trainer = cfg.strategy, cfg.topology.trainer
+    dense = model.dense_bytes.value
+    if strat.rdma:
+        return Publication(
+            blocking="broadcast",
+            blocking_s=dense / (consts.rdma_gbps.value * GBPS),
+            background="",
+            background_s=0.0,
+            cut_through=True,
+        )
+    copy_s = dense / (consts.d2h_bytes_per_s_per_gpu.value * trainer.gpus)
+    if strat.payload == "dense":
+        return Publication(
+            blocking="copy",
+            blocking_s=copy_s,
+            background="serialize",
+            background_s=dense / consts.serialize_bytes_per_s.value,
+            cut_through=False,
+        )
+    return Publication(
+        blocking="copy",
+        blocking_s=copy_s,
+        background="extract",
+        background_s=model.extract_s.value,
+        cut_through=strat.cut_through,
+    )
