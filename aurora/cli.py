@@ -20,8 +20,6 @@ import json
 import sys
 from collections.abc import Sequence
 
-from aurora.faults import EXAMPLES as FAULT_EXAMPLES
-
 
 def _replay(args: argparse.Namespace) -> int:
     from aurora.policy.ledger import (
@@ -101,103 +99,6 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sim(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from aurora.faults import parse_fault
-    from aurora.topology import load_topology
-    from sim.config import SimConfig, strategy
-    from sim.model import Simulation, SimulationStalled
-    from sim.output import write_result
-    from sim.traces import load_traces
-
-    try:
-        topology = load_topology(args.topology)
-        traces = load_traces(args.traces) if args.traces else load_traces()
-        strategies = [strategy(name.strip()) for name in args.strategy.split(",") if name.strip()]
-        faults = tuple(parse_fault(f) for f in args.fault)
-        configs = [
-            SimConfig(
-                topology=topology,
-                traces=traces,
-                strategy=s,
-                steps=args.steps,
-                seed=args.seed,
-                workload=args.workload,
-                faults=faults,
-                spot_hazard_per_hour=args.spot_hazard,
-                record_trace=args.actors_trace,
-            )
-            for s in strategies
-        ]
-    except ValueError as exc:
-        raise SystemExit(f"aurora sim: {exc}") from None
-    print(
-        f"{topology.name}: {topology.trainer.model} on {topology.trainer.gpus} x "
-        f"{topology.trainer.gpu}, {sum(g.count for g in topology.actors)} Actors, "
-        f"{args.steps} steps, workload {args.workload}, seed {args.seed}"
-    )
-    header = (
-        f"{'strategy':<18} {'step time s':>11} {'tokens/s':>10} {'WAN GB/step':>11} "
-        f"{'expired':>7} {'sim h':>6}  output"
-    )
-    lines = []
-    results = []
-    for cfg in configs:
-        bar = tqdm(total=cfg.steps, desc=cfg.strategy.name, unit="step", leave=False)
-        sim = Simulation(cfg, progress=lambda _step, bar=bar: bar.update(1))
-        try:
-            result = sim.run()
-        except (ValueError, SimulationStalled) as exc:
-            raise SystemExit(f"aurora sim: {cfg.strategy.name}: {exc}") from None
-        finally:
-            bar.close()
-        out = write_result(
-            result, cfg, f"{args.out}/{topology.name}-{cfg.strategy.name}-s{cfg.seed}"
-        )
-        results.append((cfg.strategy.name, result))
-        s = result.summary(warmup=min(2, cfg.steps - 1))
-        lines.append(
-            f"{cfg.strategy.name:<18} {s['step_time_s']:>11.1f} {s['tokens_per_s']:>10,.0f} "
-            f"{s['wan_gb_per_step']:>11.3f} {s['expired_leases']:>7} "
-            f"{s['sim_time_s'] / 3600:>6.2f}  {out}"
-        )
-    figure = _sim_figure(results, f"{args.out}/{topology.name}.png")
-    print(header)
-    print("\n".join(lines))
-    print(f"figure: {figure}")
-    print("(means over steps after the first two; rows per step in each output folder)")
-    return 0
-
-
-def _sim_figure(results: list[tuple[str, object]], path: str) -> str:
-    """Tokens/s per step and cumulative WAN bytes, one line per strategy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
-    for name, result in results:
-        rows = result.rows  # type: ignore[attr-defined]
-        steps = [r["step"] for r in rows]
-        a.plot(steps, [r["tokens_per_s"] for r in rows], marker=".", label=name)
-        wan, total = [], 0.0
-        for r in rows:
-            total += r["wan_bytes"] / 1e9
-            wan.append(total)
-        b.plot([r["time_s"] / 3600 for r in rows], wan, label=name)
-    a.set(xlabel="training step", ylabel="throughput (tokens/s)", title="throughput per step")
-    b.set(xlabel="simulated time (h)", ylabel="WAN traffic (GB, cumulative)", title="WAN bytes")
-    for ax in (a, b):
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
-    return path
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aurora", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -205,36 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="JSON list of {now, event} rows (tests/golden/ledger_trace.json)")
     p.add_argument("--trainer-region", default="us", help="the Trainer's region (default: us)")
     p.set_defaults(func=_replay)
-    p = sub.add_parser("sim", help="simulate a deployment and print a summary table")
-    p.add_argument("--topology", required=True, help="topology YAML (examples/geo.yaml)")
-    p.add_argument(
-        "--strategy",
-        default="aurora,prime-full,ideal-singledc",
-        help="comma-separated strategies (aurora, aurora-leb128, aurora-naive, aurora-1stream, "
-        "aurora-norelay, aurora-uniform, aurora-nocut, prime-full, prime-async2, prime-async4, "
-        "prime-multistream, ideal-singledc)",
-    )
-    p.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workload", default="gsm8k", help="workload in the traces (default gsm8k)")
-    p.add_argument("--traces", default=None, help="trace YAML (default: sim/traces/paper.yaml)")
-    p.add_argument(
-        "--fault",
-        action="append",
-        default=[],
-        help="membership or network event, repeatable: " + ", ".join(FAULT_EXAMPLES),
-    )
-    p.add_argument(
-        "--spot-hazard", type=float, default=0.0, help="preemptions per hour per spot Actor"
-    )
-    p.add_argument(
-        "--no-trace",
-        dest="actors_trace",
-        action="store_false",
-        help="skip the event trace and timeline (large deployments)",
-    )
-    p.add_argument("--out", default="results/sim", help="output folder (default results/sim)")
-    p.set_defaults(func=_sim)
+    from sim import cli as sim_cli
+
+    sim_cli.add_parser(sub)
     delta = sub.add_parser("delta", help="delta checkpoints").add_subparsers(
         dest="delta_cmd", required=True
     )
