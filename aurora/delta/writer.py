@@ -222,7 +222,10 @@ class DeltaEncoder(RecordFramer):
     """Produces ``D_v`` as segments while it extracts, tensor by tensor (cut-through).
 
     ``old`` and ``new`` map split (transformers) names to bf16 tensors as uint16 arrays; each
-    changed (fused) tensor is encoded with the smallest encoding of ``codec``'s family.
+    changed (fused) tensor is encoded with the smallest encoding of ``codec``'s family. With
+    ``full``, every element of every tensor is written with the ``dense`` encoding, changed or
+    not: a dense copy of the new weights in the delta format (the PrimeRL baselines' broadcast,
+    still checked against its base and chained like any delta).
     """
 
     def __init__(
@@ -236,8 +239,10 @@ class DeltaEncoder(RecordFramer):
         codec: str = codecs.DEFAULT_CODEC,
         fuse: bool = True,
         segment_size: int = DEFAULT_SEGMENT_SIZE,
+        full: bool = False,
     ) -> None:
         codecs.get(codec)  # unknown codec: fail before any work
+        self.full = full
         if set(old) != set(new):
             raise ValueError(f"old and new weights differ in names: {sorted(set(old) ^ set(new))}")
         super().__init__(
@@ -248,6 +253,15 @@ class DeltaEncoder(RecordFramer):
 
     def _records(self) -> Iterator[TensorDelta]:
         for t in self.layout:
+            if self.full:
+                idx = np.arange(t.numel, dtype=np.int64)
+                new = gather_fused(t, self.new, idx)
+                td = encode_tensor(
+                    t, idx, new, gather_fused(t, self.old, idx), "dense", self._full(t)
+                )
+                self.tensors.append(td)
+                yield td
+                continue
             idx, new = changed_fused(t, self.old, self.new)
             if idx.size == 0:
                 continue

@@ -260,6 +260,7 @@ class Trainer:
         fuse: bool = True,
         segment_size: int = DEFAULT_SEGMENT_SIZE,
         seed: int = 0,
+        dense: bool = False,
     ) -> None:
         """``model`` becomes the fp32 master (converted in place). The published version
         ``version`` is its weights rounded to bf16, with chain hash ``weights_hash`` (default:
@@ -284,6 +285,9 @@ class Trainer:
             eps=config.adam_eps,
             weight_decay=config.weight_decay,
         )
+        self.dense = dense
+        """Publish every element of every tensor (a dense copy in the delta format, the PrimeRL
+        baselines' broadcast) instead of the changed ones."""
         self.generator = torch.Generator().manual_seed(seed)
         """The Trainer's own randomness (none of the default objective uses it; checkpointed so
         an extension that samples resumes the same trajectory)."""
@@ -506,6 +510,7 @@ class Trainer:
             codec=self.codec,
             fuse=self.fuse,
             segment_size=self.segment_size,
+            full=self.dense,
         )
         segments = []
         for seg in enc.segments():

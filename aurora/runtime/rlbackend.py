@@ -135,6 +135,7 @@ class RLTrainer:
             model_id=f"{spec.get('name', 'job')}:{spec.get('model', 'tiny')}",
             codec=strat.get("codec") or "aurora",
             seed=int(spec["seed"]),
+            dense=strat.get("payload") == "dense",
         )
         self.max_new_tokens = int(self.task.max_new_tokens)
 

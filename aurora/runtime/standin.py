@@ -78,6 +78,7 @@ class StandinTrainer:
         self.version = 0
         self.max_new_tokens = 5
         self.codec = spec["strategy"].get("codec") if "strategy" in spec else None
+        self.dense = "strategy" in spec and spec["strategy"].get("payload") == "dense"
         self._published = initial_weights(self.seed, int(spec.get("standin_hidden", 64)))
         self._next: dict[str, np.ndarray] | None = None
         self.weights_hash = weights_hash(self._published)
@@ -113,6 +114,7 @@ class StandinTrainer:
             model=self.model,
             version=self.version + 1,
             base_hash=self.weights_hash,
+            full=self.dense,
             **({"codec": self.codec} if self.codec else {}),
         )
         pieces = []
