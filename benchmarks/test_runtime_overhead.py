@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 
 STEPS = int(os.environ.get("AURORA_OVERHEAD_STEPS", "8"))
-PROMPTS = 16
+PROMPTS = 32  # the default run's batch (examples/geo.yaml: real.prompts_per_step)
 GROUP = 8
 
 TOPOLOGY = f"""
