@@ -2,7 +2,7 @@
 
 The stand-in keeps everything but the model (real Ledger, leases, data plane, deltas, applies,
 hashes), so these runs check the runtime itself in seconds; the real-model run is in
-``tests/test_runtime_rl.py``.
+``tests/test_real_rl.py``.
 """
 
 from __future__ import annotations
