@@ -48,8 +48,10 @@ from experiments.common import results_root, written
 
 NAME = "learning"
 DEFAULT_LR = 5e-4
-"""The default point: ``examples/geo.yaml``'s ``real.learning_rate`` (what ``aurora real
---topology examples/geo.yaml`` trains at; a test keeps the two equal)."""
+"""The ``default`` point: the rate ``examples/geo.yaml`` set when these runs were made. They
+moved its default run to the ``learn`` regime's rate (``learn-regime``, ``LEARN_LR``: as much
+learning in 20 steps, 40% fewer delta bytes; docs/RL.md), and this point stays as the higher of
+the two rates compared."""
 SWEEP_LRS = (2e-3, 3e-5)
 """``--full``: one rate above the default (rl-on-cpu.md: 2e-3 collapses) and one below."""
 TRANSFER_LR = 2e-6

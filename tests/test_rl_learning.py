@@ -40,7 +40,8 @@ def test_the_measured_learning_rates_are_the_ones_aurora_real_trains_at():
     from aurora.topology import load_topology
 
     geo = load_topology(ROOT / "examples" / "geo.yaml")
-    assert learning.default_config(0).lr == geo.real.learning_rate
+    # aurora real --topology examples/geo.yaml trains at the learn regime's rate: a measured point.
+    assert geo.real.learning_rate is None and geo.real.regime == "learn"
     assert learning.regime_config(0).lr == LEARN_LR
     assert {c.preset for c in learning.points()} == {"default", "learn-regime", "control-lr0"}
     assert all(c.lr == 0.0 for c in learning.points() if c.preset == "control-lr0")
