@@ -82,6 +82,9 @@ from aurora.runtime.ledgerlog import LedgerLog
 
 log = logging.getLogger("aurora.runtime.ledger")
 
+ANNOUNCEMENTS_KEPT = 16
+"""Newest signed announcements the Ledger keeps to hand to a (re)joining peer."""
+
 TICK_SLACK_S = 0.05
 """A lease is checked this long after its expiry (s), so the check never runs just before it."""
 
@@ -227,7 +230,21 @@ class LedgerService:
                 spec=dict(rec["spec"]),
             )
         elif kind == "Published":
-            self.published[int(rec["version"])] = rec
+            # Only what later checks read: a long run keeps one small record per version (the
+            # full record, stats included, is in the log). Batch v's results were trained into
+            # v, and the Trainer checkpoints v before announcing it, so no one asks for them
+            # again: their index goes (the payloads stay in the log).
+            v = int(rec["version"])
+            self.published[v] = {
+                "weights_hash": rec.get("weights_hash"),
+                "digest": rec.get("digest"),
+                "announcement": rec.get("announcement"),
+            }
+            old = self.published.get(v - ANNOUNCEMENTS_KEPT)
+            if old is not None:
+                old["announcement"] = None
+            for k in [k for k in self.accepted if k <= v]:
+                del self.accepted[k]
         elif kind == "Activation":
             self._check_activation(rec)
         elif kind == "Finished":
@@ -657,7 +674,8 @@ class LedgerService:
 
     def _welcome(self, ch: Channel, role: str) -> None:
         spec = self.job.spec if self.job is not None else None
-        recent = sorted(v for v, r in self.published.items() if r.get("announcement"))[-16:]
+        recent = sorted(v for v, r in self.published.items() if r.get("announcement"))
+        recent = recent[-ANNOUNCEMENTS_KEPT:]
         for v in recent:
             ch.send_nowait(
                 {"op": "announce", "data": bytes.fromhex(self.published[v]["announcement"])}
