@@ -262,15 +262,53 @@ class RLEngine:
         return out
 
 
+VLLM_GPU_MEMORY = 0.15
+"""Share of the GPU's memory one vLLM Actor takes by default (``vllm_gpu_memory_utilization`` in
+the job spec overrides it): several Actors and the Trainer may share one GPU."""
+
+
+def _vllm_engine(spec: Mapping[str, Any]) -> RLEngine:
+    """An Actor's engine on vLLM (``aurora.engines.vllm``); refused in one line without a GPU or
+    without the vllm package."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(
+            "engine vllm: no CUDA GPU is visible on this host (torch.cuda.is_available() is "
+            "False); use engine: transformers"
+        )
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "engine vllm: the vllm package is not installed (pip install -e '.[gpu]', which "
+            "replaces the CPU torch with vLLM's CUDA build)"
+        ) from None
+    import tempfile
+
+    from aurora.engines.vllm import VLLMEngine
+
+    _threads(spec)
+    name = str(spec.get("model", "tiny"))
+    if name == "tiny":  # vLLM loads a directory: the architecture; weights come from the snapshot
+        from aurora.rl.model import build_default, save_pretrained
+
+        model, tokenizer = build_default()
+        name = str(save_pretrained(model, tokenizer, f"{tempfile.mkdtemp(prefix='aurora-')}/m"))
+    engine = VLLMEngine.launch(
+        name,
+        seed=int(spec["seed"]),
+        gpu_memory_utilization=float(spec.get("vllm_gpu_memory_utilization") or VLLM_GPU_MEMORY),
+    )
+    return RLEngine(spec, engine, _task(spec))
+
+
 def make_rl_engine(spec: Mapping[str, Any], *, engine: str | None = None) -> RLEngine:
     kind = engine or spec.get("engine", "transformers")
-    if kind == "vllm":
-        raise ValueError(
-            "engine vllm: needs a GPU and the vllm extra (pip install -e '.[gpu]'); use "
-            "transformers on this machine"
-        )
-    if kind not in ("transformers",):
+    if kind not in ("transformers", "vllm"):
         raise ValueError(f"unknown engine {kind!r} (expected transformers or vllm)")
+    if kind == "vllm":
+        return _vllm_engine(spec)
     _threads(spec)
     from aurora.delta import warm_up
     from aurora.engines.transformers import TransformersEngine
