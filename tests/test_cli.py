@@ -11,7 +11,7 @@ def test_aurora_replay_prints_every_decision_of_the_golden_trace():
         check=True,
     ).stdout
     assert "-> Refused" in out and "WRONG_HASH" in out and "-> FallBack" in out
-    assert out.rstrip().endswith("settled=1, live leases=11")
+    assert out.rstrip().endswith("settled=2, live leases=10")
 
 
 def test_aurora_replay_names_the_file_and_row_of_a_bad_event(tmp_path):

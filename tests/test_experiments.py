@@ -147,7 +147,15 @@ def test_fig16_labels_each_step_by_the_actors_that_returned_rollouts_for_it(resu
     assert all(first_with[n] > phase * (n - 1) + 1 for n in (2, 3, 4))
 
 
-@pytest.mark.parametrize("notebook", sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb")))
+# Notebooks named real_*.ipynb read the results of real-mode experiments (aurora real), which
+# the quick simulated results of this fixture do not have; each is executed by its experiment's
+# own test on the rows its quick mode wrote.
+SIM_NOTEBOOKS = sorted(
+    p.name for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("real_")
+)
+
+
+@pytest.mark.parametrize("notebook", SIM_NOTEBOOKS)
 def test_each_notebook_runs_on_the_results_and_renders_its_figures_inline(
     results, monkeypatch, notebook
 ):

@@ -133,7 +133,9 @@ def test_a_refused_result_returns_its_prompt_to_an_eligible_actor_at_once(ledger
     run(ledger, BatchRequested(version=1, prompts=prompts(2)))
     out = run(ledger, ResultArrived(actor="a1", lease="L1", version=1, weights_hash="bad"), now=1.0)
     assert out[0] == Refused(lease="L1", actor="a1", reason=Refusal.WRONG_HASH)
-    assert isinstance(out[1], Assign) and out[1].prompts == ("p0",)
+    again = [a for a in out if isinstance(a, Assign)]
+    assert len(again) == 1 and again[0].prompts == ("p0",)
+    assert again[0].actor == "a3"  # not back to the Actor whose weights spoiled it
 
 
 def test_preemption_notice_releases_leases_at_once_and_survivors_take_them(ledger):
@@ -367,3 +369,47 @@ def test_random_histories_keep_every_prompt_and_admit_only_matching_results(ops,
     assert all(st_ is not None for st_ in s.book.states.values())
     assert set(s.book.done) == {p for p in admitted}
     assert all(s.book.states[lid] is LeaseState.SETTLED for lid in s.book.done.values())
+
+
+def test_a_straggler_whose_leases_expired_gets_none_of_them_back_until_it_returns_a_result(
+    ledger,
+):
+    s = ledger
+    run(s, BatchRequested(version=0, prompts=tuple(f"p{i}" for i in range(6))))
+    a1 = [lease.id for lease in s.book.live("a1")]
+    assert a1
+    for actor in ("a2", "a3"):  # they finish in time; a1 is stuck
+        for lease in s.book.live(actor):
+            run(s, ResultArrived(actor=actor, lease=lease.id, version=0, weights_hash="h0"), 1.0)
+    run(s, BatchRequested(version=0, prompts=("q0", "q1", "q2")), now=500.0)
+    actions = run(s, Tick(), now=700.0)  # only a1's leases (from t=0, 600 s long) are due
+    assert {a.actor for a in actions if isinstance(a, Expired)} == {"a1"}
+    assigned = {a.actor for a in actions if isinstance(a, Assign)}
+    assert assigned and "a1" not in assigned and s.actors["a1"].stalled
+    # A late result is refused and changes nothing; an admitted one shows a1 works again.
+    run(s, ResultArrived(actor="a1", lease=a1[0], version=0, weights_hash="h0"), now=701.0)
+    assert s.actors["a1"].stalled
+    mine = [
+        a
+        for a in run(s, BatchRequested(version=0, prompts=("r0",)), now=702.0)
+        if isinstance(a, Assign)
+    ]
+    assert mine and all(a.actor != "a1" for a in mine)
+
+
+def test_an_actor_whose_result_is_on_the_wrong_weights_is_not_handed_the_prompt_back(ledger):
+    s = ledger
+    run(s, BatchRequested(version=0, prompts=tuple(f"p{i}" for i in range(6))))
+    lease = s.book.live("a1")[0]
+    actions = run(s, ResultArrived(actor="a1", lease=lease.id, version=0, weights_hash="bad"))
+    assert any(isinstance(a, Refused) and a.reason is Refusal.WRONG_HASH for a in actions)
+    again = [a for a in actions if isinstance(a, Assign) and lease.prompt in a.prompts]
+    assert again and again[0].actor != "a1" and s.actors["a1"].stalled
+
+
+def test_when_every_eligible_actor_is_a_straggler_they_still_get_the_work(ledger):
+    s = ledger
+    run(s, BatchRequested(version=0, prompts=tuple(f"p{i}" for i in range(6))))
+    actions = run(s, Tick(), now=1000.0)
+    assert {a.actor for a in actions if isinstance(a, Expired)} == {"a1", "a2", "a3"}
+    assert sum(len(a.leases) for a in actions if isinstance(a, Assign)) == 6

@@ -101,3 +101,29 @@ def test_an_unreadable_log_is_a_one_line_error(tmp_path):
     (tmp_path / "dir.db").mkdir()
     with pytest.raises(ValueError, match="cannot open the Ledger log"):
         LedgerLog(tmp_path / "dir.db")
+
+
+def test_an_actor_reconnecting_to_a_restarted_ledger_reports_what_it_staged_meanwhile(tmp_path):
+    db = tmp_path / "ledger.db"
+    clock = Clock()
+
+    async def first() -> None:
+        svc = LedgerService(config(db), clock=clock)
+        await drive(svc, clock)
+        svc.note({"type": "Published", "version": 1, "weights_hash": "h1"})
+        svc.feed(DeltaPublished(version=1, weights_hash="h1", delta_bytes=10, snapshot_bytes=None))
+        # The Ledger dies here: a1's "staged v1" message never reaches it.
+
+    asyncio.run(first())
+
+    async def second() -> LedgerService:
+        svc = LedgerService(config(db), clock=clock)
+        svc.replay()
+        assert svc.state.actors["a1"].versions.state(1).value != "staged"
+        svc._join_actor("a1", {"role": "actor", "region": "us", "active": 0, "staged": [1]})
+        return svc
+
+    svc = asyncio.run(second())
+    # Known at once, not after the staging grace: the Actor stays in the next batch.
+    assert svc.state.actors["a1"].versions.state(1).value == "staged"
+    assert svc.state.actors["a1"].live

@@ -44,7 +44,9 @@ TOPOLOGY = {
 }
 
 
-def run(tmp: Path, *faults: str, hooks: dict | None = None, name: str = "x") -> Path:
+def run(
+    tmp: Path, *faults: str, hooks: dict | None = None, name: str = "x", extra: dict | None = None
+) -> Path:
     launcher = Launcher(
         RealRun(
             topology=topology_from_dict(TOPOLOGY, source="matrix"),
@@ -52,7 +54,7 @@ def run(tmp: Path, *faults: str, hooks: dict | None = None, name: str = "x") -> 
             out=str(tmp / name),
             faults=tuple(parse_fault(f) for f in faults),
             backend="standin",
-            extra={"standin_tokens_per_s": RATE},
+            extra={"standin_tokens_per_s": RATE, **(extra or {})},
             hooks=hooks or {},
             progress=False,
             stall_s=90.0,
@@ -111,6 +113,24 @@ def test_row_1_an_actor_killed_mid_rollout_loses_nothing(tmp_path, baseline):
     check(row, baseline)
 
 
+def test_row_2_an_actor_killed_mid_transfer_loses_nothing(tmp_path, baseline):
+    out = run(
+        tmp_path,
+        hooks={"ca-a100-1": {"kill_mid_transfer": 4}},
+        extra={"segment_bytes": 1024},  # ~10 segments per delta: a "middle" to be killed in
+    )
+    row = measure(
+        out,
+        fault="Actor killed mid-transfer",
+        how="SIGKILL with part of D_4 in",
+        when="while the segments of D_4 arrive",
+        affected={"ca-a100-1"},
+    )
+    lost = [e["actor"] for e in events(out, "ActorLost")]
+    assert lost == ["ca-a100-1"]
+    check(row, baseline)
+
+
 def test_row_3_an_actor_killed_mid_apply_comes_back_from_snapshot_and_chain(tmp_path, baseline):
     out = run(
         tmp_path,
@@ -133,6 +153,24 @@ def test_row_3_an_actor_killed_mid_apply_comes_back_from_snapshot_and_chain(tmp_
     assert all(a["version"] != 4 for a in acts if a["how"] == "activate")
     back = [a for a in acts if a["how"] == "catch_up" and a["version"] > 4]
     assert back
+    check(row, baseline)
+
+
+def test_row_4_a_relay_killed_mid_forward_sends_its_actors_to_the_trainer(tmp_path, baseline):
+    out = run(
+        tmp_path,
+        hooks={"relay-ca": {"kill_mid_transfer": 4}},
+        extra={"segment_bytes": 1024},
+    )
+    row = measure(
+        out,
+        fault="relay killed",
+        how="SIGKILL with part of D_4 forwarded",
+        when="while it forwards D_4",
+        affected=set(),
+    )
+    assert [e["relay"] for e in events(out, "RelayLost")] == ["relay-ca"]
+    assert events(out, "FallBack") or [r for r in events(out, "Route") if r["source"] != "relay-ca"]
     check(row, baseline)
 
 
@@ -172,15 +210,60 @@ def test_row_7_a_cut_link_loses_nothing(tmp_path, baseline):
     check(row, baseline)
 
 
+def hostile(tmp_path, baseline, hook: str, fault: str, how: str) -> None:
+    """The relay misbehaves with D_3; the Actors behind it must take the Trainer's bytes."""
+    out = run(tmp_path, hooks={"relay-ca": {hook: 3}})
+    row = measure(out, fault=fault, how=how, when="D_3", affected=set())
+    check(row, baseline)  # the hash and digest checks: every Actor holds the Trainer's v3
+    ca = [
+        a for a in events(out, "Activation") if a["actor"].startswith("ca-") and a["version"] >= 3
+    ]
+    assert ca  # and the ca Actors went on past v3
+    relay_log = (out / "logs" / "relay-ca.log").read_text()
+    assert "Traceback" not in relay_log  # the relay ran (and misbehaved) all along
+    logs = "".join(p.read_text() for p in (out / "logs").glob("ca-*.log"))
+    assert "for v3; not using it again for that version" in logs  # it was caught and left
+
+
+def test_row_8_a_corrupt_segment_from_a_relay_is_refused(tmp_path, baseline):
+    hostile(
+        tmp_path,
+        baseline,
+        "corrupt_forward",
+        "corrupt segment",
+        "the relay flips a byte of segment 0 of D_3",
+    )
+
+
+def test_row_9_a_delta_on_another_base_is_refused(tmp_path, baseline):
+    hostile(
+        tmp_path,
+        baseline,
+        "wrong_base_forward",
+        "wrong base",
+        "the relay serves D_2's segments as D_3",
+    )
+
+
+def test_row_12_a_forged_delta_with_consistent_hashes_is_refused(tmp_path, baseline):
+    hostile(
+        tmp_path,
+        baseline,
+        "forge_forward",
+        "forged delta or hash",
+        "the relay serves a D_3 with other bytes, every hash recomputed",
+    )
+
+
 def test_row_10_stale_results_are_refused_and_re_leased(tmp_path, baseline):
     out = run(
         tmp_path,
-        hooks={"ca-a100-2": {"late_results": [3, 4.0]}, "ca-a100-1": {"stale_version": 5}},
+        hooks={"ca-a100-2": {"late_results": [3, 2.0]}, "ca-a100-1": {"stale_version": 5}},
     )
     row = measure(
         out,
         fault="stale result",
-        how="results 4 s after expiry; results on v-2",
+        how="results held 2 s (past expiry); results claimed on v-2",
         when="v3 and v5",
         affected={"ca-a100-1", "ca-a100-2"},
     )

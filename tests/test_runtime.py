@@ -109,9 +109,12 @@ def test_a_run_with_two_actors_and_a_relay_completes_with_every_invariant(tmp_pa
         rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == list(range(1, 7))
     assert all(r["backend"] == "standin" for r in rows)
-    # The relay took part: some Actor was routed to it.
+    # The relay took part: the Actors were routed to it and subscribed to it.
     routes = [r["rec"]["source"] for r in events(out) if r["type"] == "Route"]
     assert "relay-ca" in routes
+    relay_addr = (out / "logs" / "relay-ca.log").read_text().split(" on ")[-1].split()[0]
+    for actor in ("ca-a100-0", "ca-a100-1"):
+        assert f"subscribed to {relay_addr}" in (out / "logs" / f"{actor}.log").read_text()
     assert run.stdout.splitlines()[0].startswith("t: 2 Actors (2 in ca")
 
 

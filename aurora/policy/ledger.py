@@ -369,6 +369,13 @@ class ActorRecord:
     estimate: float | None = None
     commit_sent: int | None = None
     catching_up_to: int | None = None
+    stalled: bool = False
+    """A lease of this Actor expired, or it returned a result on the wrong version or weights,
+    and none of its results has been admitted since: dispatch gives it no new prompts while
+    another eligible Actor can take them. Found by the reliability matrix: a straggler was
+    re-leased the very prompts it let expire (the batch waited another lease length each time),
+    and an Actor with wrong weights was handed back each prompt it had just spoiled, 170 times in
+    11 s."""
 
     @property
     def live(self) -> bool:
@@ -793,6 +800,11 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
             expected.append(rec)
     if not eligible:
         return
+    if any(not r.stalled for r in eligible):
+        # Stragglers whose leases expired take nothing new while others can (see
+        # ActorRecord.stalled); they are not expected either, so nothing is held for them.
+        eligible = [r for r in eligible if not r.stalled]
+        expected = [r for r in expected if not r.stalled]
     live = {r.id: r.estimate for r in state.actors.values() if r.live and r.estimate is not None}
     prior = allocation.prior(live, state.config.prior_tokens_per_s)
 
@@ -839,11 +851,14 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
 
 
 def _on_result(state: LedgerState, ev: ResultArrived, now: float, out: list[Action]) -> None:
-    _actor(state, ev.actor)
+    rec = _actor(state, ev.actor)
     verdict = state.book.settle(
         ev.lease, actor=ev.actor, version=ev.version, weights_hash=ev.weights_hash, now=now
     )
+    if verdict.refusal in (Refusal.WRONG_VERSION, Refusal.WRONG_HASH):
+        rec.stalled = True  # its results are spoiled: others take the prompt back first
     if verdict.refusal is None:
+        rec.stalled = False  # it works: an admitted result shows it
         assert verdict.prompt is not None
         out.append(
             Accepted(lease=ev.lease, actor=ev.actor, prompt=verdict.prompt, version=ev.version)
@@ -872,6 +887,9 @@ def _on_throughput(
 def _on_tick(state: LedgerState, ev: Tick, now: float, out: list[Action]) -> None:
     for lease in state.book.expire_due(now):
         out.append(Expired(lease=lease.id, actor=lease.actor, prompt=lease.prompt))
+        rec = state.actors.get(lease.actor)
+        if rec is not None:
+            rec.stalled = True
     _dispatch(state, now, out)
 
 

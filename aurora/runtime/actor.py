@@ -247,7 +247,9 @@ class ActorProcess:
             host, port = a.rsplit(":", 1)
             parsed.append((host, int(port)))
         self.node.set_sources(parsed)
-        if parsed and not self._subscribed:
+        # Subscribe once the Ledger has routed this Actor (it does on every join): before that
+        # only the Trainer is known, and a subscription to it would race the route to a relay.
+        if parsed and self.route is not None and not self._subscribed:
             self._subscribed = True
             asyncio.get_running_loop().create_task(self._subscribe())
 
@@ -340,7 +342,7 @@ class ActorProcess:
             log.warning("%s: D_%d refused: %s", self.id, version, reason)
 
         store = self.store
-        self.node = Node(
+        self.node = hooks.node_class()(
             self.id,
             config,
             on_staged=staged,

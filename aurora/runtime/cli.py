@@ -245,6 +245,7 @@ def _real(args: argparse.Namespace) -> int:
             out=args.out,
             faults=faults,
             spot_hazard=args.spot_hazard,
+            spot_notice_s=args.spot_notice,
             spot_return_s=args.spot_return,
             actors=args.actors,
             backend=args.backend,
@@ -282,6 +283,12 @@ def add_parsers(sub: Any) -> None:
         help="membership or network event, repeatable: " + ", ".join(FAULT_EXAMPLES),
     )
     p.add_argument("--spot-hazard", type=float, default=0.0, help="preemptions/hour/spot Actor")
+    p.add_argument(
+        "--spot-notice",
+        type=float,
+        default=30.0,
+        help="notice of each hazard preemption (s; 0: none, SIGKILL at once)",
+    )
     p.add_argument(
         "--spot-return", type=float, default=None, help="a preempted spot Actor returns after S s"
     )

@@ -711,6 +711,10 @@ class LedgerService:
                 )
             if rec.commit_sent is not None:
                 self._send(peer, {"op": "commit", "version": rec.commit_sent})
+            # What it staged while the Ledger could not hear it: without this a restarted Ledger
+            # waited the whole staging grace (10 s) and then left these Actors out of the batch.
+            for v in sorted(int(x) for x in hello.get("staged", ())):
+                self._staged(peer, v)
             return
         if rec is not None and rec.live:
             self.feed(ActorLost(actor=peer))
@@ -724,6 +728,20 @@ class LedgerService:
         for v in sorted(int(x) for x in hello.get("staged", ())):
             if self.state.actors[peer].live and v in self.state.versions:
                 self.feed(DeltaStaged(actor=peer, version=v))
+
+    def _staged(self, peer: str, v: int) -> None:
+        """Actor ``peer`` says it holds D_v verified and staged."""
+        rec = self.state.actors[peer]
+        if v not in self.state.versions:
+            # Cut-through: the delta can reach an Actor before the Trainer has told the
+            # Ledger it is published. Remember it; it is fed when the version is.
+            self._early_staged.setdefault(v, set()).add(peer)
+            return
+        if rec.versions.state(v).value in ("staged", "active") or (
+            rec.versions.active is not None and v <= rec.versions.active
+        ):
+            return  # already known (a re-subscribed node stages what it had again)
+        self.feed(DeltaStaged(actor=peer, version=v))
 
     def _lose(self, peer: str, role: str) -> None:
         self._lost_timers.pop(peer, None)
@@ -758,17 +776,7 @@ class LedgerService:
                 )
             return
         if op == "staged":
-            v = int(msg["version"])
-            if v not in self.state.versions:
-                # Cut-through: the delta can reach an Actor before the Trainer has told the
-                # Ledger it is published. Remember it; it is fed when the version is.
-                self._early_staged.setdefault(v, set()).add(peer)
-                return
-            if rec.versions.state(v).value in ("staged", "active") or (
-                rec.versions.active is not None and v <= rec.versions.active
-            ):
-                return  # already known (a re-subscribed node stages what it had again)
-            self.feed(DeltaStaged(actor=peer, version=v))
+            self._staged(peer, int(msg["version"]))
         elif op == "activated":
             self.note(
                 {

@@ -217,6 +217,8 @@ def write_outputs(
                 "loss": stats.get("loss", ""),
                 "train_s": stats.get("train_s", ""),
                 "extract_s": stats.get("extract_s", ""),
+                "store_s": stats.get("store_s", ""),
+                "checkpoint_s": stats.get("checkpoint_s", ""),
                 "delta_bytes": pub.get("delta_bytes"),
                 "dense_bytes": stats.get("dense_bytes", ""),
                 "delta_over_dense": (

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from aurora.runtime import hooks
 from aurora.runtime.channel import Channel, connect
 from aurora.transport import Node, TransportConfig
 
@@ -100,17 +101,21 @@ class RelayProcess:
     async def _start(self, channel: Channel) -> None:
         assert self.job is not None
         strat = self.job["strategy"]
+        settings = {
+            "streams": int(strat["streams"]),
+            "cut_through": bool(strat["cut_through"]),
+            "cache_versions": max(8, int(strat["max_lag"]) + 2),
+            **hooks.node_config_overrides(),
+        }
         config = TransportConfig(
             secret=self.run.secret,
             job=self.job["job_id"],
             public_key=self.run.public_key,
-            streams=int(strat["streams"]),
-            cut_through=bool(strat["cut_through"]),
-            cache_versions=max(8, int(strat["max_lag"]) + 2),
+            **settings,
         )
         trainer = self.sources.get("trainer") or self.job["trainer_data"]
         host, port = trainer.rsplit(":", 1)
-        self.node = Node(self.run.id, config, sources=[(host, int(port))])
+        self.node = hooks.node_class()(self.run.id, config, sources=[(host, int(port))])
         port_bound = await self.node.serve(self.run.host, self.run.port)
         self._addr = f"{self.run.advertise or self.run.host}:{port_bound}"
         channel.send_nowait({"op": "data", "addr": self._addr})

@@ -79,6 +79,7 @@ class StandinTrainer:
         self.max_new_tokens = 5
         self.codec = spec["strategy"].get("codec") if "strategy" in spec else None
         self.dense = "strategy" in spec and spec["strategy"].get("payload") == "dense"
+        self.segment_size = int(spec.get("segment_bytes", 4 << 20))
         self._published = initial_weights(self.seed, int(spec.get("standin_hidden", 64)))
         self._next: dict[str, np.ndarray] | None = None
         self.weights_hash = weights_hash(self._published)
@@ -115,6 +116,7 @@ class StandinTrainer:
             version=self.version + 1,
             base_hash=self.weights_hash,
             full=self.dense,
+            segment_size=self.segment_size,
             **({"codec": self.codec} if self.codec else {}),
         )
         pieces = []

@@ -400,7 +400,11 @@ class TrainerProcess:
         meta["version"] = k
         meta["hashes"] = {str(u): h for u, h in self.hashes.items()}
         meta.setdefault("steps", {})[str(k)] = step
+        t3 = time.time()
         await asyncio.to_thread(self._save, meta)
+        # The runtime's own time on the Trainer's critical path after extraction (s): the store
+        # write (and snapshot, digest), then the checkpoint that must precede the announcement.
+        step = {**step, "store_s": t3 - t2, "checkpoint_s": time.time() - t3}
         await self._announce(k, step, digest=digest, delta_bytes=len(data), snap=snapshot_bytes)
         return k
 
