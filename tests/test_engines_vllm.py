@@ -9,6 +9,7 @@ columns; ``vocab_parallel_embedding.py`` pads the vocabulary to a multiple of 64
 from those rules and not from :mod:`aurora.delta.tp`, so the mapping is checked, not restated.
 """
 
+import abc
 import base64
 import copy
 import importlib
@@ -469,7 +470,28 @@ def fake_vllm(rank=0, size=1):
     class WeightTransferUpdateInfo:
         pass
 
-    class WeightTransferEngine:
+    class WeightTransferEngine(abc.ABC):
+        """vLLM's base: these six are abstract there (an engine missing one cannot be built)."""
+
+        @abc.abstractmethod
+        def init_transfer_engine(self, init_info): ...
+
+        @abc.abstractmethod
+        def start_weight_update(self): ...
+
+        @abc.abstractmethod
+        def finish_weight_update(self): ...
+
+        @abc.abstractmethod
+        def receive_weights(self, update_info): ...
+
+        @abc.abstractmethod
+        def shutdown(self): ...
+
+        @staticmethod
+        @abc.abstractmethod
+        def trainer_send_weights(iterator, trainer_args): ...
+
         def __init__(self, config, vllm_config, device, model):
             self.config, self.vllm_config = config, vllm_config
             self.device, self.model = device, model
@@ -563,6 +585,13 @@ def test_the_plugin_registers_aurora_delta_in_vllms_factory_and_applies_through_
         assert msg["weights_hash"] == chain.hashes[2]
         got = assemble_ranks(ranks_from_messages([msg]), SHAPE)
         assert _digest(got) == chain.digest(2)
+        # vLLM's sending side: deltas (objects or file bytes) handed in order to a client
+        rcv = DeltaReceiver(vllm_params(chain.states[2], 0, 1), SHAPE)
+        rcv.init({"version": 2, "weights_hash": chain.hashes[2]})
+        sink = types.SimpleNamespace(apply=lambda d: rcv.update({"delta": delta_bytes(d)}))
+        items = [read_delta(chain.pubs[2].data), chain.pubs[3].data]
+        plugin.AuroraDeltaWeightTransferEngine.trainer_send_weights(iter(items), {"client": sink})
+        assert rcv.weights_hash == chain.hashes[4]
     finally:
         sys.modules.pop("aurora.engines.vllm_plugin", None)
 
@@ -626,3 +655,52 @@ def test_the_runtime_refuses_engine_vllm_in_one_line_where_it_cannot_run(monkeyp
         make_rl_engine({"seed": 0, "engine": "vllm"})
     msg = str(err.value)
     assert "\n" not in msg and "vllm" in msg and "GPU" in msg
+
+
+@pytest.mark.parametrize(
+    "spec,field",
+    [
+        ({"device": "cuda"}, "real.device: cuda"),
+        ({"device": "cuda:1", "engine": "vllm"}, "real.device: cuda:1"),
+        ({"engine": "vllm"}, "real.engine: vllm"),
+    ],
+)
+def test_a_job_needing_a_gpu_is_refused_in_one_line_naming_the_field(monkeypatch, spec, field):
+    from aurora.runtime.rlbackend import check_compute, model_dense_bytes
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for call in (lambda: check_compute(spec), lambda: model_dense_bytes({"model": "tiny", **spec})):
+        with pytest.raises(ValueError) as err:
+            call()
+        msg = str(err.value)
+        assert msg.startswith(field) and "\n" not in msg and "GPU" in msg
+    check_compute({"device": "cpu", "engine": "transformers"})  # nothing needed: no refusal
+    # an Actor's own engine counts too
+    with pytest.raises(ValueError, match="real.engine: vllm"):
+        check_compute({"engine": "transformers"}, engines=["transformers", "vllm"])
+
+
+def test_aurora_real_refuses_engine_vllm_and_device_cuda_before_starting_anything(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU: the refusal is for hosts without one")
+    root = Path(__file__).resolve().parents[1]
+    base = (root / "examples" / "geo.yaml").read_text()
+    for line in ("engine: vllm", "device: cuda"):
+        topo = tmp_path / f"{line.split(':')[0]}.yaml"
+        topo.write_text(base.replace("\nreal:\n", f"\nreal:\n  {line}\n"))
+        proc = subprocess.run(
+            [sys.executable, "-m", "aurora.cli", "real", "--topology", str(topo), "--steps", "1"]
+            + ["--out", str(tmp_path / topo.stem), "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=root,
+            env={**__import__("os").environ, "PYTHONPATH": str(root)},
+        )
+        assert proc.returncode == 2, proc.stderr
+        err = proc.stderr.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"aurora real: real.{line}"), err
+        assert not list((tmp_path / topo.stem).glob("*/job.json"))  # no process was started

@@ -529,7 +529,7 @@ class VLLMEngine:
             import vllm
         except ImportError:
             raise EngineError(
-                "engine vllm: the vllm package is not installed (pip install -e '.[gpu]' on a "
+                "engine vllm: the vllm package is not installed (pip install -e '.[vllm]' on a "
                 "GPU host; it replaces the CPU torch with vLLM's CUDA build)"
             ) from None
         from transformers import AutoConfig, AutoTokenizer

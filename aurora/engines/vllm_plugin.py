@@ -27,6 +27,7 @@ This module imports vLLM; nothing else in the package does at import time.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
+from aurora.delta import Delta, read_delta
 from aurora.engines.vllm import BACKEND, DeltaReceiver, ModelShape, rank_state_message
 
 
@@ -108,6 +110,18 @@ class AuroraDeltaWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, Auror
 
     def shutdown(self) -> None:
         """No connection to close: updates arrive inside the RPC."""
+
+    @staticmethod
+    def trainer_send_weights(iterator: Iterator[Any], trainer_args: Any) -> None:
+        """The sending side, as vLLM's interface has it: each item of ``iterator`` is a delta
+        (a :class:`aurora.delta.Delta` or its file bytes), sent in order through
+        ``trainer_args["client"]`` (anything with ``apply(delta)``: a :class:`VLLMEngine`, an
+        initialised :class:`HTTPWeightClient`). AuroraRL's Trainer does not call this: its
+        deltas reach Actors over the data plane, and each Actor applies them itself."""
+        args = trainer_args if isinstance(trainer_args, Mapping) else vars(trainer_args)
+        client = args["client"]
+        for item in iterator:
+            client.apply(item if isinstance(item, Delta) else read_delta(bytes(item)))
 
 
 class AuroraWorkerExtension:
