@@ -301,3 +301,33 @@ def test_fsdp2_trains_like_one_process_up_to_summation_order(fsdp_run, tmp_path)
     # a sharded checkpoint is the whole state: a single-process Trainer refuses it by name
     with pytest.raises(TrainerError, match="sharded"):
         copy.deepcopy(_trainer()).load_checkpoint(out / "fsdp.ckpt")
+
+
+# ------------------------------------------------------------------------------------------
+# The prepared GPU check, dry-run on the CPU
+# ------------------------------------------------------------------------------------------
+
+
+def test_the_gpu_check_dry_run_passes_every_part_it_can_run_on_the_cpu(tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "s.json"
+    args = ["--dry-run", "--prompts", "2", "--group", "3", "--scale", "64", "--max-layers", "2"]
+    rc = mod.main([*args, "--memcpy-mb", "4", "--delta-mb", "0.01", "--json", str(out)])
+    assert rc == 0, capsys.readouterr().out
+    s = json.loads(out.read_text())
+    chain = s["chain"]
+    assert chain["actor"] == "_WorkerActor" and chain["v0_digest_equal"]
+    assert [st["version"] for st in chain["steps"]] == [1, 2, 3, 4, 5]
+    assert all(
+        st["hash_equal"] and st["digest_equal"] and st["changed"] > 0 for st in chain["steps"]
+    )
+    assert s["apply"]["bit_exact"] and s["apply"]["layers"] == 2
+    assert s["extract"]["bytes_equal_host"] and s["ok"]
+    assert capsys.readouterr().out.rstrip().endswith("gpu_check: PASS")

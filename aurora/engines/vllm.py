@@ -13,8 +13,8 @@ offline ``vllm.LLM`` object and as HTTP routes of ``vllm serve``:
 ``update_info`` are plain dicts, delivered to every worker (every tensor-parallel rank).
 
 AuroraRL's delta apply is such an engine, registered as backend ``aurora_delta`` through vLLM's
-factory (:mod:`aurora.engines.vllm_plugin`, loaded by vLLM's ``vllm.general_plugins`` entry point
-in every vLLM process), so the same code serves an Actor's in-process ``LLM`` and a stock
+factory (:mod:`aurora.engines.vllm_plugin`, imported in every vLLM worker as its
+``worker_extension_cls``), so the same code serves an Actor's in-process ``LLM`` and a stock
 ``vllm serve`` a user already runs. Its worker-side logic is :class:`DeltaReceiver`, which needs
 no vLLM and is what the tests drive with fake parameter dicts shaped like vLLM's:
 
@@ -536,7 +536,7 @@ class VLLMEngine:
 
         from aurora.engines import vllm_plugin
 
-        vllm_plugin.register()  # in this process too (the entry point covers vLLM's others)
+        vllm_plugin.register()  # in this process too (workers import it as their extension)
         path = str(model_dir)
         config = AutoConfig.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path)

@@ -6,10 +6,13 @@ vLLM builds a worker's weight-transfer engine with
 ``WeightTransferEngineFactory.create_engine(config, vllm_config, device, model)`` right after the
 worker loads its model, by the name in ``weight_transfer_config["backend"]``. :func:`register`
 adds ``aurora_delta`` to that factory (lazily: the factory imports this module when the engine is
-first created). vLLM calls :func:`register` in every one of its processes through the
-``vllm.general_plugins`` entry point this package declares (``pyproject.toml``), so a stock
-``vllm serve --weight-transfer-config '{"backend": "aurora_delta"}'`` finds it; importing this
-module registers it too, which covers a worker that imports it as its ``worker_extension_cls``.
+first created). Importing this module registers it, and every vLLM worker imports it before it
+loads its model when it is the ``worker_extension_cls`` (:class:`AuroraWorkerExtension`, which
+:meth:`aurora.engines.vllm.VLLMEngine.launch` sets), so a stock ``vllm serve
+--worker-extension-cls aurora.engines.vllm_plugin.AuroraWorkerExtension
+--weight-transfer-config '{"backend": "aurora_delta"}'`` finds it too. (A
+``vllm.general_plugins`` entry point calling :func:`register` would make the second flag
+unnecessary; the package does not declare one yet.)
 
 :class:`AuroraDeltaWeightTransferEngine` is a thin adapter: vLLM parses ``init_info`` and
 ``update_info`` into :class:`AuroraInitInfo` and :class:`AuroraUpdateInfo` (unknown keys are
