@@ -17,7 +17,8 @@ first):
    groups, the Trainer steps on them and publishes D_{v+1}, the Actor applies it in place; the
    check is that the Actor's h(v) equals the Trainer's, the bits it holds (read back from
    every rank) hash as the Trainer's published weights, and the Actor's per-token log-probs
-   match a transformers model on the same weights (fp32 compute) within the bf16 tolerance
+   match a transformers model on the same weights (the Trainer's ``recompute_logprobs`` of its
+   published bf16 weights: fp32 on the CPU, bf16 autocast on a GPU) within the bf16 tolerance
    (0.15 nats per token, ``tests/test_rl_trainer.py``).
 3. **apply**: a Qwen3-8B-sized delta in the paper's format (LEB128 indices, raw values): one
    synthetic Qwen3-8B decoder layer stepped to ``--density`` (:mod:`aurora.delta.synthetic`),
@@ -201,7 +202,7 @@ def run_chain(
             Group(prompt=p, completions=g, version=actor.version)
             for p, g in zip(texts, actor.generate(texts, n, s), strict=True)
         ]
-        # log-probs the Actor reported vs a transformers model on the same weights (fp32)
+        # log-probs the Actor reported vs a transformers model on the same weights
         again = trainer.recompute_logprobs(groups, state=trainer.published)
         worst = max(
             abs(x - y)
