@@ -19,7 +19,7 @@ if [[ " $* " != *" --dry-run "* ]]; then
   if ! "$PY" -c 'import vllm' 2>/dev/null; then
     # vLLM brings its own CUDA build of torch; a failed install still runs the rest
     echo "gpu_check.sh: installing vllm (pip) ..."
-    timeout 300 "$PY" -m pip install -q "vllm>=0.33" 2>&1 | tail -3 || \
+    timeout 300 "$PY" -m pip install -q --retries 1 --timeout 20 "vllm>=0.33" 2>&1 | tail -3 || \
       echo "gpu_check.sh: pip install vllm failed: the chain will run vLLM's worker-side apply only"
   fi
   "$PY" -c 'import vllm; print("vllm", vllm.__version__)' 2>/dev/null || true

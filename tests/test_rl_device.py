@@ -213,6 +213,11 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
         after = {k: v.copy() for k, v in t.published.items()}
         master = {k: v.detach().full_tensor().clone() for k, v in t.params.items()}
         t.save_checkpoint(os.path.join(out, "fsdp.ckpt"))
+        again = _trainer()  # a restarted sharded Trainer takes its shards of the checkpoint
+        again.load_checkpoint(os.path.join(out, "fsdp.ckpt"))
+        for x in (t, again):
+            x.step(_groups(STEPS, x.version))
+        resumed = t.publish().data == again.publish().data
         torch.save(
             {
                 "sharded": t.sharded,
@@ -224,6 +229,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
                 "master": master if rank == 0 else None,
                 "loss": [s.loss for s in stats],
                 "grad_norm": [s.grad_norm for s in stats],
+                "resumed": resumed,
             },
             os.path.join(out, f"rank{rank}.pt"),
         )
@@ -264,6 +270,8 @@ def test_fsdp2_ranks_hold_half_the_rows_and_publish_the_same_delta(fsdp_run):
         assert r0["local"][k] + r1["local"][k] == n
         assert r0["local"][k] == -(-r0["before"][k].shape[0] // 2) * (n // r0["before"][k].shape[0])
     assert r0["data"] == r1["data"] and r0["hash"] == r1["hash"]
+    # restored from its (whole-state) checkpoint, a sharded Trainer writes the same next delta
+    assert r0["resumed"] and r1["resumed"]
 
 
 def test_fsdp2_deltas_are_the_host_encoders_bytes_for_the_gathered_weights(fsdp_run):

@@ -582,7 +582,8 @@ class Trainer:
         self, groups: Sequence[Group], *, state: Mapping[str, np.ndarray] | None = None
     ) -> list[list[list[float]]]:
         """Per-token log-probs of each completion under the master weights, or under ``state``
-        (bf16 bits, e.g. :attr:`published`) computed in fp32: ``out[g][i][t]``."""
+        (bf16 bits, e.g. :attr:`published`), computed in fp32 (under the bf16 autocast on a
+        GPU): ``out[g][i][t]``."""
         model = self.model
         if state is not None and self.sharded:
             raise TrainerError("recompute_logprobs(state=...) is not available when sharded")
