@@ -680,27 +680,21 @@ def test_a_job_needing_a_gpu_is_refused_in_one_line_naming_the_field(monkeypatch
         check_compute({"engine": "transformers"}, engines=["transformers", "vllm"])
 
 
-def test_aurora_real_refuses_engine_vllm_and_device_cuda_before_starting_anything(tmp_path):
-    import subprocess
+def test_aurora_real_refuses_engine_vllm_and_device_cuda_before_starting_anything(
+    tmp_path, monkeypatch, capsys
+):
     from pathlib import Path
 
-    if torch.cuda.is_available():
-        pytest.skip("this host has a GPU: the refusal is for hosts without one")
-    root = Path(__file__).resolve().parents[1]
-    base = (root / "examples" / "geo.yaml").read_text()
+    from aurora.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    base = (Path(__file__).resolve().parents[1] / "examples" / "geo.yaml").read_text()
     for line in ("engine: vllm", "device: cuda"):
         topo = tmp_path / f"{line.split(':')[0]}.yaml"
         topo.write_text(base.replace("\nreal:\n", f"\nreal:\n  {line}\n"))
-        proc = subprocess.run(
-            [sys.executable, "-m", "aurora.cli", "real", "--topology", str(topo), "--steps", "1"]
-            + ["--out", str(tmp_path / topo.stem), "--quiet"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=root,
-            env={**__import__("os").environ, "PYTHONPATH": str(root)},
-        )
-        assert proc.returncode == 2, proc.stderr
-        err = proc.stderr.strip().splitlines()
+        out = tmp_path / topo.stem
+        rc = main(["real", "--topology", str(topo), "--steps", "1", "--out", str(out), "--quiet"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2, err
         assert len(err) == 1 and err[0].startswith(f"aurora real: real.{line}"), err
-        assert not list((tmp_path / topo.stem).glob("*/job.json"))  # no process was started
+        assert not list(out.glob("*/job.json"))  # no process was started
