@@ -36,6 +36,7 @@ def _replay(args: argparse.Namespace) -> int:
     except (OSError, json.JSONDecodeError) as exc:
         raise SystemExit(f"aurora replay: cannot read {args.trace}: {exc}") from None
     state = initial_state(LedgerConfig(trainer_region=args.trainer_region))
+    settled = 0  # counted from the decisions: the book forgets settled batches as it goes
     for i, row in enumerate(rows):
         try:
             event = event_from_record(row["event"])
@@ -47,9 +48,10 @@ def _replay(args: argparse.Namespace) -> int:
         for action in actions:
             rec = to_record(action)
             name = rec.pop("type")
+            settled += name == "Accepted"
             print(f"{'':>11}-> {name:<14} {rec}")
     print(
-        f"\n{len(rows)} events; pool={state.book.pool_size}, settled={len(state.book.done)}, "
+        f"\n{len(rows)} events; pool={state.book.pool_size}, settled={settled}, "
         f"live leases={len(state.book.leased)}"
     )
     return 0

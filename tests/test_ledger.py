@@ -413,3 +413,36 @@ def test_when_every_eligible_actor_is_a_straggler_they_still_get_the_work(ledger
     actions = run(s, Tick(), now=1000.0)
     assert {a.actor for a in actions if isinstance(a, Expired)} == {"a1", "a2", "a3"}
     assert sum(len(a.leases) for a in actions if isinstance(a, Assign)) == 6
+
+
+def test_the_book_forgets_settled_batches_past_the_lag_bound_and_keeps_everything_else(ledger):
+    from aurora.policy.ledger import RETAIN_BATCHES
+
+    first_leases: list[tuple[str, str]] = []
+    for v in range(1, 31):
+        publish_and_stage(ledger, v)
+        out = run(ledger, BatchRequested(version=v, prompts=prompts(6, f"b{v}-")), now=float(v))
+        leases = [(a.actor, lease) for a in out if isinstance(a, Assign) for lease in a.leases]
+        if v == 1:
+            first_leases = leases
+        held_back = leases[0]  # one prompt of every batch is never answered
+        for actor, lease in leases[1:]:
+            ok = ResultArrived(actor=actor, lease=lease, version=v, weights_hash=f"h{v}")
+            assert isinstance(run(ledger, ok, now=v + 0.5)[0], Accepted)
+        ledger.book.check()
+        assert held_back[1] in ledger.book.leased.values()
+        for a in ("a1", "a2", "a3"):
+            run(ledger, VersionActivated(actor=a, version=v), now=v + 0.6)
+    # Bounded: settled prompts of the newest 1 + max_lag + RETAIN_BATCHES batches, plus the
+    # unanswered prompt of every batch (never forgotten: it is not settled).
+    kept = 1 + ledger.config.max_lag + RETAIN_BATCHES
+    assert len(ledger.book.done) == 5 * kept
+    assert len(ledger.book.leased) == 30
+    # A result for a forgotten lease is refused and changes nothing.
+    actor, lease = first_leases[1]
+    before = copy.deepcopy(ledger.book)
+    late = ResultArrived(actor=actor, lease=lease, version=1, weights_hash="h1")
+    assert run(ledger, late, now=40.0)[0] == Refused(
+        lease=lease, actor=actor, reason=Refusal.UNKNOWN_LEASE
+    )
+    assert ledger.book == before

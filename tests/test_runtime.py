@@ -261,3 +261,56 @@ def test_an_actor_with_a_wrong_or_missing_secret_is_refused_with_one_line(tmp_pa
     finally:
         ledger.kill()
         ledger.wait()
+
+
+def test_an_actor_given_another_jobs_public_key_stops_with_one_line_and_a_right_one_never_does(
+    tmp_path,
+):
+    import numpy as np
+
+    from aurora.delta import DeltaEncoder, weights_hash
+    from aurora.delta.announce import describe_parts, sign
+    from aurora.keys import load_public_key, load_signing_key, new_job_keys
+    from aurora.runtime.actor import KEY_CHECKS, ActorProcess, ActorRun
+
+    ours, theirs = new_job_keys(tmp_path / "ours"), new_job_keys(tmp_path / "theirs")
+    trainer_key = load_signing_key(ours.signing_key)
+
+    def announcement(v: int) -> bytes:
+        rng = np.random.default_rng(v)
+        old = {"w": rng.integers(0, 2**16, (64, 64), dtype=np.uint16)}
+        new = {"w": old["w"] ^ 1}
+        segs = list(
+            DeltaEncoder(
+                old, new, model="toy", version=v, base_hash=weights_hash(old), codec="naive"
+            ).segments()
+        )
+        return sign(describe_parts("job-1", segs[0].data, segs[-1].data), trainer_key)
+
+    def actor(public_key_file: Path) -> ActorProcess:
+        a = ActorProcess(
+            ActorRun(
+                id="a",
+                region="us",
+                ledger=("127.0.0.1", 1),
+                secret=b"s" * 32,
+                public_key=load_public_key(public_key_file),
+            )
+        )
+        a.job = {"job_id": "job-1"}
+        return a
+
+    wrong = actor(theirs.public_key)
+    for v in range(1, KEY_CHECKS + 1):
+        assert wrong.failed is None
+        wrong._on_message({"op": "announce", "data": announcement(v)})
+    assert wrong.stopping and wrong.failed is not None
+    assert "wrong --public-key for job job-1" in wrong.failed and "\n" not in wrong.failed
+
+    right = actor(ours.public_key)
+    right._on_message({"op": "announce", "data": announcement(1)})
+    bad = bytearray(announcement(2))
+    bad[-1] ^= 1  # a forged announcement later is refused, never fatal
+    for _ in range(KEY_CHECKS + 1):
+        right._on_message({"op": "announce", "data": bytes(bad)})
+    assert right.failed is None and not right.stopping

@@ -289,6 +289,24 @@ class LeaseBook:
         self._completions.append(now - lease.claimed_at)
         return Verdict(lease=lease_id, refusal=None, prompt=lease.prompt)
 
+    def forget_settled(self, before_version: int) -> int:
+        """Forget every settled prompt of a batch generated on a version below
+        ``before_version``, with all its leases; return how many prompts were forgotten.
+
+        Without this the book keeps every lease of the job (~1 KB per prompt: 4 MiB of a
+        Trainer's memory over a 200-step soak), and a long job's Ledger grows without bound. A
+        forgotten prompt can no longer be settled twice: a result for one of its leases is
+        refused as ``UNKNOWN_LEASE`` instead of ``DUPLICATE`` or ``LATE``."""
+        gone = {p for p, lid in self.done.items() if self.batch_of[p] < before_version}
+        if not gone:
+            return 0
+        for lid in [lid for lid, lease in self.leases.items() if lease.prompt in gone]:
+            del self.leases[lid]
+            del self.states[lid]
+        for p in gone:
+            del self.done[p], self.batch_of[p], self._order[p]
+        return len(gone)
+
     # -- invariants -----------------------------------------------------------------------
     def check(self) -> None:
         """Assert that every prompt is in exactly one place and every lease is consistent."""

@@ -415,6 +415,10 @@ class LedgerState:
         self.book = LeaseBook(self.config.lease)
 
 
+RETAIN_BATCHES = 4
+"""Versions of settled batches kept in the lease book beyond the lag bound (see ``_on_batch``)."""
+
+
 def initial_state(config: LedgerConfig) -> LedgerState:
     return LedgerState(config=config)
 
@@ -738,6 +742,9 @@ def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Acti
     if state.target is not None and ev.version < state.target:
         raise ValueError(f"batch version {ev.version} goes backwards from {state.target}")
     state.book.add(ev.prompts, ev.version)  # validates prompt ids before any change
+    # Batches older than any a result can still be admitted for (and RETAIN_BATCHES more, so a
+    # straggler's late or duplicate result still gets its exact refusal) leave the book.
+    state.book.forget_settled(ev.version - lag - RETAIN_BATCHES)
     state.target = ev.version
     state.hold_until = now + state.book.lease_length()
     for rec in sorted(state.actors.values(), key=lambda r: r.id):

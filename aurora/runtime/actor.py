@@ -84,6 +84,11 @@ class ActorRun:
     """How long to keep trying to reach the Ledger at start (s)."""
 
 
+KEY_CHECKS = 3
+"""Announcements from the Ledger that must fail verification, with none verified, before an
+Actor concludes it was given the wrong job key (:meth:`ActorProcess._check_job_key`)."""
+
+
 def task_index(prompt: str, prompts_per_step: int) -> int:
     """Index into the task's training prompts of prompt id ``b{k}-{i}``."""
     k, i = prompt[1:].split("-")
@@ -125,6 +130,9 @@ class ActorProcess:
         self._subscribed = False
         self.failed: str | None = None
         self.leaving = False
+        self.key_ok = False
+        """An announcement from the Ledger has verified under this Actor's public key."""
+        self.key_failures = 0
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -195,6 +203,7 @@ class ActorProcess:
                 self.job = msg["job"]
         elif op == "announce":
             data = bytes(msg["data"])
+            self._check_job_key(data)
             self.announcements.append(data)
             del self.announcements[:-32]
             if self.node is not None:
@@ -229,6 +238,31 @@ class ActorProcess:
             self.stopping = True
         elif op == "exclude":
             log.info("%s: excluded from step v%s", self.id, msg.get("version"))
+
+    def _check_job_key(self, data: bytes) -> None:
+        """Stop with one line when this Actor was given another job's public key.
+
+        The Ledger forwards the Trainer's announcements over the authenticated control channel.
+        If none of the first ``KEY_CHECKS`` of them verifies under our key, and none ever did,
+        the key is wrong (or the Ledger is not this job's): every delta and snapshot would be
+        refused forever. Once one has verified, a bad one is only refused (never fatal)."""
+        if self.key_ok or self.job is None or self.failed is not None:
+            return
+        from aurora.delta.announce import AnnouncementError, verify
+
+        try:
+            verify(data, self.run.public_key, job=str(self.job["job_id"]))
+        except AnnouncementError as exc:
+            self.key_failures += 1
+            if self.key_failures >= KEY_CHECKS:
+                self.failed = (
+                    f"the job's announcements are not signed by the Trainer key this Actor "
+                    f"was given (wrong --public-key for job {self.job['job_id']}?): {exc}"
+                )
+                self.stopping = True
+                self.wake.set()
+        else:
+            self.key_ok = True
 
     def _announce(self, data: bytes) -> None:
         assert self.node is not None
