@@ -35,10 +35,23 @@ leaves it at v with nothing published.
 AdamW state, generator state, version, h(v), the published bf16 weights, the reference weights
 when beta > 0) in one file, atomically; a Trainer restored with :meth:`Trainer.load_checkpoint`
 produces the same next delta bytes as one that never stopped.
+
+On a GPU (the model handed in on a CUDA device) the same Trainer runs the forward and backward
+under ``torch.autocast`` in bf16 while the master weights and AdamW state stay fp32, and
+extracts D_{v+1} on the device, copying only the changed indices and values to the host
+(:mod:`aurora.rl.device`); the delta bytes are those the CPU path writes for the same weights
+(``device_extract=True`` runs that path on CPU tensors, which is how the tests check it).
+In a ``torch.distributed`` group of more than one process (one per GPU) the model is sharded
+with FSDP2 (``fully_shard``): every rank calls :meth:`Trainer.step` with the same groups and
+:meth:`Trainer.publish` in lockstep, takes its share of the batch's rows, and gradients are
+summed across ranks, so the step is the single-process step up to summation order; each rank
+keeps its rows of the published weights and extracts there, and every rank produces the same
+delta. With neither, nothing of this runs: the CPU path is unchanged, byte for byte.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import math
@@ -54,10 +67,13 @@ import torch
 from aurora.delta import DEFAULT_SEGMENT_SIZE, DeltaEncoder, Segment, weights_hash
 from aurora.delta.codecs import DEFAULT_CODEC
 from aurora.engines.base import weights_digest_of
+from aurora.rl import device as gpu
 from aurora.rl.model import cast_weights
 from aurora.rl.tasks import RewardFn, score
 
 CHECKPOINT_FORMAT = 1
+GPU_COMPUTE_DTYPE = torch.bfloat16
+"""Autocast dtype of the forward and backward on a GPU (the master weights stay fp32)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,10 +277,13 @@ class Trainer:
         segment_size: int = DEFAULT_SEGMENT_SIZE,
         seed: int = 0,
         dense: bool = False,
+        device_extract: bool | None = None,
     ) -> None:
         """``model`` becomes the fp32 master (converted in place). The published version
         ``version`` is its weights rounded to bf16, with chain hash ``weights_hash`` (default:
-        their snapshot hash, as ``CheckpointStore.publish_snapshot`` computes it)."""
+        their snapshot hash, as ``CheckpointStore.publish_snapshot`` computes it).
+        ``device_extract`` forces extraction on the model's device (True) or on the host
+        (False); None: on the device unless the model is on the CPU in one process."""
         self.config = config
         self.model = cast_weights(model, torch.float32)
         self.model.train()
@@ -277,7 +296,37 @@ class Trainer:
             segment_size,
         )
         self.device = next(model.parameters()).device
-        self.params = named_weights(self.model)
+        self.sharded = gpu.is_distributed()
+        """FSDP2: the master and AdamW state are sharded over the process group's ranks."""
+        self.autocast = self.device.type == "cuda"
+        """bf16 autocast in the forward and backward (GPU only; the CPU computes in fp32)."""
+        self.extract_on_device = (
+            device_extract
+            if device_extract is not None
+            else (self.device.type != "cpu" or self.sharded)
+        )
+        """Extract D_{v+1} where the weights live (:mod:`aurora.rl.device`); always when
+        sharded."""
+        if self.sharded and not self.extract_on_device:
+            raise TrainerError("device_extract=False: a sharded Trainer extracts on the device")
+        self.reference: Any | None = None
+        if config.kl_coef > 0:
+            import copy
+
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if self.sharded:
+            names = list(named_weights(self.model))
+            gpu.shard(self.model)
+            if self.reference is not None:
+                gpu.shard(self.reference)
+            sd = self.model.state_dict(keep_vars=True)
+            self.params = {n: sd[n] for n in names}
+        else:
+            self.params = named_weights(self.model)
+        self._world = _world_size() if self.sharded else 1
+        self._shapes = {k: tuple(v.shape) for k, v in self.params.items()}
+        self._rows = {k: gpu.local_part(v)[1] for k, v in self.params.items()}
+        """This process's flat rows of each tensor (the whole tensor unless sharded)."""
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=config.lr,
@@ -291,17 +340,55 @@ class Trainer:
         self.generator = torch.Generator().manual_seed(seed)
         """The Trainer's own randomness (none of the default objective uses it; checkpointed so
         an extension that samples resumes the same trajectory)."""
-        self.published = to_bf16_bits(self.params)
+        self._published_dev: dict[str, torch.Tensor] | None = None
+        self._published_host: dict[str, np.ndarray] | None = None
+        if self.extract_on_device:
+            self._published_dev = {k: gpu.local_bf16(v) for k, v in self.params.items()}
+        else:
+            self._published_host = to_bf16_bits(self.params)
         self.version = version
         self.weights_hash = weights_hash or _snapshot_hash(self.published)
         self.steps = 0
-        self.reference: Any | None = None
-        if config.kl_coef > 0:
-            import copy
-
-            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         eos = tokenizer.eos_token_id
         self.eos_id = int(eos)
+
+    @property
+    def published(self) -> dict[str, np.ndarray]:
+        """``{split name: uint16 bf16 bits}`` of the last published version. After a publish on
+        the device it is copied to the host when first asked for (gathered from every rank when
+        sharded: then a collective every rank must call)."""
+        if self._published_host is None:
+            assert self._published_dev is not None
+            self._published_host = {
+                k: gpu.to_host(gpu.gather_whole(t, self._shapes[k])).reshape(self._shapes[k])
+                for k, t in self._published_dev.items()
+            }
+        return self._published_host
+
+    @published.setter
+    def published(self, state: Mapping[str, np.ndarray]) -> None:
+        self._published_host = dict(state)
+        self._published_dev = None  # rebuilt from the host copy when next needed
+
+    def _device_published(self) -> dict[str, torch.Tensor]:
+        """The published bits of this process's rows, flat ``int16`` on the device."""
+        if self._published_dev is None:
+            out = {}
+            for k, v in self.published.items():
+                r = self._rows[k]
+                flat = np.ascontiguousarray(v).reshape(-1)[r.start : r.start + r.numel]
+                out[k] = torch.from_numpy(flat.view(np.int16).copy()).to(self.device)
+            self._published_dev = out
+        return self._published_dev
+
+    def _host_new(self) -> dict[str, np.ndarray]:
+        """The master rounded to bf16, on the host (the CPU path; gathered when sharded)."""
+        if not self.sharded:
+            return to_bf16_bits(self.params)
+        return {
+            k: gpu.to_host(gpu.full_bf16(v)).reshape(self._shapes[k])
+            for k, v in self.params.items()
+        }
 
     # -- inputs --------------------------------------------------------------------------------
 
@@ -376,7 +463,13 @@ class Trainer:
 
     def _logp(self, model: Any, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """log pi(y_t) at the sampling temperature for every next-token slot, [B, T-1]."""
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1, :].float()
+        ctx = (
+            torch.autocast("cuda", dtype=GPU_COMPUTE_DTYPE)
+            if self.autocast
+            else contextlib.nullcontext()
+        )
+        with ctx:
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1, :].float()
         logp = torch.log_softmax(logits / self.config.temperature, dim=-1)
         return logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
 
@@ -401,9 +494,10 @@ class Trainer:
         loss_sum = kl_sum = clipped = 0.0
         ratio_max = diff_max = 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        for lo in range(0, b, chunk):
-            sl = slice(lo, lo + chunk)
+        for sl, empty in self._chunks(b, chunk):
             mask, beh = batch["mask"][sl], batch["behaviour"][sl]
+            if empty:  # this rank has no row here but must join the collectives
+                mask = torch.zeros_like(mask)
             with torch.set_grad_enabled(not skip):
                 logp = self._logp(self.model, batch["ids"][sl], batch["attn"][sl])
                 surrogate, ratio, bound = clipped_objective(
@@ -420,20 +514,26 @@ class Trainer:
                     loss = loss + cfg.kl_coef * kl
                     kl_sum += float(kl)
             if not skip:
-                loss.backward()
+                # FSDP2 averages gradients over the ranks; each rank's loss is its share of
+                # the batch's, so scaling by the world size makes the average the sum
+                (loss * self._world if self.sharded else loss).backward()
             loss_sum += loss.item()
             clipped += float(bound.sum())
             m = mask.bool()
             if m.any():
                 ratio_max = max(ratio_max, float(ratio.detach()[m].max()))
                 diff_max = max(diff_max, float((logp.detach() - beh)[m].abs().max()))
+        if self.sharded:
+            loss_sum, kl_sum, clipped, ratio_max, diff_max = _all_reduce_stats(
+                self.device, loss_sum, kl_sum, clipped, ratio_max, diff_max
+            )
         grad_norm = 0.0
         if not skip:
             params = [p for p in self.model.parameters() if p.grad is not None]
             if cfg.grad_clip > 0:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+                grad_norm = _scalar(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
             else:
-                grad_norm = float(
+                grad_norm = _scalar(
                     torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
                 )
             self.optimizer.step()
@@ -459,13 +559,34 @@ class Trainer:
             seconds=time.perf_counter() - t0,
         )
 
+    def _chunks(self, b: int, chunk: int) -> list[tuple[slice, bool]]:
+        """Row slices this process computes: every row in ``chunk``-row pieces; when sharded,
+        its contiguous share of the rows, in as many pieces as every other rank (an empty piece
+        is one padding row with no weight: FSDP's collectives need every rank in every pass)."""
+        if not self.sharded:
+            return [(slice(lo, lo + chunk), False) for lo in range(0, b, chunk)]
+        import torch.distributed as dist
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        lo, hi = rank * b // world, (rank + 1) * b // world
+        most = -(-b // world)  # rows of the rank with the most
+        pieces = max(1, -(-most // chunk))
+        out = []
+        for k in range(pieces):
+            a, z = lo + k * chunk, min(lo + (k + 1) * chunk, hi)
+            out.append((slice(a, z), False) if a < z else (slice(0, 1), True))
+        return out
+
     @torch.no_grad()
     def recompute_logprobs(
         self, groups: Sequence[Group], *, state: Mapping[str, np.ndarray] | None = None
     ) -> list[list[list[float]]]:
         """Per-token log-probs of each completion under the master weights, or under ``state``
-        (bf16 bits, e.g. :attr:`published`) computed in fp32: ``out[g][i][t]``."""
+        (bf16 bits, e.g. :attr:`published`), computed in fp32 (under the bf16 autocast on a
+        GPU): ``out[g][i][t]``."""
         model = self.model
+        if state is not None and self.sharded:
+            raise TrainerError("recompute_logprobs(state=...) is not available when sharded")
         if state is not None:
             import copy
 
@@ -500,7 +621,9 @@ class Trainer:
         nothing is committed. Returns the whole delta, its id and h(v+1).
         """
         t0 = time.perf_counter()
-        new = to_bf16_bits(self.params)
+        if self.extract_on_device and not self.dense:
+            return self._publish_on_device(on_segment, t0)
+        new = self._host_new()
         enc = DeltaEncoder(
             self.published,
             new,
@@ -533,6 +656,53 @@ class Trainer:
         self.published, self.version, self.weights_hash = new, pub.version, pub.weights_hash
         return pub
 
+    def _publish_on_device(
+        self, on_segment: Callable[[Segment], None] | None, t0: float
+    ) -> Publication:
+        """:meth:`publish` with extraction on the device (:class:`gpu.DeviceDeltaEncoder`)."""
+        host = self._published_host
+        old = self._device_published()
+
+        def host_old(name: str) -> np.ndarray:
+            if host is not None:
+                return host[name]
+            return gpu.to_host(gpu.gather_whole(old[name], self._shapes[name]))
+
+        enc = gpu.DeviceDeltaEncoder(
+            old,
+            lambda name: gpu.local_bf16(self.params[name]),
+            self._shapes,
+            host_old=host_old,
+            rows=self._rows,
+            model=self.model_id,
+            version=self.version + 1,
+            base_hash=self.weights_hash,
+            codec=self.codec,
+            fuse=self.fuse,
+            segment_size=self.segment_size,
+        )
+        segments = []
+        for seg in enc.segments():
+            if on_segment is not None:
+                on_segment(seg)
+            segments.append(seg)
+        assert enc.delta_id is not None and enc.weights_hash is not None
+        pub = Publication(
+            version=self.version + 1,
+            base=self.version,
+            base_hash=self.weights_hash,
+            delta_id=enc.delta_id,
+            weights_hash=enc.weights_hash,
+            data=b"".join(bytes(s.data) for s in segments),
+            segments=tuple(segments),
+            changed=sum(t.nnz for t in enc.tensors),
+            total=sum(math.prod(s) for s in self._shapes.values()),
+            seconds=time.perf_counter() - t0,
+        )
+        self._published_dev, self._published_host = enc.new, None
+        self.version, self.weights_hash = pub.version, pub.weights_hash
+        return pub
+
     def published_digest(self) -> str:
         """Content hash of the published bf16 weights, as :meth:`Engine.weights_digest`."""
         return weights_digest_of(self.published)
@@ -555,30 +725,65 @@ class Trainer:
         """Everything the next delta depends on, in one file written atomically."""
         from aurora.store.files import write_atomic
 
+        if self.sharded:
+            master, optim, reference = self._gather_state()
+        else:
+            master = {k: v.detach().cpu().clone() for k, v in self.params.items()}
+            optim = self.optimizer.state_dict()
+            reference = (
+                {k: v.detach().cpu().clone() for k, v in named_weights(self.reference).items()}
+                if self.reference is not None
+                else None
+            )
         blob = {
             "format": CHECKPOINT_FORMAT,
             "config": self._config_record(),
             "version": self.version,
             "weights_hash": self.weights_hash,
             "steps": self.steps,
-            "master": {k: v.detach().cpu().clone() for k, v in self.params.items()},
-            "optimizer": self.optimizer.state_dict(),
+            "master": master,
+            "optimizer": optim,
             "generator": self.generator.get_state(),
             "published": {
                 k: torch.from_numpy(v.view(np.int16).copy()) for k, v in self.published.items()
             },
-            "reference": (
-                {k: v.detach().cpu().clone() for k, v in named_weights(self.reference).items()}
-                if self.reference is not None
-                else None
-            ),
+            "reference": reference,
         }
+        out = Path(path)
+        if self.sharded:
+            import torch.distributed as dist
+
+            blob["sharded"] = True
+            if dist.get_rank() != 0:  # rank 0 holds the gathered state and writes the file
+                dist.barrier()
+                return out
         buf = io.BytesIO()
         torch.save(blob, buf)
-        out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(out, [buf.getvalue()])
+        if self.sharded:
+            import torch.distributed as dist
+
+            dist.barrier()
         return out
+
+    def _gather_state(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+        """Whole (unsharded) model, optimizer and reference state on rank 0's CPU (empty on the
+        other ranks): a collective every rank calls."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_state_dict,
+        )
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        master, optim = get_state_dict(self.model, self.optimizer, options=opts)
+        reference = (
+            get_model_state_dict(self.reference, options=opts)
+            if self.reference is not None
+            else None
+        )
+        return dict(master), dict(optim), reference
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore a checkpoint written by :meth:`save_checkpoint` of a Trainer with the same
@@ -592,6 +797,11 @@ class Trainer:
             raise TrainerError(f"checkpoint {p} cannot be read: {exc}") from None
         if not isinstance(blob, dict) or blob.get("format") != CHECKPOINT_FORMAT:
             raise TrainerError(f"checkpoint {p} is not a Trainer checkpoint of format 1")
+        if bool(blob.get("sharded")) != self.sharded:
+            raise TrainerError(
+                f"checkpoint {p}: sharded is {bool(blob.get('sharded'))}, this Trainer has "
+                f"{self.sharded} (FSDP and single-process checkpoints differ in layout)"
+            )
         mine = self._config_record()
         theirs = blob["config"]
         for key in mine:
@@ -600,17 +810,23 @@ class Trainer:
                     f"checkpoint {p}: {key} is {theirs.get(key)!r}, this Trainer has {mine[key]!r}"
                 )
         master = blob["master"]
-        if set(master) != set(self.params):
+        if not set(self.params) <= set(master) or (
+            not self.sharded and set(master) != set(self.params)
+        ):
             raise TrainerError(f"checkpoint {p} holds weights of a different model")
-        with torch.no_grad():
-            for k, v in master.items():
-                if v.shape != self.params[k].shape:
-                    raise TrainerError(f"checkpoint {p}: weight {k} has shape {tuple(v.shape)}")
-                self.params[k].data.copy_(v)
-        self.optimizer.load_state_dict(blob["optimizer"])
+        for k in self.params:
+            if tuple(master[k].shape) != self._shapes[k]:
+                raise TrainerError(f"checkpoint {p}: weight {k} has shape {tuple(master[k].shape)}")
+        if self.sharded:
+            self._scatter_state(blob)
+        else:
+            with torch.no_grad():
+                for k, v in master.items():
+                    self.params[k].data.copy_(v)
+            self.optimizer.load_state_dict(blob["optimizer"])
         self.generator.set_state(blob["generator"])
         self.published = {k: v.numpy().view(np.uint16).copy() for k, v in blob["published"].items()}
-        if self.reference is not None and blob["reference"] is not None:
+        if self.reference is not None and blob["reference"] is not None and not self.sharded:
             ref = named_weights(self.reference)
             with torch.no_grad():
                 for k, v in blob["reference"].items():
@@ -619,9 +835,51 @@ class Trainer:
         self.weights_hash = str(blob["weights_hash"])
         self.steps = int(blob["steps"])
 
+    def _scatter_state(self, blob: Mapping[str, Any]) -> None:
+        """Each rank takes its shards of the whole state in ``blob`` (every rank read it)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_state_dict,
+        )
+
+        opts = StateDictOptions(full_state_dict=True)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=blob["master"],
+            optim_state_dict=blob["optimizer"],
+            options=opts,
+        )
+        if self.reference is not None and blob["reference"] is not None:
+            set_model_state_dict(self.reference, blob["reference"], options=opts)
+
 
 def _snapshot_hash(state: Mapping[str, np.ndarray]) -> str:
     return weights_hash(state)
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return int(dist.get_world_size())
+
+
+def _scalar(t: torch.Tensor) -> float:
+    """A 0-d tensor (an FSDP ``DTensor`` gathered first) as a float."""
+    full = getattr(t, "full_tensor", None)
+    return float(full() if callable(full) else t)
+
+
+def _all_reduce_stats(device: torch.device, *stats: float) -> tuple[float, ...]:
+    """Sums (loss, kl, clipped tokens) and maxima (ratio, log-prob gap) over the ranks."""
+    import torch.distributed as dist
+
+    sums = torch.tensor(stats[:3], dtype=torch.float64, device=device)
+    maxes = torch.tensor(stats[3:], dtype=torch.float64, device=device)
+    dist.all_reduce(sums)
+    dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+    return (*sums.tolist(), *maxes.tolist())
 
 
 __all__ = [

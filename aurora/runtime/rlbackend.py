@@ -1,4 +1,4 @@
-"""The ``rl`` compute backend: real models, the GRPO Trainer and the transformers engine.
+"""The ``rl`` compute backend: real models, the GRPO Trainer, the transformers and vLLM engines.
 
 Theory of operation
 -------------------
@@ -73,8 +73,44 @@ def _model(spec: Mapping[str, Any], *, cache: str | None = None) -> tuple[Any, A
     return model, tokenizer, None
 
 
+def check_compute(spec: Mapping[str, Any], engines: Sequence[str] = ()) -> None:
+    """Refuse, in one line naming the field, a job this host cannot run: ``device: cuda`` for
+    the Trainer or ``engine: vllm`` for an Actor (the job's ``engine`` or one of ``engines``,
+    the Actors' own) without a visible CUDA GPU, or vLLM without the vllm package. The role
+    processes call it when they build their compute, and ``aurora real`` before it starts any
+    (through :func:`model_dense_bytes`), so a run that cannot work never starts."""
+    device = str(spec.get("device") or "cpu")
+    kinds = {str(spec.get("engine") or "transformers"), *engines}
+    if not device.startswith("cuda") and "vllm" not in kinds:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        field = f"real.device: {device}" if device.startswith("cuda") else "real.engine: vllm"
+        fix = "device: cpu" if device.startswith("cuda") else "engine: transformers"
+        raise ValueError(
+            f"{field}: no CUDA GPU is visible on this host (torch.cuda.is_available() is "
+            f"False); use {fix}"
+        )
+    if device.startswith("cuda:") and int(device[5:] or 0) >= torch.cuda.device_count():
+        raise ValueError(
+            f"real.device: {device}: this host has {torch.cuda.device_count()} CUDA device(s)"
+        )
+    if "vllm" in kinds:
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                "real.engine: vllm: the vllm package is not installed (pip install -e "
+                "'.[vllm]', which brings vLLM's CUDA build of torch)"
+            ) from None
+
+
 def model_dense_bytes(spec: Mapping[str, Any]) -> int:
-    """bf16 bytes of the job's model, from its configuration alone (no weights are loaded)."""
+    """bf16 bytes of the job's model, from its configuration alone (no weights are loaded).
+    ``aurora real`` computes it before starting any process, so it first refuses a job this
+    host cannot run (:func:`check_compute`)."""
+    check_compute(spec)
     name = str(spec.get("model", "tiny"))
     if name == "tiny":
         from aurora.rl.model import TinyQwen3Config
@@ -117,10 +153,15 @@ class RLTrainer:
         from aurora.rl.trainer import GRPOConfig, Trainer
 
         _threads(spec)
+        check_compute({"device": spec.get("device")})  # the Trainer needs no engine
         self.spec = spec
         self.task = _task(spec)
         model, self.tokenizer, h0 = _model(spec)
         self._template = copy.deepcopy(model)  # the architecture, for evaluation and export
+        self.device = str(spec.get("device") or "cpu")
+        """The Trainer's device: on ``cuda`` it runs bf16 autocast over its fp32 master and
+        extracts deltas there (:mod:`aurora.rl.device`)."""
+        model = model.to(self.device)
         strat = spec["strategy"]
         self.trainer = Trainer(
             model,
@@ -212,7 +253,7 @@ class RLTrainer:
 
 
 class RLEngine:
-    """The engine side: a transformers engine (the vLLM engine will sit behind the same)."""
+    """The engine side: a transformers or a vLLM engine (:mod:`aurora.engines`)."""
 
     def __init__(self, spec: Mapping[str, Any], engine: Any, task: Any) -> None:
         self.spec, self.engine, self.task = spec, engine, task
@@ -262,15 +303,40 @@ class RLEngine:
         return out
 
 
+VLLM_GPU_MEMORY = 0.15
+"""Share of the GPU's memory one vLLM Actor takes by default (``vllm_gpu_memory_utilization`` in
+the job spec overrides it): several Actors and the Trainer may share one GPU."""
+
+
+def _vllm_engine(spec: Mapping[str, Any]) -> RLEngine:
+    """An Actor's engine on vLLM (``aurora.engines.vllm``); refused in one line without a GPU or
+    without the vllm package."""
+    check_compute({"engine": "vllm"})
+    import tempfile
+
+    from aurora.engines.vllm import VLLMEngine
+
+    _threads(spec)
+    name = str(spec.get("model", "tiny"))
+    if name == "tiny":  # vLLM loads a directory: the architecture; weights come from the snapshot
+        from aurora.rl.model import build_default, save_pretrained
+
+        model, tokenizer = build_default()
+        name = str(save_pretrained(model, tokenizer, f"{tempfile.mkdtemp(prefix='aurora-')}/m"))
+    engine = VLLMEngine.launch(
+        name,
+        seed=int(spec["seed"]),
+        gpu_memory_utilization=float(spec.get("vllm_gpu_memory_utilization") or VLLM_GPU_MEMORY),
+    )
+    return RLEngine(spec, engine, _task(spec))
+
+
 def make_rl_engine(spec: Mapping[str, Any], *, engine: str | None = None) -> RLEngine:
     kind = engine or spec.get("engine", "transformers")
-    if kind == "vllm":
-        raise ValueError(
-            "engine vllm: needs a GPU and the vllm extra (pip install -e '.[gpu]'); use "
-            "transformers on this machine"
-        )
-    if kind not in ("transformers",):
+    if kind not in ("transformers", "vllm"):
         raise ValueError(f"unknown engine {kind!r} (expected transformers or vllm)")
+    if kind == "vllm":
+        return _vllm_engine(spec)
     _threads(spec)
     from aurora.delta import warm_up
     from aurora.engines.transformers import TransformersEngine
