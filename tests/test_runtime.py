@@ -181,6 +181,27 @@ def test_bad_input_gives_one_line_and_no_run(tmp_path):
         assert run.returncode == 2, (args, run.stderr)
         assert why in run.stderr and "Traceback" not in run.stderr
         assert len(run.stderr.strip().splitlines()) == 1
+    # The rl backend's own refusals, before any process or folder exists.
+    real_section = "real: {{steps: {steps}, prompts_per_step: 12, group_size: 4}}"
+    for real_line, why in [
+        ("real: {{model: /no/such/model, steps: 2}}", "real.model: no such model directory"),
+        ("real: {{device: cuda, steps: 2}}", "real.device: cuda: no CUDA GPU is visible"),
+        ("real: {{engine: vllm, steps: 2}}", "real.engine: vllm: no CUDA GPU is visible"),
+        ("real: {{engine: tensorrt, steps: 2}}", "engine must be one of"),
+    ]:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(TOPOLOGY.replace(real_section, real_line).format(name="b", actors=1))
+        out = tmp_path / "bad-out"
+        run = subprocess.run(
+            [sys.executable, "-m", "aurora.cli", "real", "--topology", str(bad)]
+            + ["--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 2, (real_line, run.stderr)
+        assert why in run.stderr and "Traceback" not in run.stderr, run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1 and not out.exists()
     missing = subprocess.run(
         [sys.executable, "-m", "aurora.cli", "real", "--topology", str(tmp_path / "no.yaml")],
         capture_output=True,
@@ -314,3 +335,25 @@ def test_an_actor_given_another_jobs_public_key_stops_with_one_line_and_a_right_
     for _ in range(KEY_CHECKS + 1):
         right._on_message({"op": "announce", "data": bytes(bad)})
     assert right.failed is None and not right.stopping
+
+
+def test_a_role_that_fails_before_the_first_step_stops_the_run_with_its_error(tmp_path, capsys):
+    from aurora.runtime.launcher import EXIT_ROLE_FAILED, Launcher, RealRun
+    from aurora.topology import load_topology
+
+    topo = tmp_path / "t.yaml"
+    topo.write_text(TOPOLOGY.format(name="t", actors=2, steps=4))
+    launcher = Launcher(
+        RealRun(
+            topology=load_topology(topo),
+            topology_path=str(topo),
+            out=str(tmp_path / "out"),
+            backend="standin",
+            hooks={"ca-a100-1": {"fail_at_start": "cannot load the engine"}},
+            progress=False,
+            stall_s=120.0,
+        )
+    )
+    assert launcher.main() == EXIT_ROLE_FAILED
+    err = capsys.readouterr().err
+    assert "ca-a100-1 failed at start" in err and "cannot load the engine" in err

@@ -537,6 +537,8 @@ class ActorProcess:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
             loop.add_signal_handler(signal.SIGUSR1, self._on_sigusr1)
+        if hooks.get("fail_at_start"):
+            raise ConnectionError(str(hooks.get("fail_at_start")))  # fault injection
         self.channel = await self._connect()
         while self.job is None:
             msg = await self.channel.recv()

@@ -25,6 +25,7 @@ hook                     effect
                          recomputed, the trailer's id no longer the signed one; value: v)
 ``wrong_base_forward``   relay: serve ``D_{v-1}``'s segments, a delta on another base, as ``D_v``
                          (value: v)
+``fail_at_start``        Actor: exit with this message before it joins (value: the message)
 =======================  =========================================================================
 
 The relay hooks need the whole version before they serve it, so a relay carrying one is

@@ -146,6 +146,22 @@ class Launcher:
                 "(set spot: true on an actor group)",
                 EXIT_BAD_INPUT,
             )
+        # Everything that can refuse the job first (the model, the device, every Actor's
+        # engine), so a refused run leaves no folder behind and an earlier run's is kept.
+        store = self.real.store or str(self.dir / "store")
+        self.spec = make_spec(
+            self.topo,
+            strategy=run.strategy,
+            seed=run.seed,
+            steps=run.steps,
+            store=store,
+            backend=run.backend,
+            extra={"start_actors": len(self.plan.actors), **run.extra},
+        )
+        if run.backend == "rl":
+            from aurora.runtime.rlbackend import check_compute
+
+            check_compute(self.spec, engines=[a.engine for a in self.plan.actors if a.engine])
         if self.dir.exists():
             if not (self.dir / "job.json").exists():
                 raise LaunchError(
@@ -161,16 +177,6 @@ class Launcher:
         except OSError as exc:
             raise LaunchError(f"cannot write {self.dir}: {exc.strerror}", EXIT_BAD_INPUT) from None
         self.secret_file = str(self.keys.secret)
-        store = self.real.store or str(self.dir / "store")
-        self.spec = make_spec(
-            self.topo,
-            strategy=run.strategy,
-            seed=run.seed,
-            steps=run.steps,
-            store=store,
-            backend=run.backend,
-            extra={"start_actors": len(self.plan.actors), **run.extra},
-        )
         self.ports = {"ledger": free_port(self.host), "data": free_port(self.host)}
         (self.dir / "job.json").write_text(
             json.dumps(
@@ -502,6 +508,11 @@ class Launcher:
                 if p.role != "trainer" and not p.alive and not p.expected_exit:
                     code = p.returncode
                     p.expected_exit = True  # report once
+                    if code not in (0, None) and self.step == 0:
+                        # Before the first step no fault has struck: a role that cannot start
+                        # (a missing engine, a bad model) is the job's error, not a preemption,
+                        # and the run would wait for it until the stall limit.
+                        raise LaunchError(f"{p.id} failed at start: {p.last_error()}")
                     if code not in (0, None):
                         print(f"warning: {p.id} exited ({code}): {p.last_error()}", file=sys.stderr)
             if time.monotonic() - self.last_step_at > self.run.stall_s:

@@ -117,8 +117,12 @@ def model_dense_bytes(spec: Mapping[str, Any]) -> int:
 
         config = TinyQwen3Config().hf_config()
     else:
+        import os
+
         from transformers import AutoConfig
 
+        if name.startswith(("/", "./", "../", "~")) and not os.path.isdir(os.path.expanduser(name)):
+            raise ValueError(f"real.model: no such model directory {name!r}")
         try:
             config = AutoConfig.from_pretrained(name)
         except (OSError, ValueError) as exc:
