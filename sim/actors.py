@@ -39,7 +39,6 @@ from aurora.policy.ledger import (
     Assign,
     CaughtUp,
     Commit,
-    DeltaStaged,
     ResultArrived,
     ThroughputObserved,
     VersionActivated,
@@ -176,7 +175,7 @@ class Actors:
         """``actor`` holds version ``v`` whole (verified)."""
         sim = self.sim
         if actor.active is not None and v > actor.active:
-            sim.driver.feed(DeltaStaged(actor=actor.id, version=v))
+            sim.driver.staged(actor.id, v)
             sim.orchestrator.no_longer_waited_for(actor.id)
         self.kick(actor)
 
@@ -325,5 +324,5 @@ class Actors:
         # Versions that arrived during the catch-up are staged on top of it.
         for v in restage:
             if actor.life is me:
-                sim.driver.feed(DeltaStaged(actor=actor.id, version=v))
+                sim.driver.staged(actor.id, v)
         sim.orchestrator.no_longer_waited_for(actor.id)

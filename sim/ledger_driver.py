@@ -31,6 +31,7 @@ from aurora.policy.ledger import (
     Assign,
     CatchUp,
     Commit,
+    DeltaStaged,
     Event,
     Exclude,
     FallBack,
@@ -78,6 +79,25 @@ class LedgerDriver:
         self._ticks: set[float] = set()
         self._held: dict[str, tuple[list[Action], list[Event]]] = {}
         """Per region cut off from the Ledger: actions to its Actors, and their reports."""
+        self._early: dict[int, set[str]] = {}
+        """Versions Actors staged before the Trainer announced them (the ``sequential``
+        pipeline's data plane runs ahead of the Ledger), as the runtime's Ledger keeps them."""
+
+    def staged(self, actor: str, v: int) -> None:
+        """``actor`` holds ``v`` whole: report it, or keep it until ``v`` is announced."""
+        if v in self.state.versions:
+            self.feed(DeltaStaged(actor=actor, version=v))
+        else:
+            self._early.setdefault(v, set()).add(actor)
+
+    def published(self, v: int) -> None:
+        """``v`` was just announced: report the Actors that staged it before (in id order, as
+        the runtime's Ledger does), if they are still there and behind it."""
+        for actor in sorted(self._early.pop(v, ())):
+            node = self.sim.actors.nodes.get(actor)
+            if node is not None and node.live and (node.active or 0) < v:
+                self.feed(DeltaStaged(actor=actor, version=v))
+                self.sim.orchestrator.no_longer_waited_for(actor)
 
     def _cut_off(self, actor: str) -> str | None:
         """The region of ``actor`` if the Ledger cannot reach it now, else None."""

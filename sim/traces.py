@@ -59,6 +59,10 @@ class ModelTrace:
     """Seconds to scan the weights and encode the delta on the Trainer (CPU)."""
     train_tokens_per_s_per_gpu: dict[str, Quantity]
     """Training throughput per GPU type (tokens/s per GPU), forward + backward + reference."""
+    publish_s: Quantity | None = None
+    """Seconds from the end of extraction until the Trainer announces the version (writing it
+    to the store, checkpointing itself); charged only by the ``sequential`` publication
+    pipeline (a recorded run's Trainer). None: 0."""
 
 
 @dataclass(frozen=True, kw_only=True)
