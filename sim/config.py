@@ -184,6 +184,12 @@ class SimConfig:
     design (extraction or serialization beside the next optimizer step); ``sequential``, the
     runtime's Trainer (``aurora/runtime/trainer.py``: extract while sending, write to the store
     and checkpoint, announce, and only then train the next step)."""
+    control_latency: bool = False
+    """Messages between the Ledger and each Actor take the one-way delay of the link between
+    their regions (:mod:`sim.ledger_driver`), as the runtime's control connections do. Off by
+    default: the paper-trace experiments and golden traces predate it, and at their step times
+    (minutes) a few tens of ms per message are within their noise; a replay of a real run
+    (:mod:`sim.runtrace`, steps of a fraction of a second) turns it on."""
     record_trace: bool = True
     """Keep the human-readable event trace, the timeline and every event fed to the Ledger with
     its decisions (turn off for 10^4 Actors and for sweeps)."""

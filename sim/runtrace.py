@@ -705,6 +705,7 @@ def replay_config(trace_dir: str | Path, *, record_trace: bool = True) -> SimCon
             for s in replay["rate_schedules"]
         ),
         publish_pipeline="sequential",
+        control_latency=True,
         record_trace=record_trace,
     )
 
