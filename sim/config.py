@@ -190,6 +190,10 @@ class SimConfig:
     default: the paper-trace experiments and golden traces predate it, and at their step times
     (minutes) a few tens of ms per message are within their noise; a replay of a real run
     (:mod:`sim.runtrace`, steps of a fraction of a second) turns it on."""
+    store_local: bool = False
+    """The Checkpoint Store is on every Actor's own host (a shared directory, as ``aurora real``
+    has it on one host): a catch-up reads it through the Actor's interface at its region's LAN
+    rate, with no WAN round trip. Off: the Store is in the Trainer's region (the paper)."""
     record_trace: bool = True
     """Keep the human-readable event trace, the timeline and every event fed to the Ledger with
     its decisions (turn off for 10^4 Actors and for sweeps)."""

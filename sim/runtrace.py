@@ -17,7 +17,10 @@ Ledger's event log ``events.csv``, the Actors' spans ``ledger.spans.jsonl``, ``j
 * ``topology.yaml``: the deployment as the run had it (the Actors and relays it started, the
   links as configured after the emulation's scaling, or the host's loopback as probed);
 * ``replay.json``: the rest of what a replay needs (strategy, steps, seed, batch and lease
-  settings, the faults as they struck, each link's rate schedule as the emulator applied it)
+  settings, whether the Checkpoint Store was a directory on the host (``store_local``: a
+  catch-up then never crosses the emulated WAN), the faults as they struck, a join at the time
+  the Ledger saw the new Actor join (its process start is not modelled), each link's rate
+  schedule as the emulator applied it)
   and what the trace was derived from in detail (``recorded``: per Actor, per version, per
   join, the probed links);
 
@@ -40,6 +43,7 @@ trace field                        recorded from
 ``models.<m>.publish_s``           end of extraction to the Ledger's ``Published`` (store write,
                                    checkpoint, digest, announcement)
 ``models.<m>.delta_bytes_leb128``  bytes of every published D_v, in the codec the run used
+``models.<m>.dense_payload_...``   a dense run: the same (a dense copy in the delta format)
 ``models.<m>.dense_bytes``         bf16 bytes of the model (the Trainer's statistics)
 ``constants.apply_bytes_per_s``    apply spans: bytes of the version applied / seconds
 ``constants.dense_load_...``       catch-up spans that loaded a snapshot: bytes / seconds
@@ -109,6 +113,8 @@ class RunRecord:
     """Per Actor: every ``ActorJoined`` (s)."""
     caught_up: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     """Per Actor: every ``CaughtUp`` (s, version)."""
+    plans: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    """Per Actor: every ``CatchUp`` the Ledger sent (s, bytes of the plan)."""
     results: Counter[str] = field(default_factory=Counter)
     """Admitted results per Actor."""
     spans: list[dict[str, Any]] = field(default_factory=list)
@@ -162,6 +168,9 @@ def read_run(run_dir: str | Path) -> RunRecord:
                 "delta_bytes": record.get("delta_bytes"),
                 "snapshot_bytes": record.get("snapshot_bytes"),
             }
+        elif kind == "CatchUp" and r["kind"] == "action":
+            rec.plans.setdefault(record["actor"], []).append((t, int(record["plan"]["bytes"])))
+            continue
         elif r["kind"] != "event":
             continue
         elif kind == "DeltaStaged":
@@ -276,6 +285,17 @@ def measurements(rec: RunRecord) -> dict[str, Any]:
         base = max((v for v in snapshots if v <= int(s["version"])), default=None)
         if base is not None:
             loads.append((snapshots[base], s["end"] - s["start"], s["who"]))
+    # Store reads of the Actors' first catch-up (to v0, before the first batch): from the
+    # Ledger's CatchUp to its CaughtUp, less a control round trip and the load span.
+    one_way = _control_one_way_s(rec)
+    first_loads = {x[2]: x[1] for x in reversed(loads)}
+    store_reads = []
+    for actor, plans in rec.plans.items():
+        t_plan, size = plans[0]
+        caught = [t for t, _v in rec.caught_up.get(actor, []) if t >= t_plan]
+        if t_plan < 0 and caught and caught[0] <= 0 and actor in first_loads:
+            fetch = caught[0] - t_plan - 2 * one_way.get(actor, 0.0) - first_loads[actor]
+            store_reads.append({"actor": actor, "bytes": size, "seconds": max(fetch, 0.0)})
     joins = []
     for when, spec_text in rec.faults:
         f = parse_fault(spec_text)
@@ -311,8 +331,28 @@ def measurements(rec: RunRecord) -> dict[str, Any]:
             "seconds": sum(s for _, s in applies),
         },
         "snapshot_loads": [{"bytes": b, "seconds": s, "actor": a} for b, s, a in loads],
+        "store_reads": store_reads,
         "joins": joins,
     }
+
+
+def _control_one_way_s(rec: RunRecord) -> dict[str, float]:
+    """Per Actor: one-way delay (s) of its control connection to the Ledger (half the RTT of
+    its region's link to the Trainer's, as emulated; 0 on loopback)."""
+    if rec.emulation is None:
+        return {}
+    trainer = str(rec.job.get("trainer_region") or rec.spec.get("trainer_region"))
+    rtt = {}
+    for lk in rec.emulation["links"]:
+        if trainer in (lk["a"], lk["b"]):
+            other = lk["b"] if lk["a"] == trainer else lk["a"]
+            rtt[other] = float(lk["rtt_ms"]) / 2e3
+    region = {a["id"]: a["region"] for a in rec.job["actors"]}
+    for _when, text in rec.faults:
+        f = parse_fault(text)
+        if f.kind == "join":
+            region[f.target] = f.region
+    return {a: rtt.get(r, 0.0) for a, r in region.items()}
 
 
 # ------------------------------------------------------------------------------------------
@@ -375,6 +415,17 @@ def trace_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
                 f"{run}: mean seconds from the end of extraction to the Ledger's Published "
                 f"(store write, checkpoint, digest, announcement) over {len(publish)} versions "
                 f"(std {statistics.pstdev(publish):.3f} s)",
+            ),
+            **(
+                {
+                    "dense_payload_bytes": _q(
+                        _mean(deltas),
+                        f"{run}: mean bytes of its {len(deltas)} published dense copies in the "
+                        "delta format (what crossed the data plane per version)",
+                    )
+                }
+                if dense_payload
+                else {}
             ),
             "train_tokens_per_s_per_gpu": {
                 TRAINER_GPU: _q(
@@ -447,6 +498,21 @@ def trace_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
             "not measured in this run (no catch-up span): the paper trace's value",
         )
     )
+    reads = m["store_reads"]
+    read_b = sum(x["bytes"] for x in reads)
+    read_s = sum(x["seconds"] for x in reads)
+    store_q = (
+        {
+            "store_read_bytes_per_s": _q(
+                read_b / read_s,
+                f"{run}: {read_b} bytes of {len(reads)} first catch-ups (to v0, before the "
+                f"first batch) read from the Checkpoint Store in {read_s:.3f} s (CatchUp to "
+                "CaughtUp, less a control round trip and the load span)",
+            )
+        }
+        if read_s > 0
+        else {}
+    )
     if dense_payload:
         serialize_q = _q(
             dense_bytes / _mean(extract),
@@ -498,6 +564,7 @@ def trace_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
             f"extract_s) and replays use the sequential publication pipeline: {paper}",
         ),
         "serialize_bytes_per_s": serialize_q,
+        **store_q,
     }
     if dense_payload:
         constants["codec_bytes_vs_leb128"].pop(codec, None)
@@ -594,10 +661,18 @@ def replay_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
     """Settings of the replay and the detailed record behind the trace."""
     spec = rec.spec
     faults = []
+    joined = {j["actor"]: j["joined_s"] for j in m["joins"] if j["joined_s"] is not None}
     for when, text in rec.faults:
         f = parse_fault(text)
         if f.kind == "join":
             f = replace(f, gpu=ACTOR_GPU)
+            if f.target in joined:
+                # The injector starts a process; it joins once Python, the engine and its
+                # connections are up (recorded.joins: struck_s -> joined_s). The simulator's
+                # machine exists at once, so the replay joins it when the Ledger saw it join.
+                f = replace(f, at_s=max(0.0, joined[f.target]), at_step=None)
+                faults.append(f.spec())
+                continue
         if f.at_s is not None:
             # The injector's clock starts with the launcher; the replay's at the first batch.
             f = replace(f, at_s=max(0.0, when))
@@ -638,6 +713,7 @@ def replay_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
         "snapshot_interval": int(spec["snapshot_interval"]),
         "lease_initial_s": float(spec["lease_initial_s"]),
         "faults": faults,
+        "store_local": "://" not in str(spec.get("store") or ""),
         "rate_schedules": schedules,
         "emulated": rec.emulation is not None,
         "link_scale": rec.summary.get("link_scale"),
@@ -706,6 +782,7 @@ def replay_config(trace_dir: str | Path, *, record_trace: bool = True) -> SimCon
         ),
         publish_pipeline="sequential",
         control_latency=True,
+        store_local=bool(replay.get("store_local", False)),
         record_trace=record_trace,
     )
 

@@ -63,6 +63,10 @@ class ModelTrace:
     """Seconds from the end of extraction until the Trainer announces the version (writing it
     to the store, checkpointing itself); charged only by the ``sequential`` publication
     pipeline (a recorded run's Trainer). None: 0."""
+    dense_payload_bytes: Quantity | None = None
+    """Bytes on the wire of one version of a dense strategy, as it ships it (the runtime's
+    PrimeRL strategies send a dense copy in the delta format, smaller than raw bf16 when
+    tensors compress). None: ``dense_bytes`` (the paper's PrimeRL broadcasts raw bf16)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +115,10 @@ class Constants:
     serialize_bytes_per_s: Quantity
     """Rate at which a dense checkpoint is written to the store before it can be served
     (bytes/s); runs beside the next training step."""
+    store_read_bytes_per_s: Quantity | None = None
+    """Rate at which an Actor reads a catch-up (snapshot and deltas) out of a Checkpoint Store
+    on its own host (``SimConfig.store_local``: files, their signatures checked), bytes/s.
+    None: its region's LAN rate."""
 
 
 @dataclass(frozen=True, kw_only=True)
