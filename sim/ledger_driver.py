@@ -18,7 +18,10 @@ and an Actor in another region takes the one-way delay of the link between them 
 the Actors' reports (results, staged, activated, caught up, throughput) reach ``decide`` that
 much later, and its leases, commits and catch-up plans reach the Actor that much later. That is
 how the runtime's control plane works (one TCP connection per Actor to the Ledger, across the
-WAN); a message still in flight when its Actor's life ends is lost with it. Joins and losses are
+WAN); a message still in flight when its Actor's life ends is lost with it. A region's reports
+leave in order over its link at the link's rate, each result taking ``result_bytes`` of it (the
+trace's; none without it), so a step's results arrive one after another. The link's delta
+traffic flows the other way (full duplex) and is not charged for them. Joins and losses are
 not delayed (a join is followed by a catch-up of seconds; a loss is learnt when it is learnt).
 
 While a ``link_cut`` separates a region from the Trainer's (:mod:`sim.faults`), messages between
@@ -102,6 +105,10 @@ class LedgerDriver:
         pipeline's data plane runs ahead of the Ledger), as the runtime's Ledger keeps them."""
         self._one_way: dict[str, float] = {}
         """Per region: seconds a control message takes between it and the Ledger."""
+        self._uplink_free: dict[str, float] = {}
+        """Per region: when its link to the Ledger has sent the reports queued on it (s)."""
+        rb = sim.consts.result_bytes
+        self._result_bytes = 0.0 if rb is None else rb.value
         topo = cfg.topology
         if cfg.control_latency and not cfg.strategy.rdma:
             for region in topo.regions:
@@ -116,6 +123,22 @@ class LedgerDriver:
             return 0.0, None
         return self._one_way.get(node.region, 0.0), node.life
 
+    def _report_delay(self, actor: str, size: float) -> tuple[float, object | None]:
+        """Seconds until a report of ``size`` bytes from ``actor`` reaches the Ledger: behind
+        what its region's link is still sending, then its own bytes, then the latency."""
+        delay, life = self._latency(actor)
+        if delay <= 0:
+            return delay, life
+        node = self.sim.actors.nodes[actor]
+        now = self.env.now
+        start = max(now, self._uplink_free.get(node.region, now))
+        if size > 0:
+            topo = self.sim.cfg.topology
+            wan = self.sim.transfers.wan[frozenset((topo.trainer.region, node.region))]
+            start += size / wan.capacity
+        self._uplink_free[node.region] = start
+        return start - now + delay, life
+
     def _alive(self, actor: str, life: object | None) -> bool:
         node = self.sim.actors.nodes.get(actor)
         return node is not None and node.life is life
@@ -123,7 +146,7 @@ class LedgerDriver:
     def staged(self, actor: str, v: int) -> None:
         """``actor`` holds ``v`` whole: report it, or keep it until ``v`` is announced (when
         the report reaches the Ledger)."""
-        delay, life = self._latency(actor) if self._one_way else (0.0, None)
+        delay, life = self._report_delay(actor, 0.0) if self._one_way else (0.0, None)
         if delay > 0:
 
             def arrive() -> None:
@@ -179,7 +202,8 @@ class LedgerDriver:
         unless ``arrived``) and carry out its decisions."""
         if self._one_way and not arrived and isinstance(event, _REPORTS):
             actor = event.actor
-            delay, life = self._latency(actor)
+            size = self._result_bytes if isinstance(event, ResultArrived) else 0.0
+            delay, life = self._report_delay(actor, size)
             if delay > 0:
 
                 def arrive() -> None:

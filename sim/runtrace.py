@@ -49,6 +49,8 @@ trace field                        recorded from
 ``constants.dense_load_...``       catch-up spans that loaded a snapshot: bytes / seconds
 ``constants.serialize_bytes_...``  a dense run: dense bytes / the seconds to encode one copy
 ``constants.tcp_window_bytes``     the emulated regions' ``tcp_wmem`` ceiling
+``constants.result_bytes``         each result's payload in ``ledger.db``, framed as sent
+``constants.store_read_bytes...``  the Actors' first catch-ups (to v0): plan bytes / seconds
 =================================  ===============================================================
 """
 
@@ -117,6 +119,8 @@ class RunRecord:
     """Per Actor: every ``CatchUp`` the Ledger sent (s, bytes of the plan)."""
     results: Counter[str] = field(default_factory=Counter)
     """Admitted results per Actor."""
+    arrived: list[dict[str, Any]] = field(default_factory=list)
+    """Every ``ResultArrived`` record (actor, lease, version, weights hash)."""
     spans: list[dict[str, Any]] = field(default_factory=list)
     """The Actors' spans (generate, apply, catch-up), times in s."""
     faults: list[tuple[float, str]] = field(default_factory=list)
@@ -184,6 +188,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
             rec.caught_up.setdefault(record["actor"], []).append((t, int(record["version"])))
         elif kind == "ResultArrived":
             rec.results[record["actor"]] += 1
+            rec.arrived.append(record)
     for line in (path / "ledger.spans.jsonl").read_text().splitlines():
         s = json.loads(line)
         rec.spans.append({**s, "start": float(s["start"]) - t0, "end": float(s["end"]) - t0})
@@ -296,6 +301,7 @@ def measurements(rec: RunRecord) -> dict[str, Any]:
         if t_plan < 0 and caught and caught[0] <= 0 and actor in first_loads:
             fetch = caught[0] - t_plan - 2 * one_way.get(actor, 0.0) - first_loads[actor]
             store_reads.append({"actor": actor, "bytes": size, "seconds": max(fetch, 0.0)})
+    results = result_messages(rec, gen_tokens / max(1, len(rec.arrived)))
     joins = []
     for when, spec_text in rec.faults:
         f = parse_fault(spec_text)
@@ -332,8 +338,45 @@ def measurements(rec: RunRecord) -> dict[str, Any]:
         },
         "snapshot_loads": [{"bytes": b, "seconds": s, "actor": a} for b, s, a in loads],
         "store_reads": store_reads,
+        "result_messages": results,
         "joins": joins,
     }
+
+
+TCP_IP_HEADER_BYTES = 52
+"""IPv4 (20) + TCP with timestamps (32) bytes per segment; asyncio sets TCP_NODELAY, so each
+control message an Actor writes leaves as its own segment."""
+
+
+def result_messages(rec: RunRecord, tokens_per_result: float) -> dict[str, Any]:
+    """Bytes of the run's result messages on the wire, rebuilt as the Actor frames them
+    (:func:`aurora.transport.wire.control` of ``{op, lease, version, weights_hash, payload,
+    tokens}``) with each payload the Ledger logged, plus one segment's TCP/IP headers."""
+    from aurora.runtime.ledgerlog import LedgerLog
+    from aurora.transport import wire
+
+    db = rec.path / "ledger.db"
+    if not db.exists() or not rec.arrived:
+        return {"n": 0}
+    log = LedgerLog(db)
+    sizes = []
+    try:
+        for r in rec.arrived:
+            body = log.payload(r["actor"], r["lease"])
+            if body is None:
+                continue
+            msg = {
+                "op": "result",
+                "lease": r["lease"],
+                "version": r["version"],
+                "weights_hash": r["weights_hash"],
+                "payload": body,
+                "tokens": round(tokens_per_result),
+            }
+            sizes.append(len(wire.control(msg)) + TCP_IP_HEADER_BYTES)
+    finally:
+        log.close()
+    return _stats(sizes) | {"how": "wire.control(msg) + 52 B of IPv4/TCP headers per message"}
 
 
 def _control_one_way_s(rec: RunRecord) -> dict[str, float]:
@@ -513,6 +556,14 @@ def trace_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
         if read_s > 0
         else {}
     )
+    msgs = m["result_messages"]
+    if msgs.get("n"):
+        store_q["result_bytes"] = _q(
+            msgs["mean"],
+            f"{run}: mean bytes of its {msgs['n']} result messages on the wire (each payload "
+            f"as the Ledger logged it, framed as the Actor sends it, + {TCP_IP_HEADER_BYTES} B "
+            f"of IPv4/TCP headers; {msgs['min']}-{msgs['max']} B)",
+        )
     if dense_payload:
         serialize_q = _q(
             dense_bytes / _mean(extract),

@@ -115,6 +115,12 @@ class Constants:
     serialize_bytes_per_s: Quantity
     """Rate at which a dense checkpoint is written to the store before it can be served
     (bytes/s); runs beside the next training step."""
+    result_bytes: Quantity | None = None
+    """Bytes one result (one lease's completions: token ids, log-probs, lease, version,
+    weights hash, framing, TCP/IP headers) puts on its Actor's link to the Ledger. With
+    ``SimConfig.control_latency`` an Actor region's reports cross that link one after another
+    at its rate, so a step's results queue behind each other (bytes that matter only on a thin
+    link). None: a report takes only the latency."""
     store_read_bytes_per_s: Quantity | None = None
     """Rate at which an Actor reads a catch-up (snapshot and deltas) out of a Checkpoint Store
     on its own host (``SimConfig.store_local``: files, their signatures checked), bytes/s.
