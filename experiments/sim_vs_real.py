@@ -561,7 +561,7 @@ def figure(rows: pd.DataFrame, steps: pd.DataFrame, path: Path) -> None:
         sel = steps
         for k in ("part", "network", "strategy", "seed", "backend", "steps"):
             sel = sel[sel[k].astype(str) == str(r[k])]
-        label = f"{r['strategy']} {r['network']} s{int(r['seed'])}"
+        label = f"{r['strategy']} {r['network']} s{int(r['seed'])} n{int(r['steps'])}"
         for src, style in (("real", "-"), ("sim", "--")):
             s = sel[sel["source"] == src]
             ax.plot(s["step"], s["step_time_s"], style, color=f"C{i}", label=f"{label} {src}")
@@ -572,7 +572,10 @@ def figure(rows: pd.DataFrame, steps: pd.DataFrame, path: Path) -> None:
     if len(comp):
         ax.legend(fontsize=6)
     ax = axes[1]
-    labels = [f"{r['strategy']}\n{r['network']} s{int(r['seed'])}" for _, r in comp.iterrows()]
+    labels = [
+        f"{r['strategy']}\n{r['network']} s{int(r['seed'])} n{int(r['steps'])}"
+        for _, r in comp.iterrows()
+    ]
     x = range(len(labels))
     ax.bar([i - 0.2 for i in x], comp["real_step_time_s"], 0.4, label="real")
     ax.bar([i + 0.2 for i in x], comp["sim_step_time_s"], 0.4, label="simulator (replay)")
@@ -639,8 +642,12 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         seeds=[int(x) for x in args.seeds.split(",")] if args.seeds else None,
     )
     rows, steps = run_points(pts, root)
-    png = root / NAME / f"{NAME}.png"
-    figure(rows, steps, png)
+    # One figure per backend, from every row of it on file (quick and --full runs both kept).
+    backend = "rl" if args.full else "standin"
+    png = root / NAME / (f"{NAME}.png" if backend == "standin" else f"{NAME}_{backend}.png")
+    every = pd.read_csv(root / NAME / "rows.csv")
+    every_steps = pd.read_csv(root / NAME / "steps.csv")
+    figure(every[every["backend"] == backend], every_steps[every_steps["backend"] == backend], png)
     print(table(rows))
     print(f"rows: {root / NAME / 'rows.csv'}  steps: {root / NAME / 'steps.csv'}  figure: {png}")
     sys.stdout.flush()
