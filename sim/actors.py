@@ -39,7 +39,6 @@ from aurora.policy.ledger import (
     Assign,
     CaughtUp,
     Commit,
-    DeltaStaged,
     ResultArrived,
     ThroughputObserved,
     VersionActivated,
@@ -176,7 +175,7 @@ class Actors:
         """``actor`` holds version ``v`` whole (verified)."""
         sim = self.sim
         if actor.active is not None and v > actor.active:
-            sim.driver.feed(DeltaStaged(actor=actor.id, version=v))
+            sim.driver.staged(actor.id, v)
             sim.orchestrator.no_longer_waited_for(actor.id)
         self.kick(actor)
 
@@ -203,9 +202,15 @@ class Actors:
             self.kick(actor)
             return
         # Pull from the Checkpoint Store in the Trainer's region: a request round trip first,
-        # on the Store's own connection, sharing the Actor's interface with what it receives.
+        # on the Store's own connection, sharing the Actor's interface with what it receives
+        # (store_local: from the Actor's own host, at its region's LAN rate).
         transfers = sim.transfers
-        path, cap, latency = transfers.path(TRAINER, actor)
+        if sim.cfg.store_local:
+            cap = sim.cfg.topology.region(actor.region).lan_gbps * GBPS
+            read = sim.consts.store_read_bytes_per_s
+            path, cap, latency = (), cap if read is None else min(cap, read.value), 0.0
+        else:
+            path, cap, latency = transfers.path(TRAINER, actor)
         transfers.detach(actor)
         path += transfers.receiving(actor)
         actor.pulling.update(wanted)
@@ -325,5 +330,5 @@ class Actors:
         # Versions that arrived during the catch-up are staged on top of it.
         for v in restage:
             if actor.life is me:
-                sim.driver.feed(DeltaStaged(actor=actor.id, version=v))
+                sim.driver.staged(actor.id, v)
         sim.orchestrator.no_longer_waited_for(actor.id)

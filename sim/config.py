@@ -10,13 +10,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from aurora.faults import FAULT_KINDS, Fault, check_faults
+from aurora.faults import FAULT_KINDS, Fault, check_faults, link_ends
 from aurora.policy.leases import LeaseConfig
 from aurora.topology import Topology
 from sim.traces import Traces
 
 PAYLOADS = ("delta", "dense")
-__all__ = ["FAULT_KINDS", "Fault", "SimConfig", "Strategy", "strategy", "replace_strategy"]
+__all__ = [
+    "FAULT_KINDS",
+    "PIPELINES",
+    "Fault",
+    "RateSchedule",
+    "SimConfig",
+    "Strategy",
+    "strategy",
+    "replace_strategy",
+]
+PIPELINES = ("overlapped", "sequential")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +117,28 @@ def strategy(name: str) -> Strategy:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RateSchedule:
+    """A link's rate over time as it was recorded (the emulated WAN of a real run applies its
+    fluctuation draws from when its network is built, not from the run's first batch: a replay
+    takes the rates it applied, at the times it applied them)."""
+
+    link: str
+    """The link, ``A-B`` (region names, either order)."""
+    points: tuple[tuple[float, float], ...]
+    """``(simulated second, Gbit/s)`` in increasing time: from each point's time the link has
+    that rate; points before 0 set the rate at 0."""
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise ValueError(f"rate schedule {self.link!r}: needs at least one point")
+        times = [t for t, _ in self.points]
+        if times != sorted(times) or not all(math.isfinite(t) for t in times):
+            raise ValueError(f"rate schedule {self.link!r}: times must be finite and increasing")
+        if not all(math.isfinite(g) and g > 0 for _, g in self.points):
+            raise ValueError(f"rate schedule {self.link!r}: rates must be > 0 Gbit/s")
+
+
+@dataclass(frozen=True, kw_only=True)
 class SimConfig:
     """One simulated run."""
 
@@ -144,6 +176,24 @@ class SimConfig:
     stall_after_s: float = 86_400.0
     """Stop with :class:`sim.model.SimulationStalled` when no step completes for this many
     simulated seconds (a deployment that cannot make progress, e.g. every Actor churning)."""
+    rate_schedules: tuple[RateSchedule, ...] = ()
+    """Recorded rates of links (replaces their ``fluctuation`` draws, e.g. in the replay of a
+    real run over the emulated WAN: :mod:`sim.runtrace`)."""
+    publish_pipeline: str = "overlapped"
+    """How the Trainer gets a version out (:mod:`sim.publication`): ``overlapped``, the paper's
+    design (extraction or serialization beside the next optimizer step); ``sequential``, the
+    runtime's Trainer (``aurora/runtime/trainer.py``: extract while sending, write to the store
+    and checkpoint, announce, and only then train the next step)."""
+    control_latency: bool = False
+    """Messages between the Ledger and each Actor take the one-way delay of the link between
+    their regions (:mod:`sim.ledger_driver`), as the runtime's control connections do. Off by
+    default: the paper-trace experiments and golden traces predate it, and at their step times
+    (minutes) a few tens of ms per message are within their noise; a replay of a real run
+    (:mod:`sim.runtrace`, steps of a fraction of a second) turns it on."""
+    store_local: bool = False
+    """The Checkpoint Store is on every Actor's own host (a shared directory, as ``aurora real``
+    has it on one host): a catch-up reads it through the Actor's interface at its region's LAN
+    rate, with no WAN round trip. Off: the Store is in the Trainer's region (the paper)."""
     record_trace: bool = True
     """Keep the human-readable event trace, the timeline and every event fed to the Ledger with
     its decisions (turn off for 10^4 Actors and for sweeps)."""
@@ -172,6 +222,14 @@ class SimConfig:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+        if self.publish_pipeline not in PIPELINES:
+            raise ValueError(
+                f"publish_pipeline must be one of {PIPELINES}, got {self.publish_pipeline!r}"
+            )
+        for sched in self.rate_schedules:
+            if link_ends(sched.link, self.topology) is None:
+                names = ", ".join(f"{lk.a}-{lk.b}" for lk in self.topology.links) or "none"
+                raise ValueError(f"rate schedule: no link {sched.link!r} (links: {names})")
         if not self.stall_after_s > 0:
             raise ValueError(f"stall_after_s must be > 0, got {self.stall_after_s!r}")
         # Everything the run will look up must exist: fail before simulating, naming the field.

@@ -13,6 +13,17 @@ through ``decide`` alone (the policy-parity test).
 
 Lease expiries need a ``Tick`` just after them: one timer per distinct expiry time.
 
+With ``SimConfig.control_latency`` every message between the Ledger (in the Trainer's region)
+and an Actor in another region takes the one-way delay of the link between them (half its RTT):
+the Actors' reports (results, staged, activated, caught up, throughput) reach ``decide`` that
+much later, and its leases, commits and catch-up plans reach the Actor that much later. That is
+how the runtime's control plane works (one TCP connection per Actor to the Ledger, across the
+WAN); a message still in flight when its Actor's life ends is lost with it. A region's reports
+leave in order over its link at the link's rate, each result taking ``result_bytes`` of it (the
+trace's; none without it), so a step's results arrive one after another. The link's delta
+traffic flows the other way (full duplex) and is not charged for them. Joins and losses are
+not delayed (a join is followed by a catch-up of seconds; a loss is learnt when it is learnt).
+
 While a ``link_cut`` separates a region from the Trainer's (:mod:`sim.faults`), messages between
 the Ledger and that region's Actors are held here and delivered, in order, when it is restored:
 the Actors' reports are then judged at their arrival time.
@@ -30,15 +41,20 @@ from aurora.policy.ledger import (
     ActorLost,
     Assign,
     CatchUp,
+    CaughtUp,
     Commit,
+    DeltaStaged,
     Event,
     Exclude,
     FallBack,
     Fanout,
     LedgerConfig,
     RelayAssigned,
+    ResultArrived,
     Route,
+    ThroughputObserved,
     Tick,
+    VersionActivated,
     decide,
     initial_state,
 )
@@ -53,6 +69,12 @@ _TO_ACTORS = (Assign, Commit, CatchUp, Route, FallBack)
 _GONE = (ActorLeft, ActorLost)
 """Events the Ledger learns whatever the network (a lost Actor stops heartbeating): what that
 Actor's region still held for or from it is dropped."""
+_REPORTS = (ResultArrived, DeltaStaged, VersionActivated, CaughtUp, ThroughputObserved)
+"""An Actor's messages that cross the WAN to the Ledger (``control_latency``)."""
+_STATE_REPORTS = (DeltaStaged, VersionActivated, CaughtUp)
+"""Reports a batch waiting on the Actor's staging may start on."""
+_SENT = (Assign, Commit, CatchUp)
+"""The Ledger's messages that cross the WAN to an Actor (``control_latency``)."""
 
 
 class LedgerDriver:
@@ -78,6 +100,78 @@ class LedgerDriver:
         self._ticks: set[float] = set()
         self._held: dict[str, tuple[list[Action], list[Event]]] = {}
         """Per region cut off from the Ledger: actions to its Actors, and their reports."""
+        self._early: dict[int, set[str]] = {}
+        """Versions Actors staged before the Trainer announced them (the ``sequential``
+        pipeline's data plane runs ahead of the Ledger), as the runtime's Ledger keeps them."""
+        self._one_way: dict[str, float] = {}
+        """Per region: seconds a control message takes between it and the Ledger."""
+        self._uplink_free: dict[str, float] = {}
+        """Per region: when its link to the Ledger has sent the reports queued on it (s)."""
+        rb = sim.consts.result_bytes
+        self._result_bytes = 0.0 if rb is None else rb.value
+        topo = cfg.topology
+        if cfg.control_latency and not cfg.strategy.rdma:
+            for region in topo.regions:
+                link = topo.link(topo.trainer.region, region.name)
+                if link is not None and region.name != topo.trainer.region:
+                    self._one_way[region.name] = link.rtt_ms / 2e3
+
+    def _latency(self, actor: str) -> tuple[float, object | None]:
+        """The one-way control delay to ``actor`` (s) and its current life."""
+        node = self.sim.actors.nodes.get(actor)
+        if node is None:
+            return 0.0, None
+        return self._one_way.get(node.region, 0.0), node.life
+
+    def _report_delay(self, actor: str, size: float) -> tuple[float, object | None]:
+        """Seconds until a report of ``size`` bytes from ``actor`` reaches the Ledger: behind
+        what its region's link is still sending, then its own bytes, then the latency."""
+        delay, life = self._latency(actor)
+        if delay <= 0:
+            return delay, life
+        node = self.sim.actors.nodes[actor]
+        now = self.env.now
+        start = max(now, self._uplink_free.get(node.region, now))
+        if size > 0:
+            topo = self.sim.cfg.topology
+            wan = self.sim.transfers.wan[frozenset((topo.trainer.region, node.region))]
+            start += size / wan.capacity
+        self._uplink_free[node.region] = start
+        return start - now + delay, life
+
+    def _alive(self, actor: str, life: object | None) -> bool:
+        node = self.sim.actors.nodes.get(actor)
+        return node is not None and node.life is life
+
+    def staged(self, actor: str, v: int) -> None:
+        """``actor`` holds ``v`` whole: report it, or keep it until ``v`` is announced (when
+        the report reaches the Ledger)."""
+        delay, life = self._report_delay(actor, 0.0) if self._one_way else (0.0, None)
+        if delay > 0:
+
+            def arrive() -> None:
+                if self._alive(actor, life):
+                    self._staged_now(actor, v)
+                    self.sim.orchestrator.no_longer_waited_for(actor)
+
+            self.sim.later(delay, arrive)
+        else:
+            self._staged_now(actor, v)
+
+    def _staged_now(self, actor: str, v: int) -> None:
+        if v in self.state.versions:
+            self.feed(DeltaStaged(actor=actor, version=v))
+        else:
+            self._early.setdefault(v, set()).add(actor)
+
+    def published(self, v: int) -> None:
+        """``v`` was just announced: report the Actors that staged it before (in id order, as
+        the runtime's Ledger does), if they are still there and behind it."""
+        for actor in sorted(self._early.pop(v, ())):
+            node = self.sim.actors.nodes.get(actor)
+            if node is not None and node.live and (node.active or 0) < v:
+                self.feed(DeltaStaged(actor=actor, version=v))
+                self.sim.orchestrator.no_longer_waited_for(actor)
 
     def _cut_off(self, actor: str) -> str | None:
         """The region of ``actor`` if the Ledger cannot reach it now, else None."""
@@ -103,8 +197,23 @@ class LedgerDriver:
         for event in events:
             self.feed(event)
 
-    def feed(self, event: Event) -> None:
-        """Report ``event`` to the Ledger at ``env.now`` and carry out its decisions."""
+    def feed(self, event: Event, *, arrived: bool = False) -> None:
+        """Report ``event`` to the Ledger at ``env.now`` (an Actor's report: when it arrives,
+        unless ``arrived``) and carry out its decisions."""
+        if self._one_way and not arrived and isinstance(event, _REPORTS):
+            actor = event.actor
+            size = self._result_bytes if isinstance(event, ResultArrived) else 0.0
+            delay, life = self._report_delay(actor, size)
+            if delay > 0:
+
+                def arrive() -> None:
+                    if self._alive(actor, life):
+                        self.feed(event, arrived=True)
+                        if isinstance(event, _STATE_REPORTS):
+                            self.sim.orchestrator.no_longer_waited_for(actor)
+
+                self.sim.later(delay, arrive)
+                return
         if self._held or self.sim.faults.cut_off:
             kind = type(event)
             if kind in _GONE:
@@ -145,15 +254,29 @@ class LedgerDriver:
         self._held.setdefault(region, ([], []))[0].append(action)
         return True
 
-    def _do(self, action: Action) -> None:
+    def _do(self, action: Action, *, arrived: bool = False) -> None:
         sim, rec = self.sim, self.sim.recorder
-        if self._hold(action):
+        if not arrived and self._hold(action):
             if isinstance(action, Assign):
                 self._schedule_tick(action.expiry)  # the Ledger's clock runs on
             return
+        if self._one_way and not arrived and isinstance(action, _SENT):
+            actor = action.actor
+            delay, life = self._latency(actor)
+            if delay > 0:
+                if isinstance(action, Assign):
+                    self._schedule_tick(action.expiry)  # the Ledger's clock runs on
+
+                def arrive() -> None:
+                    if self._alive(actor, life):
+                        self._do(action, arrived=True)
+
+                sim.later(delay, arrive)
+                return
         if isinstance(action, Assign):
             sim.actors.assign(action)
-            self._schedule_tick(action.expiry)
+            if not arrived:
+                self._schedule_tick(action.expiry)
         elif isinstance(action, Commit):
             sim.actors.commit(action)
         elif isinstance(action, Exclude):

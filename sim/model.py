@@ -111,7 +111,8 @@ class Simulation:
             self.version_bytes = traces.delta_bytes(topo.trainer.model, strat.codec)
             self.apply_rate = self.consts.apply_bytes_per_s.value
         else:
-            self.version_bytes = dense
+            wire = self.model.dense_payload_bytes
+            self.version_bytes = dense if wire is None else wire.value
             self.apply_rate = self.consts.dense_load_bytes_per_s.value
         self.dense_bytes = dense
 

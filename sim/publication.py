@@ -23,6 +23,14 @@ The paper says extraction is "largely overlapped with rollout" (§6.2); the host
 cannot overlap: the next optimizer step overwrites the weights being copied. The host keeps two
 buffers (v-1 and v), so the copy of v+1 also waits until the background work on v is done
 with them (it binds only when a training step is shorter than the extraction).
+
+That is the ``overlapped`` pipeline (``SimConfig.publish_pipeline``), the paper's design. The
+runtime's Trainer (``aurora/runtime/trainer.py``, one process on CPU or one GPU) is
+``sequential``: after the optimizer step it extracts the version (a delta, or for PrimeRL a dense
+copy in the delta format) while its segments leave as they are cut, then writes it to the store,
+checkpoints itself and announces it to the Ledger (``publish_s``), and only then fetches its next
+batch. Nothing runs beside the next step; a recorded run's trace (:mod:`sim.runtrace`) is
+replayed with it.
 """
 
 from __future__ import annotations
@@ -51,6 +59,12 @@ class Publication:
     """Seconds of work beside the next step before the version's bytes are all produced."""
     cut_through: bool
     """Bytes leave while the background work produces them (else when it ends)."""
+    sequential: bool = False
+    """The blocking work produces the version's bytes (they leave as it does, cut-through) and
+    the Trainer then spends ``announce_s`` before it announces the version."""
+    announce_s: float = 0.0
+    """Sequential only: seconds from the end of extraction to the announcement (store write,
+    checkpoint), during which the Trainer does not train."""
 
 
 def publication(sim: Simulation) -> Publication:
@@ -65,6 +79,21 @@ def publication(sim: Simulation) -> Publication:
             background="",
             background_s=0.0,
             cut_through=True,
+        )
+    if cfg.publish_pipeline == "sequential":
+        dense_payload = strat.payload == "dense"
+        return Publication(
+            blocking="serialize" if dense_payload else "extract",
+            blocking_s=(
+                dense / consts.serialize_bytes_per_s.value
+                if dense_payload
+                else model.extract_s.value
+            ),
+            background="",
+            background_s=0.0,
+            cut_through=True,
+            sequential=True,
+            announce_s=model.publish_s.value if model.publish_s is not None else 0.0,
         )
     copy_s = dense / (consts.d2h_bytes_per_s_per_gpu.value * trainer.gpus)
     if strat.payload == "dense":

@@ -59,6 +59,14 @@ class ModelTrace:
     """Seconds to scan the weights and encode the delta on the Trainer (CPU)."""
     train_tokens_per_s_per_gpu: dict[str, Quantity]
     """Training throughput per GPU type (tokens/s per GPU), forward + backward + reference."""
+    publish_s: Quantity | None = None
+    """Seconds from the end of extraction until the Trainer announces the version (writing it
+    to the store, checkpointing itself); charged only by the ``sequential`` publication
+    pipeline (a recorded run's Trainer). None: 0."""
+    dense_payload_bytes: Quantity | None = None
+    """Bytes on the wire of one version of a dense strategy, as it ships it (the runtime's
+    PrimeRL strategies send a dense copy in the delta format, smaller than raw bf16 when
+    tensors compress). None: ``dense_bytes`` (the paper's PrimeRL broadcasts raw bf16)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +115,16 @@ class Constants:
     serialize_bytes_per_s: Quantity
     """Rate at which a dense checkpoint is written to the store before it can be served
     (bytes/s); runs beside the next training step."""
+    result_bytes: Quantity | None = None
+    """Bytes one result (one lease's completions: token ids, log-probs, lease, version,
+    weights hash, framing, TCP/IP headers) puts on its Actor's link to the Ledger. With
+    ``SimConfig.control_latency`` an Actor region's reports cross that link one after another
+    at its rate, so a step's results queue behind each other (bytes that matter only on a thin
+    link). None: a report takes only the latency."""
+    store_read_bytes_per_s: Quantity | None = None
+    """Rate at which an Actor reads a catch-up (snapshot and deltas) out of a Checkpoint Store
+    on its own host (``SimConfig.store_local``: files, their signatures checked), bytes/s.
+    None: its region's LAN rate."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,13 @@ until it ends); ``aurora-nocut`` announces it when extraction ends. A dense stra
 the checkpoint once it is written. Every ``snapshot_interval`` versions a full snapshot also goes
 to the Checkpoint Store.
 
+With the ``sequential`` pipeline (the runtime's Trainer, :mod:`sim.publication`) the loop is
+instead: train, then extract version ``k`` while the data plane pushes its segments to every
+subscriber as they are cut (:meth:`sim.transfers.Transfers.push`), then ``publish_s`` (store
+write, checkpoint), then announce ``k`` to the Ledger; only then the next batch. The Ledger learns
+of ``k`` at the announcement, and an Actor that staged it before then is counted staged there
+(:meth:`sim.ledger_driver.LedgerDriver.staged`), as the runtime's Ledger does.
+
 A Trainer crash ends the process's life wherever it is (it stops when it next wakes); a new
 life starts after ``trainer_restart_s`` and redoes the step that was in progress.
 """
@@ -55,6 +62,8 @@ class Trainer:
         self.env = sim.env
         self.trained = 0
         """Newest version published."""
+        self.producing: int | None = None
+        """Version whose bytes are being produced (extracted, serialized), if any."""
         self.crashed = False
         self.pub = publication(sim)
         """What publishing a version costs (blocking and background work)."""
@@ -114,6 +123,9 @@ class Trainer:
             if self._life is not me:
                 return  # crashed while training: the step is redone after restart
             sim.recorder.span("trainer", TRAINER, "train", k, start)
+            if self.pub.sequential:
+                yield from self._publish_sequential(k, me)
+                continue
             if env.now < self.ready_at:
                 # The host buffers still hold what the last extraction reads.
                 yield env.timeout(self.ready_at - env.now)
@@ -128,6 +140,47 @@ class Trainer:
             self.publish(k)
 
     # -- publication ----------------------------------------------------------------------------
+
+    def _publish_sequential(self, v: int, me: object) -> Generator[simpy.Event, Any, None]:
+        """Extract ``v`` while its segments leave, spend ``announce_s``, announce it."""
+        sim, env, pub = self.sim, self.env, self.pub
+        start = env.now
+        work = pub.blocking_s
+        self.producing = v
+        self.ready_at = start + work
+        self.produce_rate = sim.version_bytes / work if work > 0 else math.inf
+        sim.recorder.log("trainer", f"extract v{v}")
+        sim.transfers.push(v)
+        if work > 0:
+            yield env.timeout(work)
+            if self._life is not me:
+                return
+            sim.recorder.span("trainer", TRAINER, pub.blocking, v, start)
+        if pub.announce_s > 0:
+            start = env.now
+            yield env.timeout(pub.announce_s)
+            if self._life is not me:
+                return
+            sim.recorder.span("trainer", TRAINER, "publish", v, start)
+        self.trained = v
+        sim.recorder.row(v)
+        snapshot = int(sim.dense_bytes) if v % sim.cfg.snapshot_interval == 0 else None
+        if sim.cfg.strategy.payload == "dense":
+            snapshot = int(sim.dense_bytes)
+        sim.recorder.log("trainer", f"publish v{v}")
+        sim.driver.feed(
+            DeltaPublished(
+                version=v,
+                weights_hash=weights_hash(v),
+                delta_bytes=int(sim.version_bytes),
+                snapshot_bytes=snapshot,
+            )
+        )
+        sim.driver.published(v)
+        self.published_at[v] = start
+        if v >= sim.cfg.steps:
+            sim.finished.succeed()
+        sim.later(0, sim.orchestrator.try_request)
 
     def publish(self, v: int) -> None:
         sim = self.sim
@@ -147,6 +200,7 @@ class Trainer:
         pub = self.pub
         work = pub.background_s
         self.ready_at = now + work
+        self.producing = v
         self.produce_rate = sim.version_bytes / work if work > 0 else math.inf
         if work > 0:
             sim.later(work, lambda: sim.recorder.span("trainer", HOST, pub.background, v, now))

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from aurora.faults import link_ends
 from aurora.policy.ledger import FallBack
 from aurora.policy.membership import TRAINER
 from sim.network import Flow, Producer, Resource, tcp_cap
@@ -52,11 +53,15 @@ class Transfers:
         self.resources: list[Resource] = [self.trainer_nic]
         """Shared resources whose bytes each step row reports (Trainer interface, WAN paths)."""
         self.wan: dict[frozenset[str], Resource] = {}
+        recorded = {frozenset(link_ends(s.link, topo) or ()): s for s in sim.cfg.rate_schedules}
         for i, link in enumerate(topo.links):
             res = Resource(f"wan:{link.a}-{link.b}", link.gbps * GBPS)
-            self.wan[frozenset((link.a, link.b))] = res
+            pair = frozenset((link.a, link.b))
+            self.wan[pair] = res
             self.resources.append(res)
-            if link.fluctuation is not None:
+            if pair in recorded:
+                self._follow(res, recorded[pair].points)
+            elif link.fluctuation is not None:
                 self._fluctuate(res, link.fluctuation, i)
         self.relays: dict[str, Node] = {}
         self._outgoing: dict[str, dict[int, Transfer]] = {}
@@ -75,6 +80,16 @@ class Transfers:
             self.sim.later(fl.period_s, change)
 
         change()
+
+    def _follow(self, res: Resource, points: tuple[tuple[float, float], ...]) -> None:
+        """A recorded schedule: each rate from its time on (those before 0 set the start)."""
+        net = self.net
+        start = [g for t, g in points if t <= 0]
+        if start:
+            net.set_capacity(res, start[-1] * GBPS)
+        for t, g in points:
+            if t > 0:
+                self.sim.later(t, lambda g=g: net.set_capacity(res, g * GBPS))
 
     # -- nodes and paths ----------------------------------------------------------------------
 
@@ -182,6 +197,18 @@ class Transfers:
         for src in sorted(by_src, key=lambda s: s != TRAINER):
             self.send(v, src, by_src[src])
 
+    def push(self, v: int) -> None:
+        """The runtime's data plane (the ``sequential`` pipeline): version ``v`` goes to every
+        subscriber as the Trainer cuts it, before the Ledger has heard of it. Relays subscribe
+        to the Trainer; each live Actor to the source the Ledger last routed it to
+        (``Route``/``FallBack``). The Ledger's ``Fanout`` at the announcement then finds them
+        receiving it already."""
+        edges = []
+        if self.sim.cfg.strategy.relays:
+            edges += [(TRAINER, rid) for rid, node in self.relays.items() if node.live]
+        edges += [(a.source, a.id) for a in self.sim.actors.nodes.values() if a.live]
+        self.fanout(v, tuple(edges))
+
     def send(self, v: int, src: str, dsts: list[str], size: float | None = None) -> None:
         """Start sending version ``v`` from ``src`` to ``dsts`` (grouped into cohorts)."""
         sim = self.sim
@@ -204,7 +231,7 @@ class Transfers:
         if src == TRAINER:
             trainer = sim.trainer
             now = self.env.now
-            producing = trainer.ready_at > now and v == trainer.trained
+            producing = trainer.ready_at > now and v == trainer.producing
             if producing and trainer.pub.cut_through:
                 # The first segment must be extracted before it can be sent.
                 first = min(sim.cfg.segment_bytes, size) / trainer.produce_rate

@@ -1,0 +1,154 @@
+"""Recorded traces of real runs replay in the simulator, and the sim-vs-real experiment's quick
+mode runs end to end (issue 19).
+
+One module-scoped run of the experiment's quick mode at a tiny size (loopback, the labelled
+stand-in compute: three real runs of a few seconds) feeds every test here."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+from nbclient import NotebookClient
+
+from aurora.topology import load_topology, topology_from_dict
+from sim.config import SimConfig, strategy
+from sim.model import simulate
+from sim.runtrace import RunFolderError, read_run, record_run, replay_config
+from sim.traces import load_traces
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS, TIMELINE_STEPS = 5, 10
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    from experiments import sim_vs_real
+
+    out = tmp_path_factory.mktemp("svr")
+    rows = sim_vs_real.main(
+        [
+            "--out",
+            str(out),
+            "--network",
+            "loopback",
+            "--steps",
+            str(STEPS),
+            "--timeline-steps",
+            str(TIMELINE_STEPS),
+        ]
+    )
+    return out, rows
+
+
+def test_a_trace_recorded_from_a_real_run_loads_and_replays_to_completion(quick):
+    out, rows = quick
+    run = Path(rows[rows["strategy"] == "aurora"]["run"].iloc[0])
+    traces = load_traces(run / "sim" / "trace.yaml")
+    model = next(iter(traces.models.values()))
+    assert model.extract_s.source.startswith("recorded from run")
+    assert model.publish_s is not None and model.publish_s.value >= 0
+    (gpu,) = traces.gpus.values()
+    assert next(iter(gpu.tokens_per_s.values())).value > 0
+    cfg = replay_config(run / "sim")
+    assert cfg.publish_pipeline == "sequential" and cfg.control_latency
+    result = simulate(cfg)
+    assert [r["step"] for r in result.rows] == list(range(1, STEPS + 1))
+    # The replay carries the run's own deployment: the Actors it started, the loopback probed.
+    topo = load_topology(run / "sim" / "topology.yaml")
+    assert sum(g.count for g in topo.actors) == 2
+    probed = json.loads((run / "loopback.json").read_text())["gbps"]
+    assert all(lk.gbps == pytest.approx(probed) for lk in topo.links)
+
+
+def test_the_timeline_replay_strikes_the_runs_preemption_and_joins_the_replacement(quick):
+    _, rows = quick
+    run = Path(rows[rows["part"] == "timeline"]["run"].iloc[0])
+    cfg = replay_config(run / "sim")
+    kinds = {f.kind: f for f in cfg.faults}
+    assert kinds["preempt"].at_step == 3 and kinds["preempt"].target == "ca-a100-1"
+    # The replacement joins when the run's Ledger saw it join (after its process started).
+    joins = json.loads((run / "sim" / "replay.json").read_text())["recorded"]["joins"]
+    assert kinds["join"].at_s == pytest.approx(joins[0]["joined_s"])
+    result = simulate(cfg)
+    shares = [json.loads(r["shares"]) for r in result.rows]
+    assert shares[-1].get("ca-new-0", 0) > 0 and "ca-a100-1" not in shares[-1]
+
+
+def test_the_quick_experiment_writes_rows_steps_figure_and_its_table(quick, capsys):
+    out, rows = quick
+    assert sorted(zip(rows["part"], rows["strategy"], strict=True)) == [
+        ("compare", "aurora"),
+        ("compare", "prime-full"),
+        ("timeline", "aurora"),
+    ]
+    for m in ("step_time_s", "tokens_per_s", "transfer_s"):
+        assert all(math.isfinite(x) and x > 0 for x in rows[f"real_{m}"]), m
+        assert all(math.isfinite(x) and x > 0 for x in rows[f"sim_{m}"]), m
+    assert rows["git_sha"].notna().all() and rows["config"].str.contains("standin").all()
+    steps = pd.read_csv(out / "sim_vs_real" / "steps.csv")
+    assert set(steps["source"]) == {"real", "sim"}
+    assert (out / "sim_vs_real" / "sim_vs_real.png").stat().st_size > 0
+    # Resumable: a second call measures nothing and prints the same table.
+    from experiments import sim_vs_real
+
+    again = sim_vs_real.main(
+        ["--out", str(out), "--network", "loopback", "--steps", str(STEPS)]
+        + ["--timeline-steps", str(TIMELINE_STEPS)]
+    )
+    assert len(again) == 3
+    printed = capsys.readouterr().out
+    assert "aurora/prime-full" in printed and "sim_vs_real:" not in printed
+
+
+def test_the_notebook_reads_the_quick_rows_and_renders_its_figures(quick, monkeypatch):
+    out, _ = quick
+    monkeypatch.setenv("AURORA_RESULTS", str(out))
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    nb = nbformat.read(ROOT / "notebooks" / "real_sim_vs_real.ipynb", as_version=4)
+    NotebookClient(nb, timeout=120, resources={"metadata": {"path": str(out)}}).execute()
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "plt." in cell.source:
+            images = [o for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+            assert images, cell.source[:200]
+
+
+def test_a_folder_that_is_not_a_finished_run_is_refused_naming_what_is_missing(tmp_path):
+    with pytest.raises(RunFolderError, match=r"no job\.json"):
+        read_run(tmp_path)
+    with pytest.raises(RunFolderError):
+        record_run(tmp_path)
+
+
+def _two_region(control_latency: bool) -> SimConfig:
+    topo = topology_from_dict(
+        {
+            "name": "lat",
+            "trainer": {"region": "us", "model": "qwen3-8b", "gpu": "H100", "gpus": 8},
+            "regions": [{"name": "us"}, {"name": "ca"}],
+            "links": [{"a": "us", "b": "ca", "gbps": 10.0, "rtt_ms": 80, "loss": 0}],
+            "actors": [{"region": "ca", "gpu": "A100", "count": 2}],
+        }
+    )
+    return SimConfig(
+        topology=topo,
+        traces=load_traces(),
+        strategy=strategy("aurora"),
+        steps=3,
+        control_latency=control_latency,
+    )
+
+
+def test_with_control_latency_leases_and_results_cross_the_link_one_way_each():
+    off, on = simulate(_two_region(False)), simulate(_two_region(True))
+    first_assign = {
+        flag: min(t for t, who, what in r.trace if what.startswith("assign"))
+        for flag, r in (("off", off), ("on", on))
+    }
+    assert first_assign == {"off": 0, "on": pytest.approx(0.040)}
+    # Batch 1 completes 40 ms (leases out) + 40 ms (results back) later.
+    assert on.rows[0]["time_s"] == pytest.approx(off.rows[0]["time_s"] + 0.080, abs=1e-6)
