@@ -926,3 +926,29 @@ def test_a_delta_cut_through_past_the_unannounced_budget_still_completes_without
     actor, elapsed = run(main())
     assert_bit_exact(actor)
     assert actor.metrics.segments_discarded > 0 and elapsed < 1.0  # stall_s is 2 s
+
+
+def test_an_announcement_from_elsewhere_fetches_only_from_an_idle_source():
+    """The Ledger's copy of an announcement can beat the source's own push (a store-and-forward
+    source sends a whole version at once): a fetch then would have the version sent twice. A
+    node fetches at once only when the source is idle; while it delivers, the stall rule is
+    the safety net."""
+
+    async def main(delivering: bool) -> list:
+        trainer = Node("trainer", cfg(), signing_key=KEY)
+        port = await trainer.serve()
+        actor = Node("actor", cfg(), sources=[("127.0.0.1", port)], active=(0, H0))
+        await actor.subscribe()
+        sent: list = []
+        for up in actor._live():
+            up.send = lambda pieces, up=up, orig=up.send: (sent.append(pieces), orig(pieces))
+            if delivering:
+                up.reader.frame_since = time.monotonic()  # a frame of the push is arriving
+            else:
+                up.reader.last_byte = time.monotonic() - 10.0
+        actor.announce(SIGNED)
+        await close(actor, trainer)
+        return sent
+
+    assert run(main(delivering=True)) == []
+    assert len(run(main(delivering=False))) == 1  # the fetch, at once

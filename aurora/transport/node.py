@@ -429,6 +429,20 @@ class _Version:
         return self.delta is not None or self.published
 
 
+def _delivering(up: _Upstream) -> bool:
+    """The source is sending on this connection now: in the middle of a frame, or a byte came
+    within the last ``_DELIVERING_S``."""
+    r = up.reader
+    return r is not None and (
+        r.frame_since is not None or time.monotonic() - r.last_byte < _DELIVERING_S
+    )
+
+
+_DELIVERING_S = 0.05
+"""A connection that received a byte this recently (s) is still delivering (between two
+back-to-back frames of one push)."""
+
+
 class _Upstream:
     """One connection to a source: frames arrive through a :class:`FrameReader`; this node
     only ever sends it small control frames."""
@@ -693,9 +707,20 @@ class Node:
         if st.whole:
             return
         live = self._live()
-        if live and (via is None or via != live[0].source or st.missed):
-            # Learned elsewhere, or something came before it and was dropped: ask for what is
-            # missing now rather than after a stall.
+        if live and (
+            st.missed
+            or (
+                (via is None or via != live[0].source)
+                and not any(_delivering(u) for u in live if u.source == live[0].source)
+            )
+        ):
+            # Something came before it and was dropped, or learned elsewhere while the source is
+            # idle: ask for what is missing now rather than after a stall. Not while the source
+            # is in the middle of sending: that is most likely this version's push (a
+            # store-and-forward source sends a whole version at once, and its announcement can
+            # arrive over the control plane first), and a fetch would have every byte of it sent
+            # twice (measured over the emulated WAN: 2.2 MB on the link for 1.4 MB of versions).
+            # If it is not, the stall rule asks after stall_s.
             st.missed = False
             live[0].send([self._fetch_msg(v, st)])
         self._changed.set()
