@@ -283,6 +283,24 @@ def test_a_forged_segment_with_a_matching_checksum_is_caught_by_the_trailer_and_
     assert ra.add(segs[1]) and weights_hash(new)
 
 
+def test_reassembly_names_the_segments_being_received_until_added_or_abandoned(step):
+    """What a node leaves out of a fetch it sends while a push is arriving (so the source does
+    not send those segments a second time)."""
+    from aurora.delta import Segment
+
+    old, new, h0 = step
+    data = encode_delta(old, new, model="m", version=1, base_hash=h0, segment_size=1024)
+    segs = segments_of(data)
+    ra = Reassembler()
+    ra.add(segs[0])
+    views = {s.seq: ra.slot(s.key, s.seq, s.offset, len(s.data), False) for s in segs[1:3]}
+    assert ra.receiving() == {1, 2}
+    views[1][:] = segs[1].data
+    ra.add(Segment(segs[1].key, 1, segs[1].offset, views[1], segs[1].checksum))
+    ra.abandon(views[2])
+    assert ra.receiving() == set() and ra.holds(1) and not ra.holds(2)
+
+
 # ---- bad input --------------------------------------------------------------------------
 
 

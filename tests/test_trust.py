@@ -928,27 +928,41 @@ def test_a_delta_cut_through_past_the_unannounced_budget_still_completes_without
     assert actor.metrics.segments_discarded > 0 and elapsed < 1.0  # stall_s is 2 s
 
 
-def test_an_announcement_from_elsewhere_fetches_only_from_an_idle_source():
+def test_an_announcement_from_elsewhere_fetches_once_the_source_is_idle_and_not_what_arrives():
     """The Ledger's copy of an announcement can beat the source's own push (a store-and-forward
-    source sends a whole version at once): a fetch then would have the version sent twice. A
-    node fetches at once only when the source is idle; while it delivers, the stall rule is
-    the safety net."""
+    source sends a whole version at once): the node asks for what is missing only once the
+    source is not sending, and not for the segments it is receiving, which the source would
+    otherwise send a second time."""
+    from aurora.delta import Reassembler
+    from aurora.transport import node as node_mod
 
-    async def main(delivering: bool) -> list:
+    async def main() -> tuple[list, list]:
         trainer = Node("trainer", cfg(), signing_key=KEY)
         port = await trainer.serve()
         actor = Node("actor", cfg(), sources=[("127.0.0.1", port)], active=(0, H0))
         await actor.subscribe()
-        sent: list = []
+        st = actor.versions.setdefault(1, node_mod._Version())
+        st.reassembler = Reassembler()
+        s = SEGS[2]
+        st.reassembler.slot(s.key, s.seq, s.offset, len(s.data), False)  # arriving now
+        asked: list = []
+        real = actor._fetch_msg
+        actor._fetch_msg = lambda v, st, also_have=(): (
+            asked.append((v, set(also_have))),
+            real(v, st, also_have),
+        )[1]
         for up in actor._live():
-            up.send = lambda pieces, up=up, orig=up.send: (sent.append(pieces), orig(pieces))
-            if delivering:
-                up.reader.frame_since = time.monotonic()  # a frame of the push is arriving
-            else:
-                up.reader.last_byte = time.monotonic() - 10.0
+            up.reader.frame_since = time.monotonic()  # the source is mid-push
         actor.announce(SIGNED)
+        await asyncio.sleep(0.3)
+        while_pushing = list(asked)
+        for up in actor._live():
+            up.reader.frame_since = None
+            up.reader.last_byte = time.monotonic() - 1.0
+        actor._fetch_when_idle(1)  # what the pending re-check does once the source is quiet
+        idle = asked[-1]
         await close(actor, trainer)
-        return sent
+        return while_pushing, idle
 
-    assert run(main(delivering=True)) == []
-    assert len(run(main(delivering=False))) == 1  # the fetch, at once
+    while_pushing, idle = run(main())
+    assert while_pushing == [] and idle == (1, {2})

@@ -381,6 +381,10 @@ class Reassembler:
         if not (0 <= seq < len(leaves)) or offset != seq * seg_size or leaf != leaves[seq]:
             raise CorruptError(f"segment {seq} does not match the trailer's hash for it")
 
+    def receiving(self) -> set[int]:
+        """Segments a receiver is filling right now (a slot handed out, not yet added)."""
+        return {seq for _, seq in self._slots.values()}
+
     def holds(self, seq: int, *, trailer: bool = False) -> bool:
         """Whether segment ``seq`` (or the trailer) is verified and held."""
         if trailer:
