@@ -12,23 +12,25 @@ processes, ``examples/geo.yaml``'s ``real:`` section: the built-in tiny Qwen3 wa
 3-digit addition, GRPO at lr 5e-4) with one strategy and one seed:
 
 * ``ideal-singledc``: AuroraRL with no WAN (runs on loopback), the reference;
-* ``aurora``, ``prime-async2``, ``prime-async4`` (and ``prime-full`` with ``--full``): over the
-  emulated US-Canada WAN, scaled so that a dense copy of the tiny model takes as many generation
+* ``aurora``, ``prime-full`` (the paper's Table 5 pair), ``prime-async2``, ``prime-async4``: over
+  the emulated US-Canada WAN, scaled so that a dense copy of the tiny model takes as many generation
   windows to cross as Qwen3-8B's does in the paper (``aurora.runtime.regime``). Only there does a
   lag bound become staleness: on loopback every strategy generates on the newest version and the
   lag bound is never used. Without root (or when the emulated WAN cannot be built) the run goes
   over loopback and its row says so (``wan``).
 
 Measured per run: the training reward of every step (the paper's Fig. 9 metric: correct-answer
-reward on the training batch), the staleness of every batch (version the Trainer is at minus the
-version the batch was generated on), held-out greedy exact match on 500 fixed problems before the
-first and after the last step (``summary.json``'s ``reward_first``/``reward_last``: the Table 5
-analog), and the bit-exactness checks (every activation's weights hash and content digest
-against the Trainer's: ``hash_mismatches`` must be 0).
+reward on the training batch), the staleness of every batch (the version the Trainer trains from
+minus the version the batch was generated on; ``steps.csv``), held-out greedy exact match on 500
+fixed problems before the first and after the last step (``summary.json``'s ``reward_first`` /
+``reward_last``: the Table 5 analog), and the bit-exactness checks (every activation's weights
+hash and content digest against the Trainer's: ``hash_mismatches`` must be 0).
 
-The comparison pairs runs by seed (same warm start, same held-out set, same prompt stream): for
-each strategy the difference to ``ideal-singledc`` per seed, its mean and a 95% percentile
-bootstrap interval over seeds (:func:`experiments.real_runs.paired_bootstrap`).
+The comparison pairs runs by seed (every run starts from the same cached warm start and is
+evaluated on the same held-out set; a seed fixes the training prompt stream and sampling): for
+each strategy the difference to ``ideal-singledc`` per seed, its mean, a 95% percentile bootstrap
+interval over seeds (:func:`experiments.real_runs.paired_bootstrap`) and, beside it, the t
+interval (with 3 seeds the bootstrap interval is just [min, max] of the three differences).
 
 What a tiny-model result does and does not say about the paper's numbers. It does test the two
 mechanisms that carry over unchanged: bit-exact weights (the delta path reconstructs the
@@ -41,17 +43,17 @@ aurora run's transfers are not hidden the way the paper's are; and the held-out 
 standard error of ~2 points per evaluation, so only differences of several points are visible
 with a handful of seeds.
 
-Writes ``results/accuracy/rows.csv`` (a row per run: key, metrics, the run's resolved config,
-seed, git SHA), ``curves.csv`` (reward and staleness per step), ``accuracy.png``, and keeps each
-run's folder under ``runs/``; re-running computes only missing runs.
+Writes ``results/accuracy/rows.csv`` (a row per run: key, metrics, the run's resolved config and
+job spec, seed, git SHA, wall time), ``curves.csv`` (reward and staleness per step),
+``comparison.csv`` (:func:`compare`), ``accuracy.png``, and keeps each run's folder under
+``runs/``; re-running computes only the missing runs (an interrupted run is started again).
 
-    python -m experiments.accuracy [--full] [--seeds 0 1 2] [--steps N] [--loopback] [--out DIR]
+    python -m experiments.accuracy [--full] [--seeds 0 1 2] [--steps N] [--strategies ...]
+                                   [--loopback] [--out DIR]
 
-Cost on this 2-core machine (shared with other work): a run is ~60 s of start-up (processes,
-model, held-out evaluation) plus ~0.6 s per step on loopback and 1-5 s per step over the emulated
-WAN for the dense strategies. Quick (4 strategies x 3 seeds x 20 steps, 12 runs): see
-docs/REPRODUCTION.md for the measured wall time; ``--full`` (5 strategies x 5 seeds x 40 steps,
-25 runs) likewise.
+Quick: 5 strategies x 3 seeds x 20 steps (15 runs); ``--full``: 5 x 5 seeds x 40 steps (25 runs).
+A run costs ~1-2 min on this 2-core machine, most of it start-up and the two held-out
+evaluations; the measured wall times are in docs/REPRODUCTION.md ("Accuracy").
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.common import files_only, results_root, written
-from experiments.real_runs import launch, paired_bootstrap, sweep
+from experiments.real_runs import launch, paired_bootstrap, sweep, t_interval
 
 NAME = "accuracy"
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,17 +123,25 @@ class AccuracyRun:
     """More job-spec settings (``eval_prompts``, ``prompts_per_step``, ``group_size``...)."""
 
     def key(self) -> dict[str, Any]:
-        return {"preset": self.preset, "strategy": self.strategy, "seed": self.seed,
-                "steps": self.steps}
+        return {
+            "preset": self.preset,
+            "strategy": self.strategy,
+            "seed": self.seed,
+            "steps": self.steps,
+        }
 
 
 def default_runs(
-    *, strategies: Sequence[str] = STRATEGIES, seeds: Sequence[int] = SEEDS, steps: int = STEPS,
+    *,
+    strategies: Sequence[str] = STRATEGIES,
+    seeds: Sequence[int] = SEEDS,
+    steps: int = STEPS,
     emulate: bool = True,
 ) -> list[AccuracyRun]:
     """Every strategy for every seed, seed-major (an interrupted sweep has whole seeds)."""
+    preset = "default" if emulate else "loopback"  # a loopback run is not an emulated one
     return [
-        AccuracyRun(preset="default", strategy=s, seed=seed, steps=steps, emulate=emulate)
+        AccuracyRun(preset=preset, strategy=s, seed=seed, steps=steps, emulate=emulate)
         for seed in seeds
         for s in strategies
     ]
@@ -144,12 +154,14 @@ def points(full: bool = False, **kw: Any) -> list[AccuracyRun]:
 
 
 def ci_runs(*, steps: int = 2, seed: int = 0) -> list[AccuracyRun]:
-    """The test suite's version: two strategies, one seed, a few steps, 2 Actors, a small batch
-    and a 20-problem held-out set, on loopback (checks the machinery, not the science)."""
+    """The test suite's version: two strategies, one seed, a few steps, one Actor (each Actor
+    process spends ~8 s of CPU building its model), a small batch and a 20-problem held-out
+    set, on loopback (checks the machinery, not the science)."""
     small = {"eval_prompts": 20, "prompts_per_step": 8, "group_size": 4}
     return [
-        AccuracyRun(preset="ci", strategy=s, seed=seed, steps=steps, emulate=False, actors=2,
-                    settings=small)
+        AccuracyRun(
+            preset="ci", strategy=s, seed=seed, steps=steps, emulate=False, actors=1, settings=small
+        )
         for s in (REFERENCE, "aurora")
     ]
 
@@ -232,8 +244,9 @@ def measure(run: AccuracyRun, root: Path) -> tuple[dict[str, Any], list[dict[str
 
 
 def compare(rows: pd.DataFrame, *, reference: str = REFERENCE) -> pd.DataFrame:
-    """Per strategy and metric: seeds, mean, sd, and the paired difference to ``reference``
-    with its 95% bootstrap interval (points)."""
+    """Per strategy and metric: runs, mean and sd over seeds, and the mean paired difference to
+    ``reference`` (same seed) with its 95% percentile bootstrap interval and, beside it, the 95%
+    t interval (points). The reference's own rows have no difference (NaN)."""
     out = []
     ref = rows[rows.strategy == reference].set_index("seed")
     for strategy in dict.fromkeys(rows.strategy):
@@ -241,73 +254,95 @@ def compare(rows: pd.DataFrame, *, reference: str = REFERENCE) -> pd.DataFrame:
         for metric in METRICS:
             seeds = sorted(set(mine.index) & set(ref.index))
             diffs = [float(mine.loc[s, metric] - ref.loc[s, metric]) for s in seeds]
-            mean, lo, hi = paired_bootstrap(diffs)
+            nan = float("nan")
+            if strategy == reference:
+                (mean, lo, hi), (tlo, thi) = (nan, nan, nan), (nan, nan)
+            else:
+                (mean, lo, hi), (tlo, thi) = paired_bootstrap(diffs), t_interval(diffs)
             out.append(
                 {
                     "strategy": strategy,
                     "metric": metric,
+                    "reference": reference,
                     "n": len(mine),
                     "mean": float(mine[metric].mean()),
-                    "sd": float(mine[metric].std(ddof=1)) if len(mine) > 1 else float("nan"),
+                    "sd": float(mine[metric].std(ddof=1)) if len(mine) > 1 else nan,
                     "pairs": len(seeds),
-                    "diff": mean if strategy != reference else 0.0,
-                    "diff_low": lo if strategy != reference else 0.0,
-                    "diff_high": hi if strategy != reference else 0.0,
+                    "diff": mean,
+                    "diff_low": lo,
+                    "diff_high": hi,
+                    "diff_t_low": tlo,
+                    "diff_t_high": thi,
                 }
             )
     return pd.DataFrame(out)
 
 
 def table(rows: pd.DataFrame, *, reference: str = REFERENCE) -> str:
-    """The printed comparison: one line per strategy, differences to the reference with CIs."""
-    cmp = compare(rows, reference=reference).set_index(["strategy", "metric"])
-    head = (
-        f"{'strategy':<15} {'n':>2} {'wan':<9} {'stale':>9} {'held-out before':>15} "
-        f"{'after':>11} {'Δ after vs ideal [95% CI]':>27} {'train late':>11} "
-        f"{'Δ late [95% CI]':>23} {'hash mism.':>10}"
-    )
-    lines = [head]
+    """The printed comparison: what each strategy did, then its paired differences to the
+    reference, then the paper's Table 5 numbers beside ours for the paper's own pair."""
+    lines = [
+        f"{'strategy':<15} {'runs':>4} {'wan':<9} {'stale mean/max':>14} {'s/step':>6} "
+        f"{'held-out before':>15} {'held-out after':>14} {'train late':>10} "
+        f"{'train all':>9} {'hash mism.':>10}"
+    ]
+    cmp = compare(rows, reference=reference)
+    at = cmp.set_index(["strategy", "metric"])
     for strategy in dict.fromkeys(rows.strategy):
         g = rows[rows.strategy == strategy]
-        a, t = cmp.loc[(strategy, "heldout_after")], cmp.loc[(strategy, "train_reward_late")]
         wan = "emulated" if (g.wan == "emulated").all() else "loopback"
-        ref = strategy == reference
         lines.append(
-            f"{strategy:<15} {len(g):>2} {wan:<9} "
-            f"{g.staleness_mean.mean():>4.2f}/{g.staleness_max.max():<4d} "
-            f"{g.heldout_before.mean():>15.1f} {a['mean']:>6.1f}±{_sd(a['sd']):<4} "
-            f"{_ci(a, reference=ref):>27} {t['mean']:>6.1f}±{_sd(t['sd']):<4} "
-            f"{_ci(t, reference=ref):>23} "
+            f"{strategy:<15} {len(g):>4} {wan:<9} "
+            f"{g.staleness_mean.mean():>9.2f}/{g.staleness_max.max():<4d} "
+            f"{g.step_time_s.mean():>6.2f} {g.heldout_before.mean():>15.1f} "
+            f"{_msd(at.loc[(strategy, 'heldout_after')]):>14} "
+            f"{_msd(at.loc[(strategy, 'train_reward_late')]):>10} "
+            f"{_msd(at.loc[(strategy, 'train_reward_all')]):>9} "
             f"{int(g.hash_mismatches.sum()):>10d}"
         )
-    lines.append(
-        "(points of exact match; ± is the sd over seeds; Δ is paired by seed, mean and 95% "
-        "percentile bootstrap over seeds; stale = mean/max staleness of batches 2..N)"
-    )
+    lines += [
+        "(points of exact match, mean ± sd over seeds; stale: versions between the Trainer and "
+        "the batch's weights, batches 2..N; hash mism.: activations whose weights differ from "
+        "the Trainer's)",
+        "",
+        f"paired by seed, minus {reference}: mean [95% percentile bootstrap] [95% t interval]",
+        f"{'strategy':<15} {'pairs':>5} " + " ".join(f"{m:>38}" for m in METRICS),
+    ]
+    for strategy in dict.fromkeys(rows.strategy):
+        if strategy == reference:
+            continue
+        cells = [_ci(at.loc[(strategy, m)]) for m in METRICS]
+        pairs = int(at.loc[(strategy, "heldout_after")]["pairs"])
+        lines.append(f"{strategy:<15} {pairs:>5} " + " ".join(f"{c:>38}" for c in cells))
     a, b = PAPER_TABLE5["math500_pass1"]
     c, d = PAPER_TABLE5["aime2024_pass16"]
-    lines.append(
+    lines += [
+        "",
         f"paper Table 5 (Qwen3-4B, 800 steps): AuroraRL - PrimeRL-Full = {100 * (a - b):+.1f} "
-        f"points Math500 pass@1, {100 * (c - d):+.2f} AIME2024 pass@16; Async2/4 lower (no "
-        f"numbers given); Fig. 9: both ~{PAPER_FIG9_PCT:.0f}% reward over the last 100 steps"
-    )
-    if "prime-full" in set(rows.strategy):
+        f"points Math500 pass@1, {100 * (c - d):+.2f} AIME2024 pass@16; Async2/4 'lower' (no "
+        f"numbers given); Fig. 9: both ~{PAPER_FIG9_PCT:.0f}% reward over the last 100 steps",
+    ]
+    if {"aurora", "prime-full"} <= set(rows.strategy):
         pair = compare(rows, reference="prime-full").set_index(["strategy", "metric"])
-        p = pair.loc[("aurora", "heldout_after")]
-        lines.append(f"ours, aurora - prime-full (the paper's pair), held-out after: {_ci(p)}")
+        cells = ", ".join(f"{m} {_ci(pair.loc[('aurora', m)])}" for m in METRICS)
+        lines.append(f"ours, aurora - prime-full (the paper's pair): {cells}")
     return "\n".join(lines)
 
 
-def _sd(x: float) -> str:
-    return "-" if not np.isfinite(x) else f"{x:.1f}"
+def _msd(r: pd.Series) -> str:
+    sd = "" if not np.isfinite(r["sd"]) else f"±{r['sd']:.1f}"
+    return f"{r['mean']:.1f}{sd}"
 
 
-def _ci(r: pd.Series, *, reference: bool = False) -> str:
-    if reference:
-        return "reference"
+def _ci(r: pd.Series) -> str:
     if not np.isfinite(r["diff"]):
         return "-"
-    return f"{r['diff']:+.1f} [{r['diff_low']:+.1f}, {r['diff_high']:+.1f}] n={r['pairs']}"
+    if not np.isfinite(r["diff_low"]):
+        return f"{r['diff']:+.1f} (one pair: no interval)"
+    return (
+        f"{r['diff']:+.1f} [{r['diff_low']:+.1f}, {r['diff_high']:+.1f}] "
+        f"[{r['diff_t_low']:+.1f}, {r['diff_t_high']:+.1f}]"
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -332,12 +367,18 @@ def figure(rows: pd.DataFrame, curves: pd.DataFrame, path: Path) -> None:
         a.fill_between(mean.index, lo.values, hi.values, color=colors[s], alpha=0.15, lw=0)
         st = g.staleness.mean()
         b.plot(st.index, st.values, color=colors[s], marker=".", label=s)
-    a.set(xlabel="training step", ylabel="training reward (% exact match)",
-          title="Fig. 9 analog: reward per step (band: min-max over seeds)")
+    a.set(
+        xlabel="training step",
+        ylabel="training reward (% exact match)",
+        title="Fig. 9 analog: reward per step (band: min-max over seeds)",
+    )
     a.grid(alpha=0.3)
     a.legend(fontsize=8)
-    b.set(xlabel="training step", ylabel="staleness (versions)",
-          title="staleness of each batch (mean over seeds)")
+    b.set(
+        xlabel="training step",
+        ylabel="staleness (versions)",
+        title="staleness of each batch (mean over seeds)",
+    )
     b.grid(alpha=0.3)
     b.legend(fontsize=8)
     cmp = compare(rows).set_index(["strategy", "metric"])
@@ -354,12 +395,25 @@ def figure(rows: pd.DataFrame, curves: pd.DataFrame, path: Path) -> None:
         r = cmp.loc[(s, "heldout_after")]
         if s == REFERENCE:
             continue
-        d.errorbar([i + 0.12], [r["diff"]], yerr=[[r["diff"] - r["diff_low"]],
-                   [r["diff_high"] - r["diff"]]], color="black", marker="o", capsize=4)
+        d.errorbar(
+            [i + 0.12],
+            [r["diff"]],
+            yerr=[[r["diff"] - r["diff_low"]], [r["diff_high"] - r["diff"]]],
+            color="black",
+            marker="o",
+            capsize=4,
+        )
     paper = 100 * (PAPER_TABLE5["math500_pass1"][0] - PAPER_TABLE5["math500_pass1"][1])
     if "aurora" in strategies:
-        d.scatter([strategies.index("aurora") + 0.12], [paper], marker="x", color="red", s=60,
-                  zorder=5, label="paper: AuroraRL - PrimeRL-Full (Table 5, Math500)")
+        d.scatter(
+            [strategies.index("aurora") + 0.12],
+            [paper],
+            marker="x",
+            color="red",
+            s=60,
+            zorder=5,
+            label="paper: AuroraRL - PrimeRL-Full (Table 5, Math500)",
+        )
         d.legend(fontsize=7, loc="lower left")
     d.axhline(0, color="black", lw=0.6, ls=":")
     d.set_ylabel(f"Δ vs {REFERENCE} (points, 95% CI over seeds)")
@@ -392,6 +446,7 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         kw["strategies"] = args.strategies
     runs = ci_runs() if args.ci else points(args.full, **kw)
     rows, curves = run_all(runs, root)
+    compare(rows).to_csv(root / NAME / "comparison.csv", index=False)
     figure(rows, curves, root / NAME / f"{NAME}.png")
     print(table(rows))
     print(written(root, NAME))
@@ -400,9 +455,12 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=(__doc__ or NAME).split("\n\n")[0])
-    p.add_argument("--full", action="store_true",
-                   help=f"{len(FULL_STRATEGIES)} strategies x {len(FULL_SEEDS)} seeds x "
-                   f"{FULL_STEPS} steps (default: {len(STRATEGIES)} x {len(SEEDS)} x {STEPS})")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help=f"{len(FULL_STRATEGIES)} strategies x {len(FULL_SEEDS)} seeds x "
+        f"{FULL_STEPS} steps (default: {len(STRATEGIES)} x {len(SEEDS)} x {STEPS})",
+    )
     p.add_argument("--out", default=None, help="results root (default results/)")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--steps", type=int, default=None)

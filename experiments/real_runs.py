@@ -21,7 +21,20 @@ experiment adds:
   sweep never records a row for a run that did not complete.
 
 :func:`paired_bootstrap` gives the percentile interval of a mean paired difference (resampling
-seeds), with ``scipy.stats.bootstrap``.
+seeds), with ``scipy.stats.bootstrap``; :func:`t_interval` the t interval of the same mean, to
+read beside it when there are few seeds.
+
+API other experiments rely on (``experiments.accuracy``; ``experiments.sim_vs_real`` may use
+it): keep these signatures stable.
+
+* ``launch(run: RealRun) -> Outcome``: one run; ``Outcome.dir``, ``.wan``, ``.summary`` (the
+  run's ``summary.json``), ``.steps`` (its ``steps.csv``); raises :class:`RunFailed`.
+* ``sweep(name, configs, measure, *, root) -> (rows, curves)``: each config has ``key() ->
+  dict`` (the same keys for all), ``measure(config) -> (row, per_step_rows)``; the row should
+  carry the key's columns, and each per-step row too (an interrupted run's curve is replaced by
+  matching them).
+* ``paired_bootstrap(diffs, *, level, resamples, seed) -> (mean, low, high)``;
+  ``t_interval(diffs, *, level) -> (low, high)``.
 """
 
 from __future__ import annotations
@@ -194,12 +207,17 @@ def paired_bootstrap(
     """Mean of paired differences and its percentile bootstrap interval (resampling the pairs).
 
     With n pairs there are only C(2n-1, n) distinct resamples (10 for n = 3), so the interval
-    is coarse and, for small n, narrower than a t interval: read it with n beside it."""
+    is coarse and, for small n, narrower than a t interval: for n = 3 the 95% interval is
+    exactly [min, max] of the differences (each all-equal resample has probability 1/27, above
+    2.5%). Read it with n and :func:`t_interval` beside it. One pair: the mean, no interval
+    (NaN); no pair: NaN."""
     x = np.asarray([d for d in diffs if np.isfinite(d)], dtype=float)
     if x.size == 0:
         return (float("nan"),) * 3
-    if x.size == 1 or np.ptp(x) == 0:
-        return float(x.mean()), float(x.mean()), float(x.mean())
+    if x.size == 1:
+        return float(x[0]), float("nan"), float("nan")
+    if np.ptp(x) == 0:  # every resample has the same mean
+        return float(x[0]), float(x[0]), float(x[0])
     from scipy.stats import bootstrap
 
     res = bootstrap(
@@ -212,3 +230,15 @@ def paired_bootstrap(
     )
     ci = res.confidence_interval
     return float(x.mean()), float(ci.low), float(ci.high)
+
+
+def t_interval(diffs: Sequence[float], *, level: float = 0.95) -> tuple[float, float]:
+    """The t interval of the mean of ``diffs`` (NaN with fewer than two; the mean itself when
+    they are all equal)."""
+    x = np.asarray([d for d in diffs if np.isfinite(d)], dtype=float)
+    if x.size < 2:
+        return float("nan"), float("nan")
+    from scipy import stats
+
+    half = float(stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
+    return float(x.mean()) - half, float(x.mean()) + half
