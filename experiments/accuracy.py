@@ -35,25 +35,28 @@ interval (with 3 seeds the bootstrap interval is just [min, max] of the three di
 What a tiny-model result does and does not say about the paper's numbers. It does test the two
 mechanisms that carry over unchanged: bit-exact weights (the delta path reconstructs the
 Trainer's bf16 weights exactly, whatever the model) and the lag bound (how stale the rollouts
-are, enforced by the same Ledger policy). It does not reproduce the paper's scale: 20-40 steps
-of a 0.5M-parameter model on arithmetic, not 800 steps of Qwen3-4B on DeepScaleR; its deltas
-are dense (~60% of bf16 elements change per step at a learning rate that learns in minutes,
-against the paper's 1-3%), so the aurora deltas are nearly as large as a dense copy and the
-aurora run's transfers are not hidden the way the paper's are; and the held-out numbers have a
-standard error of ~2 points per evaluation, so only differences of several points are visible
-with a handful of seeds.
+are, enforced by the same Ledger policy), and whether a lag of 2 or 4 costs this model reward
+per step. It does not reproduce the paper's scale: 20-40 steps of a 0.5M-parameter model on
+addition, not 800 steps of Qwen3-4B on DeepScaleR scored on Math500/AIME; its deltas are dense
+(~60% of bf16 elements change per step at a learning rate that learns in minutes, against the
+paper's 1-3%), so it says nothing about sparsity; and one held-out evaluation has a standard
+error of ~2 points, so with 3-5 seeds only differences of several points are visible, against
+the paper's 0.2-point AuroraRL - PrimeRL-Full difference. docs/REPRODUCTION.md ("Accuracy")
+has the measured table and its reading.
 
 Writes ``results/accuracy/rows.csv`` (a row per run: key, metrics, the run's resolved config and
 job spec, seed, git SHA, wall time), ``curves.csv`` (reward and staleness per step),
-``comparison.csv`` (:func:`compare`), ``accuracy.png``, and keeps each run's folder under
-``runs/``; re-running computes only the missing runs (an interrupted run is started again).
+``comparison.csv`` (:func:`comparison`: every setting), ``accuracy.png``, and keeps each run's
+folder under ``runs/``; re-running computes only the missing runs (an interrupted run is
+started again).
 
     python -m experiments.accuracy [--full] [--seeds 0 1 2] [--steps N] [--strategies ...]
                                    [--loopback] [--out DIR]
 
 Quick: 5 strategies x 3 seeds x 20 steps (15 runs); ``--full``: 5 x 5 seeds x 40 steps (25 runs).
-A run costs ~1-2 min on this 2-core machine, most of it start-up and the two held-out
-evaluations; the measured wall times are in docs/REPRODUCTION.md ("Accuracy").
+Measured on this 2-core machine while shared with other work: a quick run 2.0-3.7 min, most of it
+start-up and the two held-out evaluations, the quick sweep 42 min; ``--full``'s measured cost is
+in docs/REPRODUCTION.md ("Accuracy").
 """
 
 from __future__ import annotations
@@ -278,6 +281,17 @@ def compare(rows: pd.DataFrame, *, reference: str = REFERENCE) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def comparison(rows: pd.DataFrame) -> pd.DataFrame:
+    """:func:`compare` for every setting (``preset``, ``steps``) in ``rows`` that has the
+    reference: runs are paired only within a setting."""
+    parts = [
+        compare(g).assign(preset=preset, steps=steps)
+        for (preset, steps), g in rows.groupby(["preset", "steps"], sort=False)
+        if REFERENCE in set(g.strategy)
+    ]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
 def table(rows: pd.DataFrame, *, reference: str = REFERENCE) -> str:
     """The printed comparison: what each strategy did, then its paired differences to the
     reference, then the paper's Table 5 numbers beside ours for the paper's own pair."""
@@ -352,13 +366,14 @@ def _ci(r: pd.Series) -> str:
 
 def figure(rows: pd.DataFrame, curves: pd.DataFrame, path: Path) -> None:
     """(a) training reward per step, mean over seeds with the min-max band; (b) staleness per
-    step; (c) held-out after the last step per seed, and the paired difference to the reference
-    with its 95% interval; the paper's Table 5 difference marked."""
+    step; (c) held-out exact match after the last step, per seed and mean; (d) the paired
+    difference to the reference per metric: mean, 95% bootstrap (thick) and t (thin) intervals,
+    with the paper's Table 5 AuroraRL - PrimeRL-Full difference marked for scale."""
     import matplotlib.pyplot as plt
 
     strategies = list(dict.fromkeys(rows.strategy))
     colors = {s: f"C{i}" for i, s in enumerate(strategies)}
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.4))
+    fig, (a, b, c, d) = plt.subplots(1, 4, figsize=(21, 4.6))
     for s in strategies:
         g = curves[curves.strategy == s].groupby("step")
         mean, lo, hi = g.reward.mean(), g.reward.min(), g.reward.max()
@@ -372,54 +387,52 @@ def figure(rows: pd.DataFrame, curves: pd.DataFrame, path: Path) -> None:
         ylabel="training reward (% exact match)",
         title="Fig. 9 analog: reward per step (band: min-max over seeds)",
     )
-    a.grid(alpha=0.3)
-    a.legend(fontsize=8)
     b.set(
         xlabel="training step",
         ylabel="staleness (versions)",
         title="staleness of each batch (mean over seeds)",
     )
-    b.grid(alpha=0.3)
-    b.legend(fontsize=8)
-    cmp = compare(rows).set_index(["strategy", "metric"])
-    xs = np.arange(len(strategies))
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     for i, s in enumerate(strategies):
-        vals = rows[rows.strategy == s].heldout_after
-        c.scatter(np.full(len(vals), i - 0.12), vals, color=colors[s], s=14, alpha=0.7)
-        c.scatter([i - 0.12], [vals.mean()], color=colors[s], marker="_", s=300)
-    c.set_xticks(xs, strategies, rotation=15, fontsize=8)
-    c.set_ylabel("held-out exact match after (%), dots: seeds")
+        g = rows[rows.strategy == s]
+        c.scatter(np.full(len(g), i), g.heldout_after, color=colors[s], s=18, alpha=0.8)
+        c.scatter([i], [g.heldout_after.mean()], color=colors[s], marker="_", s=400)
+    c.axhline(rows.heldout_before.mean(), color="gray", ls="--", lw=0.8, label="before step 1")
+    c.set_xticks(range(len(strategies)), strategies, rotation=15, fontsize=8)
+    c.set(ylabel="held-out exact match (%)", title="Table 5 analog: held-out after the last step")
     c.grid(alpha=0.3, axis="y")
-    d = c.twinx()
-    for i, s in enumerate(strategies):
-        r = cmp.loc[(s, "heldout_after")]
-        if s == REFERENCE:
-            continue
-        d.errorbar(
-            [i + 0.12],
-            [r["diff"]],
-            yerr=[[r["diff"] - r["diff_low"]], [r["diff_high"] - r["diff"]]],
-            color="black",
-            marker="o",
-            capsize=4,
-        )
-    paper = 100 * (PAPER_TABLE5["math500_pass1"][0] - PAPER_TABLE5["math500_pass1"][1])
-    if "aurora" in strategies:
-        d.scatter(
-            [strategies.index("aurora") + 0.12],
+    c.legend(fontsize=8)
+    cmp = compare(rows)
+    others = [s for s in strategies if s != REFERENCE]
+    for k, metric in enumerate(METRICS):
+        for i, s in enumerate(others):
+            r = cmp[(cmp.strategy == s) & (cmp.metric == metric)].iloc[0]
+            y = i + (k - 1) * 0.25
+            d.plot([r.diff_t_low, r.diff_t_high], [y, y], color=f"C{7 + k}", lw=1)
+            d.plot([r.diff_low, r.diff_high], [y, y], color=f"C{7 + k}", lw=5, alpha=0.6)
+            d.plot([r["diff"]], [y], "o", color=f"C{7 + k}", ms=4, label=metric if i == 0 else None)
+    if "aurora" in others:
+        paper = 100 * (PAPER_TABLE5["math500_pass1"][0] - PAPER_TABLE5["math500_pass1"][1])
+        d.plot(
             [paper],
-            marker="x",
+            [others.index("aurora")],
+            "x",
             color="red",
-            s=60,
-            zorder=5,
-            label="paper: AuroraRL - PrimeRL-Full (Table 5, Math500)",
+            ms=9,
+            label="paper: AuroraRL - PrimeRL-Full, Math500 (scale only)",
         )
-        d.legend(fontsize=7, loc="lower left")
-    d.axhline(0, color="black", lw=0.6, ls=":")
-    d.set_ylabel(f"Δ vs {REFERENCE} (points, 95% CI over seeds)")
-    c.set_title("Table 5 analog: held-out after the last step")
+    d.axvline(0, color="black", lw=0.6, ls=":")
+    d.set_yticks(range(len(others)), others, fontsize=8)
+    d.set(
+        xlabel=f"minus {REFERENCE}, paired by seed (points)",
+        title="differences: 95% bootstrap (thick), t (thin)",
+    )
+    d.grid(alpha=0.3, axis="x")
+    d.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=150)
+    fig.savefig(path, dpi=130)
     plt.close(fig)
 
 
@@ -446,7 +459,9 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         kw["strategies"] = args.strategies
     runs = ci_runs() if args.ci else points(args.full, **kw)
     rows, curves = run_all(runs, root)
-    compare(rows).to_csv(root / NAME / "comparison.csv", index=False)
+    comparison(pd.read_csv(root / NAME / "rows.csv")).to_csv(
+        root / NAME / "comparison.csv", index=False
+    )
     figure(rows, curves, root / NAME / f"{NAME}.png")
     print(table(rows))
     print(written(root, NAME))
