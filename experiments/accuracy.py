@@ -425,12 +425,13 @@ def figure(rows: pd.DataFrame, curves: pd.DataFrame, path: Path) -> None:
         )
     d.axvline(0, color="black", lw=0.6, ls=":")
     d.set_yticks(range(len(others)), others, fontsize=8)
+    d.set_ylim(-0.6, len(others) + 0.4)  # headroom for the legend
     d.set(
         xlabel=f"minus {REFERENCE}, paired by seed (points)",
         title="differences: 95% bootstrap (thick), t (thin)",
     )
     d.grid(alpha=0.3, axis="x")
-    d.legend(fontsize=6, loc="lower right")
+    d.legend(fontsize=6, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
