@@ -491,23 +491,16 @@ class Network:
                 raise TimeoutError(f"link {a}-{b}: under {count} rate changes in {timeout_s} s")
             return list(self._schedule[index])
 
-    def class_rate_gbps(self, src: str, dst: str) -> float:
-        """The rate the kernel's htb class of ``src -> dst`` has now (Gbit/s)."""
+    def _class_show(self, src: str, dst: str, *, stats: bool = False) -> tuple[str, str]:
+        """(router device, ``tc class show`` output) of the htb class of ``src -> dst``."""
         d = self.plan.direction(src, dst)
         dev = self.plan.region(dst).router_if
-        out = _run(
-            [
-                "tc",
-                "-n",
-                self.router_namespace,
-                "class",
-                "show",
-                "dev",
-                dev,
-                "classid",
-                f"1:{d.classid:x}",
-            ]
-        )
+        cmd = ["tc", *(["-s"] if stats else []), "-n", self.router_namespace, "class", "show"]
+        return dev, _run([*cmd, "dev", dev, "classid", f"1:{d.classid:x}"])
+
+    def class_rate_gbps(self, src: str, dst: str) -> float:
+        """The rate the kernel's htb class of ``src -> dst`` has now (Gbit/s)."""
+        dev, out = self._class_show(src, dst)
         # iproute2 6.1 has no JSON for htb classes; it prints e.g. "rate 23456Kbit" (SI units,
         # divided only while exact or above 10^6 of a unit: within 0.1%).
         m = re.search(r"\brate (\d+(?:\.\d+)?)([KMGT]?)bit", out)
@@ -518,22 +511,7 @@ class Network:
 
     def class_bytes(self, src: str, dst: str) -> int:
         """Bytes sent so far by the htb class of direction ``src -> dst``."""
-        d = self.plan.direction(src, dst)
-        dev = self.plan.region(dst).router_if
-        out = _run(
-            [
-                "tc",
-                "-s",
-                "-n",
-                self.router_namespace,
-                "class",
-                "show",
-                "dev",
-                dev,
-                "classid",
-                f"1:{d.classid:x}",
-            ]
-        )
+        _, out = self._class_show(src, dst, stats=True)
         for line in out.splitlines():
             line = line.strip()
             if line.startswith("Sent "):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -127,3 +127,33 @@ def canonical_state(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 def weights_digest_of(state: Mapping[str, np.ndarray]) -> str:
     """:meth:`Engine.weights_digest` of split bf16 weights (e.g. the Trainer's published ones)."""
     return weights_hash(canonical_state(state))
+
+
+class EngineError(ValueError):
+    """A request the engine refuses (prompt too long, unknown token, wrong weights)."""
+
+
+def encode_prompts(
+    tokenizer: Any, prompts: Sequence[str] | Sequence[Sequence[int]]
+) -> list[list[int]]:
+    """Token ids of each prompt (text through the tokenizer, BOS included; ids as given)."""
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            try:
+                out.append([int(t) for t in tokenizer(p).input_ids])
+            except Exception as exc:
+                raise EngineError(f"prompt {p!r} cannot be tokenized: {exc}") from None
+        else:
+            out.append([int(t) for t in p])
+    return out
+
+
+def decode_completion(tokenizer: Any, eos_ids: Any, token_ids: Sequence[int]) -> str:
+    """Text of a completion: the tokens before the first end-of-sequence token."""
+    ids = list(token_ids)
+    for i, t in enumerate(ids):
+        if t in eos_ids:
+            ids = ids[:i]
+            break
+    return str(tokenizer.decode(ids, skip_special_tokens=False))

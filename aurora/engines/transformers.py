@@ -37,12 +37,15 @@ import torch
 
 from aurora.delta import Delta, apply_delta, weights_hash
 from aurora.delta.hf import bf16_views
-from aurora.engines.base import Completion, Sampling, weights_digest_of
+from aurora.engines.base import (
+    Completion,
+    EngineError,
+    Sampling,
+    decode_completion,
+    encode_prompts,
+    weights_digest_of,
+)
 from aurora.rl.model import cast_weights
-
-
-class EngineError(ValueError):
-    """A request the engine refuses (prompt too long, unknown token, wrong weights)."""
 
 
 class TransformersEngine:
@@ -175,25 +178,11 @@ class TransformersEngine:
 
     def encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
         """Token ids of each prompt (text through the tokenizer, BOS included)."""
-        out = []
-        for p in prompts:
-            if isinstance(p, str):
-                try:
-                    out.append(list(self.tokenizer(p).input_ids))
-                except Exception as exc:
-                    raise EngineError(f"prompt {p!r} cannot be tokenized: {exc}") from None
-            else:
-                out.append([int(t) for t in p])
-        return out
+        return encode_prompts(self.tokenizer, prompts)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of a completion: the tokens before the first end-of-sequence token."""
-        ids = list(token_ids)
-        for i, t in enumerate(ids):
-            if t in self.eos_ids:
-                ids = ids[:i]
-                break
-        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+        return decode_completion(self.tokenizer, self.eos_ids, token_ids)
 
     @torch.no_grad()
     def generate(

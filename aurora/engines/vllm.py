@@ -76,8 +76,14 @@ from aurora.delta import Delta, read_delta, weights_hash
 from aurora.delta.apply import check_base
 from aurora.delta.tp import Sharding, TPRank, local_shape, local_to_global, vllm_shardings
 from aurora.delta.writer import encode_records
-from aurora.engines.base import Completion, Sampling, canonical_state
-from aurora.engines.transformers import EngineError
+from aurora.engines.base import (
+    Completion,
+    EngineError,
+    Sampling,
+    canonical_state,
+    decode_completion,
+    encode_prompts,
+)
 
 BACKEND = "aurora_delta"
 """The name the weight-transfer engine is registered under in vLLM's factory."""
@@ -614,24 +620,10 @@ class VLLMEngine:
     # -- sampling ------------------------------------------------------------------------------
 
     def encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
-        out = []
-        for p in prompts:
-            if isinstance(p, str):
-                try:
-                    out.append([int(t) for t in self.tokenizer(p).input_ids])
-                except Exception as exc:
-                    raise EngineError(f"prompt {p!r} cannot be tokenized: {exc}") from None
-            else:
-                out.append([int(t) for t in p])
-        return out
+        return encode_prompts(self.tokenizer, prompts)
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        ids = list(token_ids)
-        for i, t in enumerate(ids):
-            if t in self.eos_ids:
-                ids = ids[:i]
-                break
-        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+        return decode_completion(self.tokenizer, self.eos_ids, token_ids)
 
     def generate_raw(
         self, encoded: Sequence[Sequence[int]], n: int, sampling: Sampling, **overrides: Any

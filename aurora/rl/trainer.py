@@ -635,24 +635,7 @@ class Trainer:
             segment_size=self.segment_size,
             full=self.dense,
         )
-        segments = []
-        for seg in enc.segments():
-            if on_segment is not None:
-                on_segment(seg)
-            segments.append(seg)
-        assert enc.delta_id is not None and enc.weights_hash is not None
-        pub = Publication(
-            version=self.version + 1,
-            base=self.version,
-            base_hash=self.weights_hash,
-            delta_id=enc.delta_id,
-            weights_hash=enc.weights_hash,
-            data=b"".join(bytes(s.data) for s in segments),
-            segments=tuple(segments),
-            changed=sum(t.nnz for t in enc.tensors),
-            total=sum(int(v.size) for v in new.values()),
-            seconds=time.perf_counter() - t0,
-        )
+        pub = self._cut(enc, on_segment, total=sum(int(v.size) for v in new.values()), t0=t0)
         self.published, self.version, self.weights_hash = new, pub.version, pub.weights_hash
         return pub
 
@@ -681,13 +664,29 @@ class Trainer:
             fuse=self.fuse,
             segment_size=self.segment_size,
         )
+        total = sum(math.prod(s) for s in self._shapes.values())
+        pub = self._cut(enc, on_segment, total=total, t0=t0)
+        self._published_dev, self._published_host = enc.new, None
+        self.version, self.weights_hash = pub.version, pub.weights_hash
+        return pub
+
+    def _cut(
+        self,
+        enc: Any,
+        on_segment: Callable[[Segment], None] | None,
+        *,
+        total: int,
+        t0: float,
+    ) -> Publication:
+        """Run an encoder (host or device) to its last segment, handing each to ``on_segment`` as
+        it is cut, and describe the result as D_{v+1} on the current version."""
         segments = []
         for seg in enc.segments():
             if on_segment is not None:
                 on_segment(seg)
             segments.append(seg)
         assert enc.delta_id is not None and enc.weights_hash is not None
-        pub = Publication(
+        return Publication(
             version=self.version + 1,
             base=self.version,
             base_hash=self.weights_hash,
@@ -696,12 +695,9 @@ class Trainer:
             data=b"".join(bytes(s.data) for s in segments),
             segments=tuple(segments),
             changed=sum(t.nnz for t in enc.tensors),
-            total=sum(math.prod(s) for s in self._shapes.values()),
+            total=total,
             seconds=time.perf_counter() - t0,
         )
-        self._published_dev, self._published_host = enc.new, None
-        self.version, self.weights_hash = pub.version, pub.weights_hash
-        return pub
 
     def published_digest(self) -> str:
         """Content hash of the published bf16 weights, as :meth:`Engine.weights_digest`."""
