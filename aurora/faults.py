@@ -129,7 +129,7 @@ class Fault:
     @property
     def when(self) -> str:
         """``step=N`` or ``t=S``, as written on the command line."""
-        return f"step={self.at_step}" if self.at_step is not None else f"t={self.at_s:g}"
+        return f"step={self.at_step}" if self.at_step is not None else f"t={_num(self.at_s)}"
 
     def spec(self) -> str:
         """The command-line spelling of this fault (``parse_fault(f.spec()) == f``)."""
@@ -140,10 +140,18 @@ class Fault:
             what += f":{self.target}"
         extra = ""
         if self.kind == "preempt_notice":
-            extra = f",notice={self.notice_s:g}"
+            extra = f",notice={_num(self.notice_s)}"
         elif self.kind == "link_cut":
-            extra = f",for={self.duration_s:g}"
+            extra = f",for={_num(self.duration_s)}"
         return f"{what}@{self.when}{extra}"
+
+
+def _num(x: float | None) -> str:
+    """Shortest spelling of ``x`` that reads back as the same float: ``4`` for 4.0, but every
+    digit of a recorded time such as 4.229145050048828 (``:g`` alone keeps six and would move a
+    replayed fault by microseconds)."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(x)
 
 
 def parse_fault(text: str) -> Fault:

@@ -17,6 +17,13 @@ def test_every_kind_has_an_example_that_parses_and_spells_back_the_same():
         assert fault.spec() == text
 
 
+def test_a_recorded_time_spells_back_to_the_same_float_not_six_digits():
+    # A replay writes the Ledger's measured join time; six significant digits moved it 5 us.
+    f = Fault(kind="link_cut", target="us-ca", at_s=4.229145050048828, duration_s=1 / 3)
+    assert parse_fault(f.spec()) == f
+    assert parse_fault("link_cut:us-ca@t=4,for=20").spec() == "link_cut:us-ca@t=4,for=20"
+
+
 def test_parse_reads_targets_times_and_options():
     assert parse_fault("preempt:ca-a100-1@step=6") == Fault(
         kind="preempt", target="ca-a100-1", at_step=6
