@@ -418,7 +418,9 @@ def test_one_bad_frame_from_a_source_does_not_wedge_the_version(attack, caplog):
     with caplog.at_level(logging.WARNING, logger="aurora.transport"):
         actor, elapsed = run(main())
     assert_bit_exact(actor)
-    assert elapsed < 5 and Timed.longest < 0.05
+    # 0.5 s, ten times the usual worst, so a GC pause on a busy CI core is not a failure;
+    # the old code held the loop 1-3 s per segment.
+    assert elapsed < 5 and Timed.longest < 0.5
     m = actor.metrics
     assert m.segments_discarded + m.refused["segment"] >= 1 and not actor.refused
 
