@@ -133,6 +133,18 @@ class LedgerLog:
             out.setdefault(event_seq, []).append(json.loads(body))
         return out
 
+    def published(self, version: int) -> dict[str, Any] | None:
+        """The last ``Published`` driver record of ``version`` (what the Trainer announced), or
+        None. A scan of the events table: for the rare look-up of a version the Ledger no longer
+        keeps in memory."""
+        row = self.db.execute(
+            "SELECT body FROM events WHERE kind = 'driver'"
+            " AND json_extract(body, '$.type') = 'Published'"
+            " AND json_extract(body, '$.version') = ? ORDER BY seq DESC LIMIT 1",
+            (version,),
+        ).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
     def payload(self, actor: str, lease: str) -> bytes | None:
         row = self.db.execute(
             "SELECT body FROM payloads WHERE actor = ? AND lease = ?", (actor, lease)
