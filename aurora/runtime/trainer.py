@@ -38,14 +38,24 @@ from typing import Any
 import msgpack
 
 from aurora.delta import Segment
+from aurora.delta.announce import verify
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import TrainerSide, make_trainer
 from aurora.runtime.ledger import LedgerService, LedgerServiceConfig
+from aurora.runtime.memprobe import MemoryProbe
 from aurora.store import CheckpointStore
 from aurora.store.files import write_atomic
 from aurora.transport import Node, TransportConfig
 
 log = logging.getLogger("aurora.runtime.trainer")
+
+HISTORY_KEPT = 16
+"""Newest versions whose h(v), signed announcement and step statistics the Trainer keeps in
+memory and in ``published.json``. Older ones are only ever asked for again by a Ledger that lost
+them (a restarted in-memory Ledger re-announces from v0); they are read back from the Checkpoint
+Store (h(v) from the signed announcement) and ``trainer/steps.jsonl`` (the statistics). Keeping
+every version grew the process ~1.3 KB a step and made each checkpoint's metadata rewrite
+(``published.json``, fsynced every step) grow with the job."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,9 +124,11 @@ class TrainerProcess:
         )
         self.compute: TrainerSide | None = None
         self.hashes: dict[int, str] = {}
-        """h(v) of every version published, by version (persisted beside the checkpoint)."""
+        """h(v) of v0 and the newest :data:`HISTORY_KEPT` versions (persisted beside the
+        checkpoint); :meth:`_hash_of` reads an older one from the store."""
         self.announcements: dict[int, bytes] = {}
-        """Signed announcements of the versions published by this process (or re-served)."""
+        """Signed announcements of the newest versions published by this process (or
+        re-served); an older one is read from the store."""
         self.ledger_service: LedgerService | None = None
         self.node: Node | None = None
         self.channel: Channel | None = None
@@ -125,6 +137,8 @@ class TrainerProcess:
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._batch_tokens = 0
         """Messages from the Ledger other than ``batch_done`` (one queue per connection)."""
+        self.probe = MemoryProbe("trainer")
+        """Opt-in tracemalloc snapshots (``AURORA_TRACEMALLOC``; off by default)."""
 
     # -- state on disk -----------------------------------------------------------------------
 
@@ -142,6 +156,55 @@ class TrainerProcess:
             os.fsync(f.fileno())
         os.replace(tmp, self._ckpt)
         write_atomic(self.state_dir / "published.json", [json.dumps(meta).encode()])
+
+    @property
+    def _steps_log(self) -> Path:
+        return self.state_dir / "steps.jsonl"
+
+    def _log_step(self, version: int, stats: dict[str, Any]) -> None:
+        """Append one step's statistics to ``steps.jsonl`` (a redone step appends again; the
+        last line of a version wins, a torn last line is skipped when read)."""
+        line = json.dumps({"version": version, "stats": stats}).encode() + b"\n"
+        with open(self._steps_log, "a+b") as f:
+            if f.seek(0, os.SEEK_END) > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    line = b"\n" + line  # end the line a kill tore, so this one parses
+            f.write(line)
+
+    def _logged_steps(self, versions: set[int]) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        if not versions or not self._steps_log.exists():
+            return out
+        with open(self._steps_log) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # the line a kill tore
+                if int(rec["version"]) in versions:
+                    out[int(rec["version"])] = rec["stats"]
+        return out
+
+    def _hash_of(self, v: int) -> str:
+        """h(v): kept for the newest versions, else from v's signed announcement in the store."""
+        h = self.hashes.get(v)
+        if h is None:
+            ann = verify(self.store.announcement(v), self.run.public_key, job=self.spec["job_id"])
+            h = str(ann.weights_hash)
+        return h
+
+    def _forget_before(self, v: int, meta: dict[str, Any]) -> None:
+        """At version ``v``: drop the history at or below ``v - HISTORY_KEPT`` from memory and
+        ``meta`` (h(0) stays: the chain's root), and the batches already trained."""
+        floor = v - HISTORY_KEPT
+        self.hashes = {u: h for u, h in self.hashes.items() if u == 0 or u > floor}
+        self.announcements = {u: a for u, a in self.announcements.items() if u > floor}
+        self.done_batches = {k for k in self.done_batches if k > v}
+        steps = meta.get("steps", {})
+        for u in [u for u in steps if int(u) <= floor]:
+            del steps[u]
+        meta["hashes"] = {str(u): h for u, h in self.hashes.items()}
 
     def _resume(self) -> dict[str, Any] | None:
         path = self.state_dir / "published.json"
@@ -304,8 +367,11 @@ class TrainerProcess:
         )
         latest = first.get("latest")
         start = 0 if latest is None else int(latest) + 1
+        kept = meta.get("steps", {})
+        older = {u for u in range(max(start, 1), v + 1) if str(u) not in kept}
+        logged = await asyncio.to_thread(self._logged_steps, older)
         for u in range(start, v + 1):
-            await self._announce(u, meta.get("steps", {}).get(str(u), {}))
+            await self._announce(u, kept.get(str(u)) or logged.get(u, {}))
         return [int(k) for k in first.get("done", ())]
 
     async def _read(self, ch: Channel) -> None:
@@ -398,14 +464,16 @@ class TrainerProcess:
             "time": t2,
         }
         meta["version"] = k
-        meta["hashes"] = {str(u): h for u, h in self.hashes.items()}
         meta.setdefault("steps", {})[str(k)] = step
+        self._forget_before(k, meta)
         t3 = time.time()
+        await asyncio.to_thread(self._log_step, k, step)
         await asyncio.to_thread(self._save, meta)
         # The runtime's own time on the Trainer's critical path after extraction (s): the store
         # write (and snapshot, digest), then the checkpoint that must precede the announcement.
         step = {**step, "store_s": t3 - t2, "checkpoint_s": time.time() - t3}
         await self._announce(k, step, digest=digest, delta_bytes=len(data), snap=snapshot_bytes)
+        self.probe.at_step(k)
         return k
 
     async def _announce(
@@ -427,12 +495,13 @@ class TrainerProcess:
         signed = self.announcements.get(v)
         if signed is None and v > 0:
             signed = await asyncio.to_thread(self.store.announcement, v)
+        weights_hash = self.hashes.get(v) or await asyncio.to_thread(self._hash_of, v)
         await self.channel.send(
             {
                 "op": "published",
                 "version": v,
                 "announcement": signed,
-                "weights_hash": self.hashes[v],
+                "weights_hash": weights_hash,
                 "digest": digest,
                 "delta_bytes": delta_bytes,
                 "snapshot_bytes": snap,
