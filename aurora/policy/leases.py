@@ -156,6 +156,7 @@ class LeaseBook:
         self.states: dict[str, LeaseState] = {}
         self.batch_of: dict[str, int] = {}  # prompt -> version of the batch it came in
         self._order: dict[str, int] = {}  # prompt -> arrival number (pool priority)
+        self._arrivals = 0  # arrival numbers handed out (never reused: see forget_settled)
         self._pool: list[tuple[int, str]] = []  # heap of (arrival number, prompt)
         self._in_pool: set[str] = set()
         self.leased: dict[str, str] = {}  # prompt -> live lease id
@@ -174,7 +175,8 @@ class LeaseBook:
                 raise ValueError(f"prompt id {p!r} was already submitted")
             seen.add(p)
         for p in prompts:
-            self._order[p] = len(self._order)
+            self._order[p] = self._arrivals
+            self._arrivals += 1
             self.batch_of[p] = batch_version
             self._push(p)
 
@@ -336,6 +338,7 @@ class LeaseBook:
             self.by_actor,
             list(self._completions),
             self._next_lease,
+            self._arrivals,
         )
 
     def __eq__(self, other: object) -> bool:
