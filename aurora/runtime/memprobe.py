@@ -9,13 +9,14 @@ optionally ``AURORA_TRACEMALLOC_STEPS=50,150``, the default) makes the Trainer s
 :mod:`tracemalloc` when it starts and, right after publishing each listed step, collect garbage
 and dump a snapshot to ``<folder>/trainer-<step>.tracemalloc`` and one JSON line to
 ``<folder>/trainer.jsonl`` (step, traced bytes, RSS, and what tracemalloc cannot see: SQLite's
-own allocator, glibc malloc's in-use and free bytes, tracemalloc's own tables). Compare two
-snapshots with
+own allocator, glibc malloc's in-use and free bytes, tracemalloc's own tables), then hands
+glibc's free memory back (``malloc_trim``) and records RSS again. Compare two snapshots with
 ``python -m aurora.runtime.memprobe <folder> 50 150``: the allocation sites whose size grew,
-with their tracebacks, and traced memory against RSS.
+with their tracebacks, and traced memory against RSS and the native allocators.
 
-Off by default and free when off: tracemalloc slows every allocation (about 2x on the Trainer's
-Python side), so it is for a diagnosis run, never for a measured one.
+Off by default and free when off. On, tracemalloc slows every allocation and its own tables
+take memory (counted apart, ``tracemalloc_self``), so it is for a diagnosis run, never for a
+measured one.
 """
 
 from __future__ import annotations
@@ -67,6 +68,16 @@ def _native() -> dict[str, int]:
     return out
 
 
+def _malloc_trim() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def _rss_kib() -> int | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -115,6 +126,10 @@ class MemoryProbe:
             "rss_kib": _rss_kib(),
             **_native(),
         }
+        # Then give glibc's free memory back to the system: RSS after the trim is what the
+        # process holds in use; what the trim returns is allocator free space, not objects.
+        if _malloc_trim():
+            line["rss_trimmed_kib"] = _rss_kib()
         with open(self.folder / f"{self.role}.jsonl", "a") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -141,11 +156,13 @@ def compare(folder: str, a: int, b: int, *, role: str = "trainer", top: int = 25
             f"{rows[a]['rss_kib'] / 1024:.1f} -> {rows[b]['rss_kib'] / 1024:.1f} MiB "
             f"({drss / n:+.0f} B/step)"
         )
-        for key in ("sqlite", "malloc_used", "malloc_free", "tracemalloc_self"):
+        for key in ("rss_trimmed_kib", "sqlite", "malloc_used", "malloc_free", "tracemalloc_self"):
             if key in rows[a] and key in rows[b]:
+                scale = 1024 if key.endswith("_kib") else 1
+                x, y = rows[a][key] * scale, rows[b][key] * scale
                 lines[-1] += (
-                    f"; {key} {rows[a][key] / 2**20:.2f} -> {rows[b][key] / 2**20:.2f} MiB "
-                    f"({(rows[b][key] - rows[a][key]) / n:+.0f} B/step)"
+                    f"; {key.removesuffix('_kib')} {x / 2**20:.2f} -> {y / 2**20:.2f} MiB "
+                    f"({(y - x) / n:+.0f} B/step)"
                 )
     diffs = new.compare_to(old, "traceback")
     diffs.sort(key=lambda d: d.size_diff, reverse=True)
