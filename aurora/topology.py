@@ -191,6 +191,12 @@ class RealSpec:
     relays (the paper's seed Actor)."""
     snapshot_interval: int = 10
     """The Trainer writes a full snapshot every this many versions (joins start from one)."""
+    digest_interval: int | None = None
+    """The Trainer and every Actor compute a content digest of the whole weights (the check
+    behind ``actor_digest_mismatches``) at every this many versions and at every snapshot.
+    None: 1 on ``cpu`` (a few ms for the tiny model) and 10 on ``cuda``, where each digest
+    copies the published weights to the host (~16 GB at 8B). The chain hash h(v) is checked at
+    every version whatever this is."""
     lease_initial_s: float = 60.0
     """Lease length (s) until enough completions are timed to use k x median."""
     threads_per_process: int = 1
@@ -227,7 +233,7 @@ class RealSpec:
             "eval_prompts",
             "window_s",
         )
-        for name in ("actors", "max_new_tokens", "learning_rate"):
+        for name in ("actors", "max_new_tokens", "learning_rate", "digest_interval"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value!r}")

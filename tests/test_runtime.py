@@ -35,9 +35,11 @@ def real(
     name: str = "t",
     rate: float = 0.0,
     timeout: float = 90,
+    real_extra: str = "",
 ) -> tuple[subprocess.CompletedProcess, Path]:
     topo = tmp_path / f"{name}.yaml"
-    topo.write_text(TOPOLOGY.format(name=name, actors=actors, steps=steps))
+    text = TOPOLOGY.format(name=name, actors=actors, steps=steps)
+    topo.write_text(text.replace("group_size: 4}", f"group_size: 4{real_extra}}}"))
     run = subprocess.run(
         [
             sys.executable,
@@ -116,6 +118,23 @@ def test_a_run_with_two_actors_and_a_relay_completes_with_every_invariant(tmp_pa
     for actor in ("ca-a100-0", "ca-a100-1"):
         assert f"subscribed to {relay_addr}" in (out / "logs" / f"{actor}.log").read_text()
     assert run.stdout.splitlines()[0].startswith("t: 2 Actors (2 in ca")
+    # On CPU every version's content digest is computed and compared on both sides.
+    assert s["actor_digests_checked"] == s["activations"]
+
+
+def test_content_digests_are_computed_only_every_digest_interval_versions(tmp_path):
+    run, out = real(tmp_path, actors=2, steps=6, real_extra=", digest_interval: 3")
+    assert run.returncode == 0, run.stderr[-2000:]
+    s = assert_invariants(out, 6)
+    rows = events(out)
+    digests = {
+        r["rec"]["version"]: r["rec"].get("digest") for r in rows if r["type"] == "Published"
+    }
+    assert [v for v, d in sorted(digests.items()) if d] == [0, 3, 6]
+    acts = [r["rec"] for r in rows if r["type"] == "Activation"]
+    assert all(bool(a.get("digest")) == (a["version"] % 3 == 0) for a in acts)
+    # ... and every digested activation was compared; h(v) was checked at all of them.
+    assert s["actor_digests_checked"] == sum(a["version"] % 3 == 0 for a in acts) > 0
 
 
 def test_a_killed_actors_leases_are_re_leased_and_a_joiner_catches_up_and_contributes(tmp_path):

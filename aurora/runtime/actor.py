@@ -52,6 +52,7 @@ from aurora.policy.versions import CatchUpPlan
 from aurora.runtime import hooks
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import EngineSide, Sampling, make_engine
+from aurora.runtime.job import digest_due
 from aurora.store import CheckpointStore
 from aurora.transport import Node, TransportConfig
 
@@ -139,6 +140,14 @@ class ActorProcess:
     @property
     def active(self) -> int | None:
         return None if self.engine is None else self.engine.version
+
+    async def _digest(self, version: int | None) -> str | None:
+        """Content digest of the engine's weights when the job asks for one at ``version``
+        (:func:`aurora.runtime.job.digest_due`); None otherwise (h(v) is still reported)."""
+        assert self.engine is not None
+        if version is None or self.job is None or not digest_due(self.job, version):
+            return None
+        return await asyncio.to_thread(self.engine.digest)
 
     def _staged(self) -> dict[int, Delta]:
         staged = dict(self.fetched)
@@ -341,7 +350,7 @@ class ActorProcess:
         assert self.engine.weights_hash is not None
         self.node.caught_up(self.engine.version, self.engine.weights_hash)
         self.stats["catch_ups"] += 1
-        digest = await asyncio.to_thread(self.engine.digest)
+        digest = await self._digest(self.engine.version)
         self.send(
             {
                 "op": "caught_up",
@@ -505,7 +514,7 @@ class ActorProcess:
         if self.pending_commit is not None and self.pending_commit <= v:
             self.pending_commit = None
         self.stats["activations"] += 1
-        digest = await asyncio.to_thread(self.engine.digest)
+        digest = await self._digest(self.engine.version)
         self.send(
             {
                 "op": "activated",

@@ -159,6 +159,9 @@ def make_spec(
         "max_new_tokens": real.max_new_tokens,
         "temperature": real.temperature,
         "snapshot_interval": real.snapshot_interval,
+        "digest_interval": real.digest_interval
+        if real.digest_interval is not None
+        else (1 if real.device == "cpu" else 10),
         "lease_initial_s": real.lease_initial_s,
         "threads": real.threads_per_process,
         "eval_prompts": real.eval_prompts,
@@ -171,6 +174,14 @@ def make_spec(
     if "dense_bytes" not in spec:
         spec["dense_bytes"] = dense_bytes(spec)
     return spec
+
+
+def digest_due(spec: dict[str, Any], version: int) -> bool:
+    """Whether the Trainer and the Actors compute the content digest of version ``version``
+    (every ``digest_interval`` versions, version 0 and every snapshot version); the Ledger
+    compares digests only where both sides sent one. One rule for both sides, here."""
+    every = int(spec.get("digest_interval", 1))
+    return version % every == 0 or version % int(spec.get("snapshot_interval", 1)) == 0
 
 
 def dense_bytes(spec: dict[str, Any]) -> int:

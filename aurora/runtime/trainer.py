@@ -41,6 +41,7 @@ from aurora.delta import Segment
 from aurora.delta.announce import verify
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import TrainerSide, make_trainer
+from aurora.runtime.job import digest_due
 from aurora.runtime.ledger import LedgerService, LedgerServiceConfig
 from aurora.runtime.memprobe import MemoryProbe
 from aurora.store import CheckpointStore
@@ -448,7 +449,9 @@ class TrainerProcess:
                 )
             )
             snapshot_bytes = self.store.sizes()[1].get(k)
-        digest = await asyncio.to_thread(self.compute.digest)
+        digest = None
+        if digest_due(self.spec, k):
+            digest = await asyncio.to_thread(self.compute.digest)
         dense = sum(a.nbytes for a in self.compute.published().values())
         nnz, numel = pub.changed, pub.total
         step = {
@@ -490,7 +493,7 @@ class TrainerProcess:
             snap = self.store.sizes()[1].get(0)
         elif delta_bytes is None:
             delta_bytes = self.store.sizes()[0].get(v)
-        if digest is None and v == self.compute.version:
+        if digest is None and v == self.compute.version and digest_due(self.spec, v):
             digest = await asyncio.to_thread(self.compute.digest)
         signed = self.announcements.get(v)
         if signed is None and v > 0:
