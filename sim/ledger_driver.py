@@ -51,6 +51,7 @@ from aurora.policy.ledger import (
     LedgerConfig,
     RelayAssigned,
     ResultArrived,
+    ResultsArrived,
     Route,
     ThroughputObserved,
     Tick,
@@ -200,6 +201,24 @@ class LedgerDriver:
     def feed(self, event: Event, *, arrived: bool = False) -> None:
         """Report ``event`` to the Ledger at ``env.now`` (an Actor's report: when it arrives,
         unless ``arrived``) and carry out its decisions."""
+        if type(event) is ResultsArrived and (
+            self.record or self._one_way or self._held or self.sim.faults.cut_off
+        ):
+            # One event per lease, as the runtime's Actors send them: each result is its own
+            # message on the WAN (it queues on the uplink, it is held while its region is cut
+            # off), and a recorded trace lists them as the runtime's log does. Decided the same
+            # either way (``ResultsArrived`` is its results' ``ResultArrived``s, concatenated).
+            for lease in event.leases:
+                self.feed(
+                    ResultArrived(
+                        actor=event.actor,
+                        lease=lease,
+                        version=event.version,
+                        weights_hash=event.weights_hash,
+                    ),
+                    arrived=arrived,
+                )
+            return
         if self._one_way and not arrived and isinstance(event, _REPORTS):
             actor = event.actor
             size = self._result_bytes if isinstance(event, ResultArrived) else 0.0
