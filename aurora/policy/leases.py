@@ -58,6 +58,7 @@ MACHINE = "lease"
 _FROM_CLAIMED = TRANSITIONS[LeaseState.CLAIMED]
 """The only state with moves, looked up by trigger alone: every result ends a lease, and hashing
 an ``Enum`` member runs Python code (~1 us) where hashing the trigger string does not."""
+_SETTLED = _FROM_CLAIMED["settle"]
 
 
 class Refusal(Enum):
@@ -164,7 +165,6 @@ class LeaseBook:
         self.batch_of: dict[str, int] = {}  # prompt -> version of the batch it came in
         self._order: dict[str, int] = {}  # prompt -> arrival number (pool priority)
         self._pool: list[tuple[int, str]] = []  # heap of (arrival number, prompt)
-        self._in_pool: set[str] = set()
         self.leased: dict[str, str] = {}  # prompt -> live lease id
         self.done: dict[str, str] = {}  # prompt -> settled lease id
         self.by_actor: dict[str, set[str]] = {}  # actor -> live lease ids
@@ -179,24 +179,28 @@ class LeaseBook:
     def add(self, prompts: Iterable[str], batch_version: int) -> None:
         """Put new prompts into the pool. Raises ValueError for a prompt id seen before."""
         prompts = list(prompts)
-        seen = set()
-        for p in prompts:
-            if p in self._order or p in seen:
-                raise ValueError(f"prompt id {p!r} was already submitted")
-            seen.add(p)
-        for p in prompts:
-            self._order[p] = len(self._order)
-            self.batch_of[p] = batch_version
-            self._push(p)
+        order = self._order
+        if len(set(prompts)) != len(prompts) or not order.keys().isdisjoint(prompts):
+            seen = set()
+            for p in prompts:
+                if p in order or p in seen:
+                    raise ValueError(f"prompt id {p!r} was already submitted")
+                seen.add(p)
+        # Arrival numbers continue from the book's size (forgotten prompts free theirs).
+        numbers = range(len(order), len(order) + len(prompts))
+        order.update(zip(prompts, numbers, strict=True))
+        self.batch_of.update(dict.fromkeys(prompts, batch_version))
+        pool = self._pool
+        for item in zip(numbers, prompts, strict=True):
+            heapq.heappush(pool, item)
         self._batch_prompts.setdefault(batch_version, []).extend(prompts)
 
     def _push(self, prompt: str) -> None:
         heapq.heappush(self._pool, (self._order[prompt], prompt))
-        self._in_pool.add(prompt)
 
     @property
     def pool_size(self) -> int:
-        return len(self._in_pool)
+        return len(self._pool)  # one entry per prompt in the pool: claim pops what it takes
 
     def pool(self) -> list[str]:
         """Prompts waiting for a lease, in the order they will be claimed."""
@@ -219,14 +223,13 @@ class LeaseBook:
         length = self.lease_length()
         expiry = now + length
         out: list[Lease] = []
-        pool, in_pool, leases, states = self._pool, self._in_pool, self.leases, self.states
+        pool, leases, states = self._pool, self.leases, self.states
         leased, batch_of, batch_leases = self.leased, self.batch_of, self._batch_leases
         held = self.by_actor.setdefault(actor, set()) if count and pool else None
         n = self._next_lease
         claimed = LeaseState.CLAIMED
         while pool and len(out) < count:
             _, prompt = heapq.heappop(pool)
-            in_pool.discard(prompt)
             n += 1
             lid = f"L{n}"
             lease = Lease(lid, prompt, actor, version, weights_hash, now, expiry)
@@ -305,9 +308,15 @@ class LeaseBook:
         if refusal is not None:
             self._end(lease_id, "release")
             return refusal, lease.prompt, True
-        self._end(lease_id, "settle")
+        # _end(lease_id, "settle") written out (CLAIMED -> SETTLED, checked above): this line
+        # runs once per admitted result.
+        prompt = lease.prompt
+        self.states[lease_id] = _SETTLED
+        del self.leased[prompt]
+        self.by_actor[actor].discard(lease_id)
+        self.done[prompt] = lease_id
         self._completions.append(now - lease.claimed_at)
-        return None, lease.prompt, False
+        return None, prompt, False
 
     def forget_settled(self, before_version: int) -> int:
         """Forget every settled prompt of a batch generated on a version below
@@ -346,10 +355,10 @@ class LeaseBook:
     def check(self) -> None:
         """Assert that every prompt is in exactly one place and every lease is consistent."""
         assert set(self._order) == set(self.batch_of)
-        pool, leased, done = self._in_pool, set(self.leased), set(self.done)
+        pool, leased, done = {p for _, p in self._pool}, set(self.leased), set(self.done)
+        assert len(pool) == len(self._pool), "a prompt is in the pool twice"
         assert not (pool & leased) and not (pool & done) and not (leased & done)
         assert pool | leased | done == set(self._order), "a prompt was lost"
-        assert {p for _, p in self._pool} == pool
         for prompt, lid in self.leased.items():
             assert self.states[lid] is LeaseState.CLAIMED and self.leases[lid].prompt == prompt
         for prompt, lid in self.done.items():

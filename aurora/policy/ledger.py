@@ -321,8 +321,8 @@ class Fanout:
     edges: tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Accepted:
+@dataclass(kw_only=True, slots=True)
+class Accepted:  # not frozen: one is made per result, and frozen init costs ~1 us more
     """The result for ``lease`` was admitted into training."""
 
     lease: str
@@ -877,43 +877,43 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
 
 
 def _on_result(state: LedgerState, ev: ResultArrived, now: float, out: list[Action]) -> None:
-    _settle_result(state, ev.actor, ev.lease, ev.version, ev.weights_hash, now, out)
+    _actor(state, ev.actor)
+    _settle_results(state, ev.actor, (ev.lease,), ev.version, ev.weights_hash, now, out)
 
 
 def _on_results(state: LedgerState, ev: ResultsArrived, now: float, out: list[Action]) -> None:
     _actor(state, ev.actor)  # the one check that raises: before any lease is settled
-    for lease in ev.leases:
-        _settle_result(state, ev.actor, lease, ev.version, ev.weights_hash, now, out)
+    _settle_results(state, ev.actor, ev.leases, ev.version, ev.weights_hash, now, out)
 
 
-def _settle_result(
+def _settle_results(
     state: LedgerState,
     actor: str,
-    lease: str,
+    leases: tuple[str, ...],
     version: int,
     weights_hash: str,
     now: float,
     out: list[Action],
 ) -> None:
-    """One result: the acceptance predicate settles its lease (the one place a result is
-    judged, whether it came alone or with others of the same assignment)."""
-    rec = state.actors.get(actor)
-    if rec is None:
-        raise ValueError(f"unknown Actor id {actor!r}")
+    """Results of ``actor`` for ``leases``, one after another: the acceptance predicate settles
+    each lease (the one place a result is judged, whether it came alone or with others)."""
+    rec = state.actors[actor]
     book = state.book
-    refusal, prompt, returned = book.judge(lease, actor, version, weights_hash, now)
-    if refusal is None:
-        rec.stalled = False  # it works: an admitted result shows it
-        assert prompt is not None
-        out.append(Accepted(lease=lease, actor=actor, prompt=prompt, version=version))
-        if book.pool_size and not book.by_actor.get(actor):
-            _dispatch(state, now, out)  # an idle Actor takes more of a held-back pool
-        return
-    if refusal is Refusal.WRONG_VERSION or refusal is Refusal.WRONG_HASH:
-        rec.stalled = True  # its results are spoiled: others take the prompt back first
-    out.append(Refused(lease=lease, actor=actor, reason=refusal))
-    if returned:
-        _dispatch(state, now, out)
+    judge, held = book.judge, book.by_actor
+    for lease in leases:
+        refusal, prompt, returned = judge(lease, actor, version, weights_hash, now)
+        if refusal is None:
+            rec.stalled = False  # it works: an admitted result shows it
+            assert prompt is not None
+            out.append(Accepted(lease=lease, actor=actor, prompt=prompt, version=version))
+            if book.pool_size and not held.get(actor):
+                _dispatch(state, now, out)  # an idle Actor takes more of a held-back pool
+            continue
+        if refusal is Refusal.WRONG_VERSION or refusal is Refusal.WRONG_HASH:
+            rec.stalled = True  # its results are spoiled: others take the prompt back first
+        out.append(Refused(lease=lease, actor=actor, reason=refusal))
+        if returned:
+            _dispatch(state, now, out)
 
 
 def _on_throughput(
