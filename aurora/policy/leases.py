@@ -225,21 +225,28 @@ class LeaseBook:
         out: list[Lease] = []
         pool, leases, states = self._pool, self.leases, self.states
         leased, batch_of, batch_leases = self.leased, self.batch_of, self._batch_leases
-        held = self.by_actor.setdefault(actor, set()) if count and pool else None
-        n = self._next_lease
-        claimed = LeaseState.CLAIMED
-        while pool and len(out) < count:
-            _, prompt = heapq.heappop(pool)
-            n += 1
+        if not count or not pool:
+            return out
+        add = self.by_actor.setdefault(actor, set()).add
+        claimed, pop, append = LeaseState.CLAIMED, heapq.heappop, out.append
+        first = self._next_lease + 1
+        taken = min(count, len(pool))
+        batch: int | None = None
+        of_batch: list[str] = []
+        for n in range(first, first + taken):
+            prompt = pop(pool)[1]
             lid = f"L{n}"
             lease = Lease(lid, prompt, actor, version, weights_hash, now, expiry)
             leases[lid] = lease
             states[lid] = claimed
             leased[prompt] = lid
-            held.add(lid)  # type: ignore[union-attr]
-            batch_leases.setdefault(batch_of[prompt], []).append(lid)
-            out.append(lease)
-        self._next_lease = n
+            add(lid)
+            if batch_of[prompt] != batch:  # a claim's prompts mostly come from one batch
+                batch = batch_of[prompt]
+                of_batch = batch_leases.setdefault(batch, [])
+            of_batch.append(lid)
+            append(lease)
+        self._next_lease = first + taken - 1
         return out
 
     def _end(self, lease_id: str, trigger: str) -> Lease:
