@@ -13,6 +13,14 @@ through ``decide`` alone (the policy-parity test).
 
 Lease expiries need a ``Tick`` just after them: one timer per distinct expiry time.
 
+An Actor that finishes an assignment reports all its results at that instant as one
+``ResultsArrived``, which ``decide`` settles exactly as one ``ResultArrived`` per lease (the
+actions are theirs, concatenated; ``tests/test_results_batch.py``): one event and one ``decide``
+call per assignment instead of per prompt. Where results are separate messages (under
+``control_latency`` each queues on its region's uplink; while a link is cut each is held), and
+when the run records its trace (kept in the runtime log's vocabulary), it is fed as one
+``ResultArrived`` per lease instead.
+
 With ``SimConfig.control_latency`` every message between the Ledger (in the Trainer's region)
 and an Actor in another region takes the one-way delay of the link between them (half its RTT):
 the Actors' reports (results, staged, activated, caught up, throughput) reach ``decide`` that
