@@ -39,7 +39,7 @@ from aurora.policy.ledger import (
     Assign,
     CaughtUp,
     Commit,
-    ResultArrived,
+    ResultsArrived,
     ThroughputObserved,
     VersionActivated,
 )
@@ -288,8 +288,8 @@ class Actors:
         sim.recorder.span("actor", actor.id, "generate", version, start)
         h = weights_hash(version)
         feed = sim.driver.feed
-        for lease in leases:
-            feed(ResultArrived(actor=actor.id, lease=lease, version=version, weights_hash=h))
+        # The whole assignment's results at this instant: one event, decided as one per lease.
+        feed(ResultsArrived(actor=actor.id, leases=leases, version=version, weights_hash=h))
         if sim.cfg.strategy.proportional:
             feed(ThroughputObserved(actor=actor.id, tokens=max(1, round(tokens)), seconds=seconds))
 

@@ -13,6 +13,14 @@ through ``decide`` alone (the policy-parity test).
 
 Lease expiries need a ``Tick`` just after them: one timer per distinct expiry time.
 
+An Actor that finishes an assignment reports all its results at that instant as one
+``ResultsArrived``, which ``decide`` settles exactly as one ``ResultArrived`` per lease (the
+actions are theirs, concatenated; ``tests/test_results_batch.py``): one event and one ``decide``
+call per assignment instead of per prompt. Where results are separate messages (under
+``control_latency`` each queues on its region's uplink; while a link is cut each is held), and
+when the run records its trace (kept in the runtime log's vocabulary), it is fed as one
+``ResultArrived`` per lease instead.
+
 With ``SimConfig.control_latency`` every message between the Ledger (in the Trainer's region)
 and an Actor in another region takes the one-way delay of the link between them (half its RTT):
 the Actors' reports (results, staged, activated, caught up, throughput) reach ``decide`` that
@@ -51,6 +59,7 @@ from aurora.policy.ledger import (
     LedgerConfig,
     RelayAssigned,
     ResultArrived,
+    ResultsArrived,
     Route,
     ThroughputObserved,
     Tick,
@@ -200,6 +209,24 @@ class LedgerDriver:
     def feed(self, event: Event, *, arrived: bool = False) -> None:
         """Report ``event`` to the Ledger at ``env.now`` (an Actor's report: when it arrives,
         unless ``arrived``) and carry out its decisions."""
+        if type(event) is ResultsArrived and (
+            self.record or self._one_way or self._held or self.sim.faults.cut_off
+        ):
+            # One event per lease, as the runtime's Actors send them: each result is its own
+            # message on the WAN (it queues on the uplink, it is held while its region is cut
+            # off), and a recorded trace lists them as the runtime's log does. Decided the same
+            # either way (``ResultsArrived`` is its results' ``ResultArrived``s, concatenated).
+            for lease in event.leases:
+                self.feed(
+                    ResultArrived(
+                        actor=event.actor,
+                        lease=lease,
+                        version=event.version,
+                        weights_hash=event.weights_hash,
+                    ),
+                    arrived=arrived,
+                )
+            return
         if self._one_way and not arrived and isinstance(event, _REPORTS):
             actor = event.actor
             size = self._result_bytes if isinstance(event, ResultArrived) else 0.0

@@ -52,11 +52,15 @@ class Orchestrator:
 
     def accepted_result(self, actor: str, prompt: str, version: int) -> None:
         batch = int(prompt[1 : prompt.index("-")])
-        self.accepted[batch] = self.accepted.get(batch, 0) + 1
-        shares = self.shares.setdefault(batch, {})
+        n = self.accepted.get(batch, 0) + 1
+        self.accepted[batch] = n
+        shares = self.shares.get(batch)
+        if shares is None:
+            shares = self.shares[batch] = {}
+            self.gen_versions[batch] = {}
         shares[actor] = shares.get(actor, 0) + 1
-        self.gen_versions.setdefault(batch, {})[actor] = version
-        if self.accepted[batch] == self.sim.prompts_per_batch:
+        self.gen_versions[batch][actor] = version
+        if n == self.sim.prompts_per_batch:
             self.batch_done[batch] = self.env.now
             self.sim.recorder.log("trainer", f"batch {batch} complete")
             self.sim.trainer.batch_ready()

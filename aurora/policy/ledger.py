@@ -23,7 +23,8 @@ A step, as in algorithm 1 of the paper:
    :class:`Commit`) share the batch by :func:`aurora.policy.allocation.split`; excluded Actors
    get :class:`Exclude`, their estimate decays by alpha, and a :class:`CatchUp` plan.
 4. ``ResultArrived``: the acceptance predicate settles the lease (:class:`Accepted` or
-   :class:`Refused`); ``ThroughputObserved`` feeds the EMA estimate.
+   :class:`Refused`); ``ResultsArrived`` is the same for several leases at one instant (their
+   actions concatenated); ``ThroughputObserved`` feeds the EMA estimate.
 5. ``Tick``: leases past expiry return their prompts to the pool. Whenever the pool is not empty
    and some Actor is eligible for the current target, the pool is dispatched again, so survivors
    pick up the prompts of a preempted Actor without anyone pausing.
@@ -198,6 +199,23 @@ class ResultArrived:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ResultsArrived:
+    """The rollouts for ``leases`` arrived together, in that order (one finished assignment),
+    all from ``actor``, generated on ``version`` with hash ``weights_hash``.
+
+    Decided exactly as one :class:`ResultArrived` per lease, in that order, at the same time:
+    the actions are theirs, concatenated (both go through one function, ``_settle_results``).
+    A driver that receives a whole assignment's results at one instant (the simulator) feeds
+    this to save an event, a ``decide`` call and its dispatch per result; the runtime, whose
+    results arrive one message each, feeds :class:`ResultArrived`."""
+
+    actor: str
+    leases: tuple[str, ...]
+    version: int
+    weights_hash: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ThroughputObserved:
     """``actor`` generated ``tokens`` in ``seconds`` of its last batch."""
 
@@ -224,6 +242,7 @@ Event = (
     | CaughtUp
     | BatchRequested
     | ResultArrived
+    | ResultsArrived
     | ThroughputObserved
     | Tick
 )
@@ -302,8 +321,8 @@ class Fanout:
     edges: tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Accepted:
+@dataclass(kw_only=True, slots=True)
+class Accepted:  # not frozen: one is made per result, and frozen init costs ~1 us more
     """The result for ``lease`` was admitted into training."""
 
     lease: str
@@ -858,24 +877,43 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
 
 
 def _on_result(state: LedgerState, ev: ResultArrived, now: float, out: list[Action]) -> None:
-    rec = _actor(state, ev.actor)
-    verdict = state.book.settle(
-        ev.lease, actor=ev.actor, version=ev.version, weights_hash=ev.weights_hash, now=now
-    )
-    if verdict.refusal in (Refusal.WRONG_VERSION, Refusal.WRONG_HASH):
-        rec.stalled = True  # its results are spoiled: others take the prompt back first
-    if verdict.refusal is None:
-        rec.stalled = False  # it works: an admitted result shows it
-        assert verdict.prompt is not None
-        out.append(
-            Accepted(lease=ev.lease, actor=ev.actor, prompt=verdict.prompt, version=ev.version)
-        )
-        if state.book.pool_size and not state.book.by_actor.get(ev.actor):
-            _dispatch(state, now, out)  # an idle Actor takes more of a held-back pool
-        return
-    out.append(Refused(lease=ev.lease, actor=ev.actor, reason=verdict.refusal))
-    if verdict.returned_to_pool:
-        _dispatch(state, now, out)
+    _actor(state, ev.actor)
+    _settle_results(state, ev.actor, (ev.lease,), ev.version, ev.weights_hash, now, out)
+
+
+def _on_results(state: LedgerState, ev: ResultsArrived, now: float, out: list[Action]) -> None:
+    _actor(state, ev.actor)  # the one check that raises: before any lease is settled
+    _settle_results(state, ev.actor, ev.leases, ev.version, ev.weights_hash, now, out)
+
+
+def _settle_results(
+    state: LedgerState,
+    actor: str,
+    leases: tuple[str, ...],
+    version: int,
+    weights_hash: str,
+    now: float,
+    out: list[Action],
+) -> None:
+    """Results of ``actor`` for ``leases``, one after another: the acceptance predicate settles
+    each lease (the one place a result is judged, whether it came alone or with others)."""
+    rec = state.actors[actor]
+    book = state.book
+    judge, held = book.judge, book.by_actor
+    for lease in leases:
+        refusal, prompt, returned = judge(lease, actor, version, weights_hash, now)
+        if refusal is None:
+            rec.stalled = False  # it works: an admitted result shows it
+            assert prompt is not None
+            out.append(Accepted(lease=lease, actor=actor, prompt=prompt, version=version))
+            if book.pool_size and not held.get(actor):
+                _dispatch(state, now, out)  # an idle Actor takes more of a held-back pool
+            continue
+        if refusal is Refusal.WRONG_VERSION or refusal is Refusal.WRONG_HASH:
+            rec.stalled = True  # its results are spoiled: others take the prompt back first
+        out.append(Refused(lease=lease, actor=actor, reason=refusal))
+        if returned:
+            _dispatch(state, now, out)
 
 
 def _on_throughput(
@@ -913,6 +951,7 @@ _HANDLERS: dict[type, Any] = {
     CaughtUp: _on_caught_up,
     BatchRequested: _on_batch,
     ResultArrived: _on_result,
+    ResultsArrived: _on_results,
     ThroughputObserved: _on_throughput,
     Tick: _on_tick,
 }
@@ -968,6 +1007,8 @@ def event_from_record(rec: dict[str, Any]) -> Event:
         raise ValueError(f"unknown event type {name!r}")
     if cls is BatchRequested:
         rec["prompts"] = tuple(rec.get("prompts", ()))
+    if cls is ResultsArrived:
+        rec["leases"] = tuple(rec.get("leases", ()))
     try:
         return cls(**rec)  # type: ignore[no-any-return]
     except TypeError as exc:
