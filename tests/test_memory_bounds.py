@@ -236,6 +236,8 @@ def _trainer(tmp_path, n: int) -> tuple[TrainerProcess, list[str]]:
         trainer.store.publish_delta(data, signing_key=key)
         hashes.append(enc.weights_hash)
         state = new
+        if v == 30:
+            trainer.store.publish_snapshot(v, state, chain_hash=hashes[-1], signing_key=key)
     return trainer, hashes
 
 
@@ -279,6 +281,11 @@ def test_the_trainer_keeps_recent_history_and_re_announces_old_versions_from_dis
         v = m["version"]
         assert m["stats"]["tokens"] == v and m["announcement"] == trainer.store.announcement(v)
     assert published[-1]["stats"].get("redone") is None  # the kept copy wins over the log
+    # Sizes come from the store, one piece at a time: a restarted Ledger plans catch-ups on them.
+    assert [m["version"] for m in published if m["snapshot_bytes"]] == [0, 30]
+    assert all(
+        m["delta_bytes"] == trainer.store.size_of("delta", m["version"]) for m in published[1:]
+    )
     assert trainer._logged_steps({n})[n]["redone"] is True
     assert json.loads(json.dumps(meta))  # still what _save writes
 

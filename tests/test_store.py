@@ -66,6 +66,11 @@ def test_sizes_feed_the_catch_up_planner(store):
     assert delta_sizes == {1: len(deltas[0]), 2: len(deltas[1])}
     plan = plan_catch_up(None, 2, delta_sizes, snaps)
     assert plan.snapshot == 0 and plan.deltas == (1, 2)
+    # One stored piece's size without a listing (what the Trainer asks per announcement).
+    assert store.size_of("delta", 2) == len(deltas[1]) and store.size_of("delta", 3) is None
+    assert store.size_of("snapshot", 0) == snaps[0] and store.size_of("snapshot", 1) is None
+    with pytest.raises(StoreError, match="kind"):
+        store.size_of("announce", 1)
 
 
 def test_artifacts_are_immutable(store):

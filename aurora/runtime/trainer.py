@@ -448,7 +448,7 @@ class TrainerProcess:
                     signing_key=self.run.signing_key,
                 )
             )
-            snapshot_bytes = self.store.sizes()[1].get(k)
+            snapshot_bytes = self.store.size_of("snapshot", k)
         digest = None
         if digest_due(self.spec, k):
             digest = await asyncio.to_thread(self.compute.digest)
@@ -490,9 +490,11 @@ class TrainerProcess:
     ) -> None:
         assert self.channel is not None and self.compute is not None
         if v == 0:
-            snap = self.store.sizes()[1].get(0)
-        elif delta_bytes is None:
-            delta_bytes = self.store.sizes()[0].get(v)
+            snap = self.store.size_of("snapshot", 0)
+        elif delta_bytes is None:  # a re-announcement: the sizes come from the store
+            delta_bytes = self.store.size_of("delta", v)
+            if snap is None:
+                snap = self.store.size_of("snapshot", v)  # a restarted Ledger plans from it
         if digest is None and v == self.compute.version and digest_due(self.spec, v):
             digest = await asyncio.to_thread(self.compute.digest)
         signed = self.announcements.get(v)

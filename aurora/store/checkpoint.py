@@ -375,6 +375,18 @@ class CheckpointStore:
         snaps = {v: int(self.fs.size(self.resolve(snapshot_name(v)))) for v in listing.snapshots}
         return deltas, snaps
 
+    def size_of(self, kind: str, version: int) -> int | None:
+        """Bytes of one stored ``delta`` or ``snapshot`` (None if absent): one stat, where
+        :meth:`sizes` lists the whole store (the Trainer asks at every snapshot and
+        re-announcement, so a listing would cost time growing with the job)."""
+        if kind not in ("delta", "snapshot"):
+            raise StoreError(f"kind must be delta or snapshot, got {kind!r}")
+        path = self.resolve(delta_name(version) if kind == "delta" else snapshot_name(version))
+        try:
+            return int(self.fs.size(path))
+        except FileNotFoundError:
+            return None
+
     def retain(self, *, snapshot_interval: int, keep: int = 2) -> list[str]:
         """Apply the retention policy; returns the names deleted."""
         if snapshot_interval < 1 or keep < 1:
