@@ -716,3 +716,42 @@ def test_before_the_handshake_a_source_may_send_neither_segments_nor_large_frame
         with caplog.at_level(logging.WARNING, logger="aurora.transport"):
             _feed(r, frame)
         assert r.transport.aborted and not log["slots"] and why in caplog.text
+
+
+def test_a_node_re_routed_while_it_connects_ends_on_the_new_source():
+    # The Ledger may route an Actor to a late relay while its first subscription (to the
+    # Trainer) is still connecting: the round in flight must not keep the old source.
+    _, _, h0, segments = _step()
+    gate, entered = asyncio.Event(), asyncio.Event()
+
+    class HeldFirstConnect(Node):
+        async def _connect(self, source, host, port):
+            if not gate.is_set():
+                entered.set()
+                await gate.wait()  # the re-route lands while this connection is being made
+            return await super()._connect(source, host, port)
+
+    async def main():
+        trainer = Node("trainer", CFG, signing_key=KEY)
+        tport = await trainer.serve()
+        relay = Node("relay-ca", CFG, sources=[("127.0.0.1", tport)])
+        rport = await relay.serve()
+        await relay.subscribe()
+        actor = HeldFirstConnect("ca-0", CFG, sources=[("127.0.0.1", tport)], active=(0, h0))
+        subscribing = asyncio.create_task(actor.subscribe())
+        await entered.wait()
+        actor.set_sources([("127.0.0.1", rport), ("127.0.0.1", tport)])
+        gate.set()
+        await subscribing
+        await trainer.publish(1, segments)
+        await actor.wait_for(lambda: 1 in actor.staged, 10)
+        where = {up.where for up in actor._upstream if not up.aborted}
+        subs = {n.id: {s.id for s in n.subscribers.values()} for n in (relay, trainer)}
+        for n in (actor, relay, trainer):
+            await n.close()
+        return actor, where, rport, subs
+
+    actor, where, rport, subs = run(main())
+    assert where == {f"127.0.0.1:{rport}"} and "ca-0" in subs["relay-ca"]
+    assert "ca-0" not in subs["trainer"]  # the streams it opened to the Trainer were dropped
+    assert 1 in actor.staged and actor.metrics.source_switches == 0

@@ -536,6 +536,8 @@ class Node:
         self._tasks: set[asyncio.Task] = set()
         self._changed = asyncio.Event()
         self._reconnecting = False
+        self._sources_gen = 0
+        """Bumped by :meth:`set_sources` (see :meth:`_connect_round`)."""
         self._progress_mark: tuple[float, int] = (time.monotonic(), 0)
         self._progress_bytes = 0
         """Wanted bytes received from the current source (into slots), for the progress rule."""
@@ -590,6 +592,7 @@ class Node:
         if new == self.sources:
             return
         self.sources = new
+        self._sources_gen += 1
         self._choice = SourceChoice(
             [f"{h}:{p}" for h, p in self.sources],
             attempts=self.config.attempts,
@@ -1002,44 +1005,61 @@ class Node:
 
     async def _connect_round(self) -> list[str]:
         """Connect to the next usable source (then the ones after it) until one answers;
-        returns why each one tried failed."""
+        returns why each one tried failed. A round that :meth:`set_sources` overtakes (the
+        Ledger re-routed this node while it was connecting: set_sources cannot start its own
+        round while this one runs) drops what it reached and starts over on the new list."""
         errors: list[str] = []
         if self._reconnecting:
             return errors
         self._reconnecting = True
         try:
-            for _ in range(len(self.sources)):
-                source = self._choice.next(self._waiting())
-                if source is None:
-                    break
-                host, port = self.sources[source]
-                where = f"{host}:{port}"
-                try:
-                    streams = await asyncio.wait_for(
-                        self._connect(source, host, port), self.config.connect_timeout_s
-                    )
-                except (OSError, asyncio.IncompleteReadError, TimeoutError, ConnectionError) as exc:
-                    reason = (
-                        f"no answer within {self.config.connect_timeout_s:g} s"
-                        if isinstance(exc, TimeoutError)
-                        else _reason(exc)
-                    )
-                    errors.append(f"{where}: {reason}")
-                    self._log.warning(
-                        f"connect:{source}", "%s: cannot use %s: %s", self.id, where, reason
-                    )
-                    self._choice.connected(source)  # so that next() moves past it
-                    self._choice.unreachable(source, self._waiting(), reason, time.monotonic())
-                    continue
-                self._choice.connected(source)
-                self._upstream = streams
-                self._progress_mark = (time.monotonic(), self._progress_bytes)
-                log.info("%s: subscribed to %s with %d streams", self.id, where, len(streams))
-                streams[0].send([self._subscribe_msg()])
-                return errors
-            return errors
+            while True:
+                gen = self._sources_gen
+                await self._try_sources(gen, errors)
+                if gen == self._sources_gen:
+                    return errors
+                self._log.warning("rerouted", "%s: re-routed while connecting", self.id)
         finally:
             self._reconnecting = False
+
+    async def _try_sources(self, gen: int, errors: list[str]) -> None:
+        """One pass of :meth:`_connect_round` over the sources of generation ``gen``; it
+        returns early, keeping nothing, once they have been replaced."""
+        for _ in range(len(self.sources)):
+            source = self._choice.next(self._waiting())
+            if source is None:
+                return
+            host, port = self.sources[source]
+            where = f"{host}:{port}"
+            try:
+                streams = await asyncio.wait_for(
+                    self._connect(source, host, port), self.config.connect_timeout_s
+                )
+            except (OSError, asyncio.IncompleteReadError, TimeoutError, ConnectionError) as exc:
+                if gen != self._sources_gen:
+                    return  # ``source`` indexes the old list: nothing to record against it
+                reason = (
+                    f"no answer within {self.config.connect_timeout_s:g} s"
+                    if isinstance(exc, TimeoutError)
+                    else _reason(exc)
+                )
+                errors.append(f"{where}: {reason}")
+                self._log.warning(
+                    f"connect:{source}", "%s: cannot use %s: %s", self.id, where, reason
+                )
+                self._choice.connected(source)  # so that next() moves past it
+                self._choice.unreachable(source, self._waiting(), reason, time.monotonic())
+                continue
+            if gen != self._sources_gen:
+                for up in streams:
+                    up.abort()
+                return
+            self._choice.connected(source)
+            self._upstream = streams
+            self._progress_mark = (time.monotonic(), self._progress_bytes)
+            log.info("%s: subscribed to %s with %d streams", self.id, where, len(streams))
+            streams[0].send([self._subscribe_msg()])
+            return
 
     def _subscribe_msg(self) -> bytes:
         have = [
