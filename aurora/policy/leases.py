@@ -403,10 +403,10 @@ class LeaseBook:
         for :meth:`judge`). Returns the prompts of the settled leases, in order: the Ledger's
         path for a whole assignment's results, with the per-result lookups hoisted."""
         leases, states, leased, done = self.leases, self.states, self.leased, self.done
-        held = self.by_actor.get(actor)
-        completions = self._completions.append
         claimed, settled = LeaseState.CLAIMED, _SETTLED
         prompts: list[str] = []
+        claimed_at: list[float] = []
+        stop = start
         for i in range(start, len(lease_ids)):
             lid = lease_ids[i]
             lease = leases.get(lid)
@@ -422,10 +422,14 @@ class LeaseBook:
             prompt = lease.prompt
             states[lid] = settled
             del leased[prompt]
-            held.discard(lid)  # type: ignore[union-attr]  # a live lease's holder has a set
             done[prompt] = lid
-            completions(now - lease.claimed_at)
+            claimed_at.append(lease.claimed_at)
             prompts.append(prompt)
+            stop = i + 1
+        if prompts:
+            # A settled lease's holder had it in its set (claim put it there).
+            self.by_actor[actor].difference_update(lease_ids[start:stop])
+            self._completions.extend([now - t for t in claimed_at])
         return prompts
 
     def forget_settled(self, before_version: int) -> int:
@@ -439,6 +443,21 @@ class LeaseBook:
         done, total = self.done, 0
         for batch in [v for v in self._batch_prompts if v < before_version]:
             prompts = self._batch_prompts[batch]
+            if all(map(done.__contains__, prompts)):
+                # The usual case, every prompt of the batch settled: all of it goes.
+                leases, states, batch_of, order = (
+                    self.leases,
+                    self.states,
+                    self.batch_of,
+                    self._order,
+                )
+                for lid in self._batch_leases.pop(batch, ()):
+                    del leases[lid], states[lid]
+                for p in prompts:
+                    del done[p], batch_of[p], order[p]
+                del self._batch_prompts[batch]
+                total += len(prompts)
+                continue
             gone = {p for p in prompts if p in done}
             if not gone:
                 continue
