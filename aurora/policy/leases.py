@@ -410,20 +410,22 @@ class LeaseBook:
         for i in range(start, len(lease_ids)):
             lid = lease_ids[i]
             lease = leases.get(lid)
+            if lease is None:
+                break
+            # One unpacking instead of six attribute look-ups.
+            _, prompt, holder, v_j, h_j, t_claim, expiry = lease
             if (
-                lease is None
-                or lease.actor != actor
+                holder != actor
                 or states[lid] is not claimed
-                or now > lease.expiry
-                or lease.version != version
-                or lease.weights_hash != weights_hash
+                or now > expiry
+                or v_j != version
+                or h_j != weights_hash
             ):
                 break
-            prompt = lease.prompt
             states[lid] = settled
             del leased[prompt]
             done[prompt] = lid
-            claimed_at.append(lease.claimed_at)
+            claimed_at.append(t_claim)
             prompts.append(prompt)
             stop = i + 1
         if prompts:
