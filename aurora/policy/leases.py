@@ -177,6 +177,9 @@ class LeaseBook:
         self.done: dict[str, str] = {}  # prompt -> settled lease id
         self.by_actor: dict[str, set[str]] = {}  # actor -> live lease ids
         self._completions: deque[float] = deque(maxlen=self.config.window)
+        self._length: float | None = None
+        """lease_length() until _completions next changes (a batch's dispatch claims for every
+        Actor in a row, and the median sorts up to ``window`` times)."""
         self._next_lease = 0
         # Batch version -> its prompts, and the ids of their leases, still in the book: an index
         # so that forget_settled visits only the batches it forgets, not every lease of the book.
@@ -258,9 +261,12 @@ class LeaseBook:
     # -- lease length ---------------------------------------------------------------------
     def lease_length(self) -> float:
         """L in seconds: k x median of recent completion times, or the initial length."""
-        if len(self._completions) < self.config.min_samples:
-            return self.config.initial_s
-        return max(self.config.min_s, self.config.k * median(self._completions))
+        if self._length is None:
+            if len(self._completions) < self.config.min_samples:
+                self._length = self.config.initial_s
+            else:
+                self._length = max(self.config.min_s, self.config.k * median(self._completions))
+        return self._length
 
     # -- transitions ----------------------------------------------------------------------
     def claim(
@@ -387,6 +393,7 @@ class LeaseBook:
         self.by_actor[actor].discard(lease_id)
         self.done[prompt] = lease_id
         self._completions.append(now - lease.claimed_at)
+        self._length = None
         return None, prompt, False
 
     def settle_run(
@@ -432,6 +439,7 @@ class LeaseBook:
             # A settled lease's holder had it in its set (claim put it there).
             self.by_actor[actor].difference_update(lease_ids[start:stop])
             self._completions.extend([now - t for t in claimed_at])
+            self._length = None
         return prompts
 
     def forget_settled(self, before_version: int) -> int:
