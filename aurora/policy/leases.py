@@ -311,7 +311,7 @@ class LeaseBook:
         self.leased.update(zip(prompts, lids, strict=True))
         self.by_actor.setdefault(actor, set()).update(lids)
         batch_of, batch_leases = self.batch_of, self._batch_leases
-        batches = [batch_of[p] for p in prompts]
+        batches = list(map(batch_of.__getitem__, prompts))
         if batches.count(batches[0]) == taken:  # a claim's prompts mostly come from one batch
             batch_leases.setdefault(batches[0], []).extend(lids)
         else:
