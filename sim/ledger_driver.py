@@ -258,13 +258,20 @@ class LedgerDriver:
             self.decisions.append(actions)
         sim = self.sim
         fallbacks = []
+        accepted: list[AcceptedAction] = []
         for action in actions:
-            if type(action) is AcceptedAction:  # the common case, kept cheap
-                sim.orchestrator.accepted_result(action.actor, action.prompt, action.version)
-            elif isinstance(action, FallBack):
+            if type(action) is AcceptedAction:  # the common case, counted a run at a time
+                accepted.append(action)
+                continue
+            if accepted:
+                sim.orchestrator.accepted_results(accepted)
+                accepted = []
+            if isinstance(action, FallBack):
                 fallbacks.append(action)
             else:
                 self._do(action)
+        if accepted:
+            sim.orchestrator.accepted_results(accepted)
         # A new relay's own fallback (to the Trainer) first, so that its region can follow it.
         fallbacks.sort(key=lambda a: a.source in sim.actors.nodes)
         for action in fallbacks:

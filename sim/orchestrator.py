@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from aurora.faults import Fault
 from aurora.policy import pacing
-from aurora.policy.ledger import BatchRequested
+from aurora.policy.ledger import Accepted, BatchRequested
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from sim.model import Simulation
@@ -49,16 +49,34 @@ class Orchestrator:
         self.ready_since: float | None = None
         self._grace_timer = False
         self.faults_at_step: dict[int, list[Fault]] = {}
+        self._step_of: dict[str, int] = {}
+        """Prompt id -> the batch it was handed out in, until its result is accepted."""
 
-    def accepted_result(self, actor: str, prompt: str, version: int) -> None:
-        batch = int(prompt[1 : prompt.index("-")])
-        n = self.accepted.get(batch, 0) + 1
+    def accepted_results(self, run: list[Accepted]) -> None:
+        """The Ledger accepted these results, in this order (one ``decide`` call's)."""
+        step_of = self._step_of
+        batches = [step_of.pop(a.prompt) for a in run]
+        first = run[0]
+        actor, version = first.actor, first.version
+        if batches.count(batches[0]) == len(batches) and all(
+            a.actor == actor and a.version == version for a in run
+        ):
+            # One Actor's results for one batch (a finished assignment): counted at once. A
+            # batch completes with its last result, so at the end of the run if in it.
+            self._count(batches[0], actor, version, len(run))
+        else:
+            for a, batch in zip(run, batches, strict=True):
+                self._count(batch, a.actor, a.version, 1)
+
+    def _count(self, batch: int, actor: str, version: int, results: int) -> None:
+        """``results`` more accepted results of ``actor`` on ``version`` for ``batch``."""
+        n = self.accepted.get(batch, 0) + results
         self.accepted[batch] = n
         shares = self.shares.get(batch)
         if shares is None:
             shares = self.shares[batch] = {}
             self.gen_versions[batch] = {}
-        shares[actor] = shares.get(actor, 0) + 1
+        shares[actor] = shares.get(actor, 0) + results
         self.gen_versions[batch][actor] = version
         if n == self.sim.prompts_per_batch:
             self.batch_done[batch] = self.env.now
@@ -112,7 +130,8 @@ class Orchestrator:
         self.batch_target[k] = w
         sim.recorder.log("trainer", f"request batch {k} on v{w}")
         self.requesting = k
-        prompts = tuple(f"s{k}-{i}" for i in range(sim.prompts_per_batch))
+        prompts = tuple(map(f"s{k}-{{}}".format, range(sim.prompts_per_batch)))
+        self._step_of.update(dict.fromkeys(prompts, k))
         sim.driver.feed(BatchRequested(version=w, prompts=prompts))
         # Step faults strike once the batch is handed out, so a lost Actor loses its leases.
         for fault in self.faults_at_step.pop(k, []):

@@ -863,14 +863,16 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
         # An Actor already past the target works on its own (newer) version.
         version = max(target, rec.versions.active or 0)
         weights_hash = state.versions[version].weights_hash
-        leases = book.claim(rec.id, n, version=version, weights_hash=weights_hash, now=now)
+        lids, prompts, expiry = book.claim_ids(
+            rec.id, n, version=version, weights_hash=weights_hash, now=now
+        )
         out.append(
             Assign(
                 actor=rec.id,
                 version=version,
-                leases=tuple(le.id for le in leases),
-                prompts=tuple(le.prompt for le in leases),
-                expiry=leases[0].expiry,
+                leases=tuple(lids),
+                prompts=tuple(prompts),
+                expiry=expiry,
             )
         )
     assert holding or book.pool_size == 0
@@ -900,7 +902,24 @@ def _settle_results(
     rec = state.actors[actor]
     book = state.book
     judge, held = book.judge, book.by_actor
-    for lease in leases:
+    i, n = 0, len(leases)
+    while i < n:
+        if not book.pool_size:
+            # With the pool empty an admitted result dispatches nothing (and admitting returns
+            # nothing to the pool): settle the run of admitted results in one call.
+            prompts = book.settle_run(leases, i, actor, version, weights_hash, now)
+            if prompts:
+                rec.stalled = False
+                out.extend(
+                    [
+                        Accepted(lease=lease, actor=actor, prompt=prompt, version=version)
+                        for lease, prompt in zip(leases[i : i + len(prompts)], prompts, strict=True)
+                    ]
+                )
+                i += len(prompts)
+                continue
+        lease = leases[i]
+        i += 1
         refusal, prompt, returned = judge(lease, actor, version, weights_hash, now)
         if refusal is None:
             rec.stalled = False  # it works: an admitted result shows it

@@ -1,0 +1,122 @@
+"""The lease book's bulk paths decide exactly as its one-at-a-time ones.
+
+``claim_ids`` takes prompts from a two-part pool (never-leased prompts in arrival order, and a
+heap of returned ones) and ``settle_run`` settles a run of admitted results in one call; both
+exist for speed only. Random operation sequences check them against a reference pool ordered by
+arrival number and against :meth:`LeaseBook.judge` result by result.
+"""
+
+from __future__ import annotations
+
+import random
+
+from aurora.policy.leases import LeaseBook, LeaseConfig
+
+
+def _random_ops(seed: int, steps: int = 400) -> list[tuple[object, ...]]:
+    rng = random.Random(seed)
+    ops: list[tuple[object, ...]] = []
+    batch = 0
+    for _ in range(steps):
+        r = rng.random()
+        if r < 0.15:
+            batch += 1
+            ops.append(("add", batch, rng.randint(1, 12)))
+        elif r < 0.45:
+            ops.append(("claim", rng.choice("abc"), rng.randint(0, 9)))
+        elif r < 0.85:
+            ops.append(("results", rng.choice("abc"), rng.randint(1, 6), rng.random()))
+        elif r < 0.92:
+            ops.append(("expire",))
+        elif r < 0.96:
+            ops.append(("release", rng.choice("abc")))
+        else:
+            ops.append(("forget", rng.randint(0, batch)))
+    return ops
+
+
+def _run(ops: list[tuple[object, ...]], *, bulk: bool) -> tuple[LeaseBook, list[object]]:
+    """Apply ``ops``; results are judged one by one, or settled by ``settle_run`` first."""
+    book = LeaseBook(LeaseConfig(initial_s=5.0, min_samples=4, min_s=1.0))
+    seen: list[object] = []
+    now = 0.0
+    for op in ops:
+        now += 0.5
+        kind = op[0]
+        if kind == "add":
+            _, batch, n = op
+            book.add([f"s{batch}-{i}" for i in range(n)], batch)  # type: ignore[arg-type]
+        elif kind == "claim":
+            _, actor, n = op
+            # The reference pool: every prompt neither leased nor settled, by arrival number.
+            waiting = set(book._order) - set(book.leased) - set(book.done)
+            expected = sorted(waiting, key=book._order.__getitem__)[:n]  # type: ignore[misc]
+            lids, prompts, _ = book.claim_ids(
+                actor,  # type: ignore[arg-type]
+                n,  # type: ignore[arg-type]
+                version=1,
+                weights_hash="h",
+                now=now,
+            )
+            assert prompts == expected
+            seen.append(("claim", lids, prompts))
+        elif kind == "results":
+            _, actor, n, spoil = op
+            live = sorted(book.by_actor.get(actor, ()), key=lambda lid: int(lid[1:]))  # type: ignore[arg-type]
+            # A result for a settled lease, another Actor's, or a spoiled version, now and then.
+            leases = tuple(live[:n]) + (("L1",) if spoil < 0.2 else ())  # type: ignore[operator]
+            version = 2 if spoil > 0.9 else 1
+            i = 0
+            while i < len(leases):
+                if bulk:
+                    got = book.settle_run(leases, i, actor, version, "h", now)  # type: ignore[arg-type]
+                    seen.extend(("ok", p) for p in got)
+                    i += len(got)
+                    if i == len(leases):
+                        break
+                refusal, prompt, returned = book.judge(leases[i], actor, version, "h", now)  # type: ignore[arg-type]
+                seen.append(("ok", prompt) if refusal is None else (refusal, prompt, returned))
+                i += 1
+        elif kind == "expire":
+            seen.append(("expired", [le.id for le in book.expire_due(now)]))
+        elif kind == "release":
+            seen.append(("released", [le.id for le in book.release_actor(op[1])]))  # type: ignore[arg-type]
+        else:
+            seen.append(("forgot", book.forget_settled(op[1])))  # type: ignore[arg-type]
+        book.check()
+    return book, seen
+
+
+def test_settle_run_settles_exactly_as_judging_each_result():
+    for seed in range(12):
+        ops = _random_ops(seed)
+        one, seen_one = _run(ops, bulk=False)
+        bulk, seen_bulk = _run(ops, bulk=True)
+        assert seen_bulk == seen_one, seed
+        assert bulk == one, seed
+
+
+def test_claims_take_the_pool_in_arrival_order_returned_prompts_first():
+    claims = 0
+    for seed in range(12):
+        _, seen = _run(_random_ops(seed), bulk=True)  # _run checks each claim's prompts
+        claims += sum(1 for e in seen if isinstance(e, tuple) and e[0] == "claim" and e[2])
+    assert claims > 100
+
+
+def test_a_returned_prompt_is_leased_before_newer_ones_and_after_older_fresh_ones():
+    book = LeaseBook()
+    book.add(["a0", "a1", "a2"], 1)
+    (lid,), _, _ = book.claim_ids("x", 1, version=1, weights_hash="h", now=0.0)  # a0
+    book.add(["b0"], 2)
+    book.release_actor("x")  # a0 returns, ahead of a1 (it arrived first)
+    assert book.pool() == ["a0", "a1", "a2", "b0"]
+    _, prompts, _ = book.claim_ids("y", 2, version=1, weights_hash="h", now=0.0)
+    assert prompts == ["a0", "a1"]
+    (lid2,), _, _ = book.claim_ids("z", 1, version=1, weights_hash="h", now=0.0)  # a2
+    book.release_actor("y")  # a0 and a1 return behind nothing fresh older than them
+    assert book.pool() == ["a0", "a1", "b0"]
+    _, prompts, _ = book.claim_ids("w", 9, version=1, weights_hash="h", now=0.0)
+    assert prompts == ["a0", "a1", "b0"] and book.pool_size == 0
+    book.check()
+    assert lid == "L1" and lid2 == "L4"
