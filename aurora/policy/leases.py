@@ -419,7 +419,9 @@ class LeaseBook:
             lease = leases.get(lid)
             if lease is None:
                 break
-            # One unpacking instead of six attribute look-ups.
+            # One unpacking instead of six attribute look-ups. The condition below is the
+            # holder check plus ``admits(lease, ...) is None`` written out; a property test
+            # (tests/test_leasebook_fast_paths.py) holds it to judge() result by result.
             _, prompt, holder, v_j, h_j, t_claim, expiry = lease
             if (
                 holder != actor
