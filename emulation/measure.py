@@ -144,14 +144,17 @@ def ping(
     return {"rtt_ms": rtts, "lost": count - len(rtts), "method": "ping"}
 
 
-def tail_gbps(samples: list, *, skip_fraction: float = 0.5, until_s: float | None = None) -> float:
-    """Goodput (Gbit/s) from cumulative ``(seconds, bytes)`` receiver samples, over the part
-    of ``[0, until_s]`` after ``skip_fraction`` of it (the ramp-up is skipped)."""
+def tail_window(
+    samples: list, *, skip_fraction: float = 0.5, until_s: float | None = None
+) -> tuple[float, float, float]:
+    """The window :func:`tail_gbps` measures over: ``(start_s, end_s, bytes)`` from cumulative
+    ``(seconds, bytes)`` receiver samples, the part of ``[0, until_s]`` after ``skip_fraction``
+    of it (the ramp-up is skipped). ``(0, 0, 0)`` when there is nothing to measure."""
     if until_s is not None:
         kept = [s for s in samples if s[0] <= until_s]
         samples = kept if len(kept) >= 2 else samples
     if not samples or samples[-1][0] <= 0:
-        return 0.0
+        return 0.0, 0.0, 0.0
     end_t, end_b = samples[-1]
     start = skip_fraction * end_t
     t0, b0 = samples[0]
@@ -159,8 +162,41 @@ def tail_gbps(samples: list, *, skip_fraction: float = 0.5, until_s: float | Non
         if t > start:
             break
         t0, b0 = t, b
-    span = end_t - t0
-    return (end_b - b0) * 8 / span / 1e9 if span > 0 else 0.0
+    return t0, end_t, end_b - b0
+
+
+def tail_gbps(samples: list, *, skip_fraction: float = 0.5, until_s: float | None = None) -> float:
+    """Goodput (Gbit/s) from cumulative ``(seconds, bytes)`` receiver samples, over the part
+    of ``[0, until_s]`` after ``skip_fraction`` of it (the ramp-up is skipped)."""
+    t0, t1, nbytes = tail_window(samples, skip_fraction=skip_fraction, until_s=until_s)
+    span = t1 - t0
+    return nbytes * 8 / span / 1e9 if span > 0 else 0.0
+
+
+def mean_rate(schedule: list[dict], start: float, end: float, default: float) -> float:
+    """Time-weighted mean of a link's configured rate (Gbit/s) over ``[start, end]`` on
+    ``time.monotonic``'s clock. ``schedule`` is :meth:`Network.rate_schedule`'s list (each
+    change's ``monotonic`` instant and the ``gbps`` it set); before its first change, and with
+    no schedule (a link that does not fluctuate), the rate is ``default``."""
+    if end <= start:
+        rate = default
+        for change in schedule:
+            if change["monotonic"] <= start:
+                rate = change["gbps"]
+        return rate
+    total = 0.0
+    rate, t = default, start
+    for change in schedule:
+        at = change["monotonic"]
+        if at <= start:
+            rate = change["gbps"]
+            continue
+        if at >= end:
+            break
+        total += rate * (at - t)
+        rate, t = change["gbps"], at
+    total += rate * (end - t)
+    return total / (end - start)
 
 
 def tcp(
@@ -197,10 +233,13 @@ def tcp(
             timeout=seconds * 10 + 60,
         )
         got = json.loads(read_line(proc, f"the probe server in {dst}", 60))
+    t0, t1, nbytes = tail_window(
+        got["samples"], skip_fraction=skip_fraction, until_s=got["first_close_s"]
+    )
     return {
-        "gbps": tail_gbps(
-            got["samples"], skip_fraction=skip_fraction, until_s=got["first_close_s"]
-        ),
+        "gbps": nbytes * 8 / (t1 - t0) / 1e9 if t1 > t0 else 0.0,
+        # the measured window on time.monotonic's clock (where a fluctuating link's rate is known)
+        "window_monotonic": [got["first_monotonic"] + t0, got["first_monotonic"] + t1],
         "bytes": got["bytes"],
         "cc": sent["cc"],
         "streams": streams,
@@ -264,6 +303,7 @@ def probe_direction(
         "pings_lost": rtt["lost"],
         "rtt_method": rtt["method"],
         "measured_gbps": got["gbps"],
+        "window_monotonic": got["window_monotonic"],
         "tcp_streams": streams,
         "tcp_cc": got["cc"],
         "tcp_seconds": seconds,

@@ -58,6 +58,7 @@ from emulation import cleanup, measure
 from emulation.plan import (
     SUBNET,
     Capabilities,
+    DirectionPlan,
     EmulationError,
     EmulationUnavailable,
     NetworkPlan,
@@ -78,6 +79,8 @@ CLEANUP = str(HERE / "cleanup.py")
 MININET = str(HERE / "mininet_backend.py")
 SYSTEM_PYTHON = "/usr/bin/python3"
 """Mininet's Python (the apt package installs it for the system interpreter only)."""
+VERIFY_TRIES = 3
+"""Goodput probes a direction gets at build time before its rate counts as out of reach."""
 
 
 def _run(argv: Sequence[str], *, stdin: str | None = None, check: bool = True) -> str:
@@ -331,24 +334,39 @@ class Network:
         """Measure every direction: median idle RTT (:meth:`ping`) and TCP goodput of ``streams``
         streams with congestion control ``cc``, measured at the receiver over the second half
         of the transfer (after the ramp-up). ``seconds`` defaults to max(3, 25 RTTs), at most
-        6 s. Also stored for :meth:`describe`."""
+        6 s. Also stored for :meth:`describe`. Each report's ``gbps`` is the configured rate
+        the goodput is held to: on a fluctuating link, the time-weighted mean of the rates in
+        force over the measured window (``gbps_at_start`` is the rate when probing began)."""
         reports = []
         for d in self.plan.directions:
             if self.is_cut(d.src, d.dst):
                 continue
-            secs = seconds if seconds is not None else min(max(3.0, 25 * d.rtt_ms / 1e3), 6.0)
-            report = measure.probe_direction(
-                self,
-                d,
-                pings=pings,
-                seconds=secs,
-                streams=streams,
-                cc=cc,
-                gbps_now=self._current_gbps.get(d.link, d.gbps),
-            )
+            report = self._probe_direction(d, pings=pings, seconds=seconds, streams=streams, cc=cc)
             self._probe[(d.src, d.dst)] = report
             reports.append(report)
         return reports
+
+    def _probe_direction(
+        self, d: DirectionPlan, *, pings: int, seconds: float | None, streams: int, cc: str
+    ) -> dict:
+        secs = seconds if seconds is not None else min(max(3.0, 25 * d.rtt_ms / 1e3), 6.0)
+        report = measure.probe_direction(
+            self,
+            d,
+            pings=pings,
+            seconds=secs,
+            streams=streams,
+            cc=cc,
+            gbps_now=self._current_gbps.get(d.link, d.gbps),
+        )
+        # A fluctuating link may change rate while it is measured: the goodput is held to
+        # the time-weighted configured rate over the measured window, not the rate at start.
+        start, end = report.pop("window_monotonic")
+        report["gbps_at_start"] = report["gbps"]
+        with self._lock:
+            schedule = list(self._schedule.get(d.link, []))
+        report["gbps"] = measure.mean_rate(schedule, start, end, report["gbps_at_start"])
+        return report
 
     def ping(
         self,
@@ -594,7 +612,7 @@ class Network:
         self._start_fluctuation()
         if verify:
             self.probe(seconds=probe_seconds)
-            self._verify(tolerance)
+            self._verify(tolerance, probe_seconds)
 
     def _build_namespaces(self) -> None:
         lines = [f"netns add {self.router_namespace}"]
@@ -786,9 +804,14 @@ class Network:
 
     # -- probing -----------------------------------------------------------------------------
 
-    def _verify(self, tolerance: float) -> None:
+    def _verify(self, tolerance: float, probe_seconds: float | None) -> None:
         """Fail when a direction misses its configured RTT or rate by more than ``tolerance``
-        (a fraction; the RTT also gets 1 ms of slack for the delay line's wake-ups)."""
+        (a fraction; the RTT also gets 1 ms of slack for the delay line's wake-ups).
+
+        A goodput below the band is measured again, up to ``VERIFY_TRIES`` probes in all, and
+        the best one counts: a few seconds of TCP on a busy 2-core machine lands anywhere in
+        0.67-0.96 of an htb rate that is exact (measured here: 4 bbr streams, 47 Mbit/s,
+        40 ms), while a rate the machine cannot carry misses on every try."""
         for d in self.plan.directions:
             got = self._probe.get((d.src, d.dst))
             if got is None:
@@ -802,14 +825,34 @@ class Network:
                     f"{d.rtt_ms:g} ms configured (delay by {d.delay_by}); the delay line may "
                     f"be starved of CPU"
                 )
-            want = got["gbps"]
-            if got["measured_gbps"] < (1 - tolerance) * want * (1 - d.loss) or (
-                got["measured_gbps"] > (1 + tolerance) * want
+            tries = [got]
+            while (
+                tries[-1]["measured_gbps"] < (1 - tolerance) * tries[-1]["gbps"] * (1 - d.loss)
+                and len(tries) < VERIFY_TRIES
+            ):
+                tries.append(
+                    self._probe_direction(
+                        d,
+                        pings=got["pings"],
+                        seconds=probe_seconds,
+                        streams=got["tcp_streams"],
+                        cc=got["tcp_cc"],
+                    )
+                )
+            best = max(tries, key=lambda r: r["measured_gbps"] / r["gbps"])
+            if len(tries) > 1:
+                best = dict(best, goodput_tries=[r["measured_gbps"] for r in tries])
+                self._probe[(d.src, d.dst)] = best
+            want = best["gbps"]
+            if best["measured_gbps"] < (1 - tolerance) * want * (1 - d.loss) or (
+                best["measured_gbps"] > (1 + tolerance) * want
             ):
                 raise EmulationError(
-                    f"link {d.src}->{d.dst}: measured {got['measured_gbps'] * 1e3:.1f} Mbit/s "
-                    f"against {want * 1e3:.1f} configured; this machine cannot emulate that "
-                    f"rate here (lower the scale, or see docs/EMULATION.md)"
+                    f"link {d.src}->{d.dst}: measured {best['measured_gbps'] * 1e3:.1f} Mbit/s "
+                    f"against {want * 1e3:.1f} configured (over the measured window"
+                    f"{f', best of {len(tries)} tries' if len(tries) > 1 else ''}); this "
+                    f"machine cannot emulate that rate here (lower the scale, or see "
+                    f"docs/EMULATION.md)"
                 )
 
     # -- helpers -----------------------------------------------------------------------------

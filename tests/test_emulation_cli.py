@@ -54,6 +54,8 @@ def test_emulate_builds_geo_probes_it_and_writes_emulation_json(tmp_path, capsys
     for link in data["links"]:
         assert {link["a"], link["b"]} == {"us", "ca"}
         assert link["gbps"] == pytest.approx(0.05)
-        assert abs(link["measured_rtt_ms"] - 40) <= 2
+        # the median may run long by what a busy 2-core machine adds (delay lines, probe), never
+        # short by more than the delay line's half quantum per direction
+        assert 40 - 1 <= link["measured_rtt_ms"] <= 40 + 3
         assert link["measured_gbps"] > 0.02
     assert cli.run(args("--cleanup")) == 0

@@ -84,8 +84,13 @@ def test_mininet_builds_the_topology_with_its_delay_loss_and_cleanup():
             srv.wait(timeout=10)
         rtt = json.loads(out.stdout)
         got = sorted(rtt["rtt_ms"])
-        # delay took effect (Mininet's own TCLink would have left 0.07 ms here)
-        assert len(got) >= 8 and abs(got[len(got) // 2] - 16) <= 1.0, got
+        # The delay took effect (Mininet's own TCLink would have left 0.07 ms here). The delay
+        # line may release up to half a 0.5 ms quantum early per direction, so no sample is more
+        # than ~0.5 ms short of 16 ms; the median may run long by what a busy 2-core machine adds
+        # (scheduling of the delay lines and of the Python probe: 1.2 ms seen on CI).
+        assert len(got) >= 8, got
+        assert got[0] >= 16 - 1.0, got
+        assert got[len(got) // 2] <= 16 + 3.0, got
         tag = net.tag
     left = cleanup.leftovers(tag)
     assert not (left["namespaces"] or left["interfaces"] or left["registry"])

@@ -9,7 +9,7 @@ import pytest
 
 from aurora.topology import load_topology, topology_from_dict
 from emulation import cleanup, delayline
-from emulation.measure import tail_gbps
+from emulation.measure import mean_rate, tail_gbps, tail_window
 from emulation.plan import (
     MIN_QUEUE_GSO_BYTES,
     Capabilities,
@@ -245,3 +245,27 @@ def test_goodput_is_taken_after_the_ramp_and_before_the_first_stream_ends():
     # over [1.5, 3.0] -> from the 1.0 s sample: 5 MB in 2 s = 20 Mbit/s
     assert tail_gbps(samples, skip_fraction=0.5, until_s=3.0) == pytest.approx(0.02)
     assert tail_gbps([], skip_fraction=0.5) == 0.0
+
+
+def test_a_probe_window_that_spans_a_rate_change_is_held_to_the_time_weighted_rate():
+    schedule = [
+        {"monotonic": 100.0, "gbps": 0.04},
+        {"monotonic": 110.0, "gbps": 0.02},
+        {"monotonic": 120.0, "gbps": 0.05},
+    ]
+    # 2 s at 0.04 then 2 s at 0.02
+    assert mean_rate(schedule, 108.0, 112.0, 1.0) == pytest.approx(0.03)
+    # wholly inside one period; and across two changes: 1 s of 0.04, 10 s of 0.02, 1 s of 0.05
+    assert mean_rate(schedule, 101.0, 103.0, 1.0) == pytest.approx(0.04)
+    assert mean_rate(schedule, 109.0, 121.0, 1.0) == pytest.approx((0.04 + 0.2 + 0.05) / 12)
+    # before the first change, or no schedule at all (a steady link): the link's own rate
+    assert mean_rate(schedule, 90.0, 95.0, 1.0) == pytest.approx(1.0)
+    assert mean_rate([], 0.0, 3.0, 0.7) == pytest.approx(0.7)
+    # an empty window: the rate in force at its start
+    assert mean_rate(schedule, 111.0, 111.0, 1.0) == pytest.approx(0.02)
+
+
+def test_the_probe_measures_over_the_window_it_reports():
+    samples = [(0.0, 0), (1.0, 1000), (2.0, 3000), (3.0, 5500), (4.0, 8000)]
+    assert tail_window(samples, skip_fraction=0.5, until_s=3.0) == (1.0, 3.0, 4500)
+    assert tail_gbps(samples, skip_fraction=0.5, until_s=3.0) == pytest.approx(4500 * 8 / 2 / 1e9)
