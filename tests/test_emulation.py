@@ -13,9 +13,9 @@ from emulation.netns import EmulatedLink, EmulationUnavailable, check_available
 SINK = """
 import socket, time
 srv = socket.create_server(("0.0.0.0", 7100)); print("ready", flush=True)
-c, _ = srv.accept(); n = 0; t = None
+c, _ = srv.accept(); t = time.perf_counter(); n = 0
 while (b := c.recv(1 << 20)):
-    t = t or time.perf_counter(); n += len(b)
+    n += len(b)
 print(n, time.perf_counter() - t, flush=True)
 """
 SOURCE = """
@@ -49,5 +49,8 @@ def test_the_router_limits_the_path_to_the_configured_rate():
         sink.wait()
         mbit = int(n) * 8 / float(seconds) / 1e6
         assert int(n) == 5_000_000
-        assert 0.8 * 50 < mbit < 1.1 * 50
+        # The clock starts at accept(), before the first byte: no byte is counted outside the
+        # timed span, so only htb's burst allowance can lift the rate above 50 Mbit/s. A stall of
+        # the sink on a busy machine only lowers it (0.8 s of transfer: 0.7x allows ~0.34 s).
+        assert 0.7 * 50 < mbit < 1.1 * 50
         assert link.bottleneck_bytes() >= 5_000_000
