@@ -2,6 +2,10 @@
 
 python benchmarks/_transport_peer.py serve HOST PORT MB STREAMS   (prints "ready" when up)
 python benchmarks/_transport_peer.py receive HOST PORT MB STREAMS (prints seconds, bytes)
+python benchmarks/_transport_peer.py serve-chain HOST PORT MB STREAMS VERSIONS GAP_S
+    (once a subscriber is up, publishes D_1..D_VERSIONS GAP_S apart; a JSON line per publish)
+python benchmarks/_transport_peer.py receive-chain HOST PORT MB STREAMS VERSIONS
+    (one subscription for the whole chain; a JSON line per version received)
 """
 
 from __future__ import annotations
@@ -108,6 +112,43 @@ async def receive_wall(host: str, port: int, mb: float, streams: int, name: str)
     await node.close()
 
 
+async def serve_chain(host: str, port: int, mb: float, streams: int, n: int, gap: float) -> None:
+    deltas, _ = chain(mb, n)
+    node = Node(
+        "trainer", TransportConfig(secret=SECRET, streams=streams, **TRUST), signing_key=KEY
+    )
+    await node.serve(host, port)
+    print("ready", flush=True)
+    while not any(s.subscribed for s in node.subscribers.values()):
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(gap)  # every stream connected and idle, as in a running job
+    for v, segs in enumerate(deltas, 1):
+        print(json.dumps({"v": v, "published": time.monotonic()}), flush=True)
+        await node.publish(v, segs)
+        await asyncio.sleep(gap)
+    await asyncio.sleep(3600)
+
+
+async def receive_chain(host: str, port: int, mb: float, streams: int, n: int) -> None:
+    deltas, h0 = chain(mb, n)
+    sizes = [sum(len(s.data) for s in segs) for segs in deltas]
+    size = max(sizes)
+    node = Node(
+        "actor",
+        TransportConfig(secret=SECRET, streams=streams, prefault_bytes=size + (1 << 20), **TRUST),
+        sources=[(host, port)],
+        active=(0, h0),
+    )
+    await node.subscribe()
+    for v in range(1, n + 1):
+        await node.wait_for(lambda v=v: v in node.staged, 600)
+        # time.monotonic is one clock for every process of the machine
+        at = node.versions[v].received_at
+        print(json.dumps({"v": v, "received": at, "bytes": sizes[v - 1]}), flush=True)
+        node.activate(v)
+    await node.close()
+
+
 if __name__ == "__main__":
     role, host, port, mb, streams = sys.argv[1:6]
     if role == "serve":
@@ -116,6 +157,11 @@ if __name__ == "__main__":
         asyncio.run(receive(host, int(port), float(mb), int(streams)))
     elif role == "relay":
         asyncio.run(relay(host, int(port), int(streams), int(sys.argv[6]), int(sys.argv[7])))
+    elif role == "serve-chain":
+        n, gap = int(sys.argv[6]), float(sys.argv[7])
+        asyncio.run(serve_chain(host, int(port), float(mb), int(streams), n, gap))
+    elif role == "receive-chain":
+        asyncio.run(receive_chain(host, int(port), float(mb), int(streams), int(sys.argv[6])))
     elif role == "receive-wall":
         asyncio.run(receive_wall(host, int(port), float(mb), int(streams), sys.argv[6]))
     else:
