@@ -159,22 +159,33 @@ class ActorProcess:
 
     async def _connect(self) -> Channel:
         deadline = time.monotonic() + self.run.connect_timeout_s
-        hello = {
-            "id": self.id,
-            "role": "actor",
-            "region": self.run.region,
-            "active": self.active,
-            "staged": sorted(self.node.staged) if self.node is not None else [],
-        }
         while True:
+            # Said afresh on every attempt: the data plane keeps staging while the Ledger is
+            # away, and a "staged" sent meanwhile went to the dead connection.
+            hello = {
+                "id": self.id,
+                "role": "actor",
+                "region": self.run.region,
+                "active": self.active,
+                "staged": sorted(self.node.staged) if self.node is not None else [],
+            }
             try:
-                return await connect(
+                channel = await connect(
                     self.run.ledger[0], self.run.ledger[1], secret=self.run.secret, hello=hello
                 )
             except ConnectionError as exc:
                 if time.monotonic() > deadline or "refused us" in str(exc):
                     raise
                 await asyncio.sleep(0.5)
+                continue
+            # Staged during the handshake itself: said now, on the new connection (the Ledger
+            # ignores a version it already knows is staged). Without this a restarted Ledger
+            # never heard of it, and the next batch waited the whole staging grace (10 s)
+            # before leaving every such Actor out.
+            if self.node is not None:
+                for v in sorted(set(self.node.staged) - set(hello["staged"])):
+                    channel.send_nowait({"op": "staged", "version": v})
+            return channel
 
     def send(self, msg: dict[str, Any]) -> None:
         if self.channel is not None:
