@@ -240,7 +240,8 @@ UNANNOUNCED_FIRST = 64 << 20
 _SILENT_LIMIT_STALLS = 10
 """A stream in the middle of a frame that has received no byte for this many ``stall_s`` is
 stuck (5 s by default: longer than TCP's retransmission backoff after three losses in a row)
-and is closed, which hands its slot back for the re-fetch."""
+and is closed, which hands its slot back for the re-fetch. Judged only on a watchdog tick that
+comes on time: after a pause of this process, what arrived meanwhile is read first."""
 _WRITE_CHUNK = 1 << 20
 """Bytes handed to a socket per write (1 MiB: below the send buffer, so most go straight in)."""
 _OWN_LIMIT = 4096
@@ -1579,7 +1580,15 @@ class Node:
                 await self._connect_round()
             self._check_refusals()
             return
-        for s in live:
+        # A tick that comes late (more than 2 x stall_s after the last: this process's loop was
+        # busy, or the OS paused it) judges no source. Bytes may be waiting unread in the
+        # kernel, and a peer paused with this process (same host, same process in tests) may
+        # not have had its turn to send: the silence is this node's, not the source's.
+        late = now - self._last_tick > 2 * self.config.stall_s
+        self._last_tick = now
+        # The stuck rule. Skipped on a late tick, not restarted: the first tick on time after a
+        # pause (stall_s / 2 later) closes a stream that was already silent for the limit.
+        for s in [] if late else live:
             if s.stuck(now, _SILENT_LIMIT_STALLS * self.config.stall_s):
                 # Stuck, not slow: close it, which hands its slot back for the re-fetch.
                 self._log.warning(
@@ -1589,10 +1598,8 @@ class Node:
         live = [s for s in live if s.alive]
         waiting = self._waiting()
         # The progress rule: an announced version is incomplete, and the source delivered fewer
-        # than min_rate x progress_s wanted bytes over the last progress_s. A tick that comes
-        # late (this process's loop was busy) judges nothing: the window starts again.
-        late = now - self._last_tick > 2 * self.config.stall_s
-        self._last_tick = now
+        # than min_rate x progress_s wanted bytes over the last progress_s. A late tick judges
+        # nothing here either, and the window starts again.
         mark_t, mark_b = self._progress_mark
         if not waiting or late:
             self._progress_mark = (now, self._progress_bytes)
