@@ -82,7 +82,7 @@ def test_a_real_run_on_the_rl_backend_loses_nothing_and_exports_the_published_we
         + ["--out", str(tmp_path / "out"), "--quiet"],
         capture_output=True,
         text=True,
-        timeout=300,  # a bound, not a budget: ~45 s at a load average of 4, 200 s at 15
+        timeout=900,  # a hang guard, not a budget: ~45 s at a load average of 4, 200 s at 15
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     out = tmp_path / "out" / "rl-aurora-s0"

@@ -5,10 +5,12 @@ plane, deltas and applies; random tokens instead of a model) with one fault, and
 things: the run completes its steps; every prompt is settled exactly once (the replayed lease
 book checks it); no result is admitted with a wrong version or hash; every Actor's weights hash
 and content digest equal what the Trainer published at each activation; and the longest pause of
-any surviving Actor between two of its batches is at most the fault-free run's plus one lease
-length plus one generation of a share (the prompts a fault took come back when their leases
-expire and must then be generated again), plus, where the fault takes the Trainer or the Ledger
-down, the outage itself, measured.
+any surviving Actor between two of its batches is at most its reference (the survivors' longest
+pause in the same run before the fault, so under the same load; the fault-free run's where the
+fault leaves no record in the Ledger's log) plus one lease length as the Ledger set it and the
+tick that finds it expired, plus one generation of a share (the prompts a fault took come back
+when their leases expire and must then be generated again), plus, where the fault takes the
+Trainer or the Ledger down, the outage itself, measured.
 The rows are written to ``results/reliability/rows.json``; ``docs/RELIABILITY.md`` holds the
 table generated from them (:mod:`aurora.runtime.reliability`).
 """
@@ -23,6 +25,7 @@ import pytest
 
 from aurora.faults import parse_fault
 from aurora.runtime.launcher import Launcher, RealRun
+from aurora.runtime.ledger import TICK_SLACK_S
 from aurora.runtime.reliability import measure
 from aurora.topology import topology_from_dict
 
@@ -83,15 +86,15 @@ def check(row: dict, baseline: dict, *, outage_s: float = 0.0) -> None:
     assert row["prompts_lost"] == 0 and row["prompts_settled_twice"] == 0
     assert row["lease_book_ok"] and row["replay_mismatches"] == 0
     assert row["wrong_admits"] == 0 and row["hash_mismatches"] == 0
-    # A prompt the fault took is re-leased when its lease expires and then generated again: a
-    # survivor may wait one lease length plus one generation of it (and any outage) longer than
-    # in the fault-free run, never more.
-    row["bound_s"] = (
-        baseline["survivor_pause_s"]
-        + max(row["lease_s"], baseline["lease_s"])
-        + row["generate_s"]
-        + outage_s
-    )
+    # A prompt the fault took is re-leased when its lease expires (a tick TICK_SLACK_S after
+    # it) and then generated again: a survivor may wait one lease length (the one the Ledger
+    # gave that lease, read from its log) plus one generation of it (and any outage) longer than
+    # in a fault-free stretch of the same run (the same load: a busy machine stretches both),
+    # never more.
+    reference = row["reference_pause_s"]
+    if reference is None:  # the fault left no record to split the run at (or struck first)
+        reference = baseline["survivor_pause_s"]
+    row["bound_s"] = reference + row["lease_s"] + TICK_SLACK_S + row["generate_s"] + outage_s
     if row["survivor_pause_s"] is not None:
         assert row["survivor_pause_s"] <= row["bound_s"], row
     ROWS.append(row)
@@ -113,7 +116,9 @@ def test_row_1_an_actor_killed_mid_rollout_loses_nothing(tmp_path, baseline):
         affected={"ca-a100-1"},
     )
     expired = events(out, "Expired")
-    assert expired and {e["actor"] for e in expired} == {"ca-a100-1"}
+    # the killed Actor's leases run out; a survivor's may too on a busy machine (its lease is
+    # k x the median completion, floored at 1 s), which check()'s invariants cover
+    assert "ca-a100-1" in {e["actor"] for e in expired}
     check(row, baseline)
 
 
@@ -143,6 +148,10 @@ def test_row_3_an_actor_killed_mid_apply_comes_back_from_snapshot_and_chain(tmp_
         "preempt:ca-a100-1@step=5",
         "join:ca-a100-1:ca:A100@step=6",
         hooks={"ca-a100-1": {"kill_mid_apply": 4}},
+        # Slower steps, as in row 15: the fresh process must start and catch up before the
+        # run ends. At full rate the 6 steps after the join take ~2 s, and at a load average
+        # of 8 its process was not up by then; at a third of the rate they take ~5 s.
+        extra={"standin_tokens_per_s": RATE / 3},
     )
     row = measure(
         out,
@@ -199,6 +208,11 @@ def test_row_6_the_ledger_killed_restarts_from_sqlite(tmp_path, baseline):
         when="right after batch 5 is handed out",
         affected=set(),
     )
+    # Every Actor tells the restarted Ledger what it staged meanwhile, so no batch waits out the
+    # staging grace (10 s) and then leaves them all out. (Before the Actor said its staged
+    # versions afresh on each reconnect attempt, 4 runs in 5 did: the outage then grew from
+    # ~2 s to ~10 s, which the outage term of the bound absorbed.)
+    assert not events(out, "Exclude"), events(out, "Exclude")
     check(row, baseline, outage_s=outage(out))
 
 

@@ -8,8 +8,10 @@ the Ledger's log, :mod:`aurora.runtime.outputs`) into one row with the same colu
 fault: steps completed, prompts lost, results refused by reason, wrong-version or wrong-hash
 admits, hash mismatches at activation, and the longest pause of any *surviving* Actor between
 two of its batches (the end of one generate span to the start of the next), which the test
-compares with a fault-free run of the same shape plus one lease length. :func:`write_table`
-turns the rows the tests wrote into ``docs/RELIABILITY.md``'s table::
+compares with the survivors' longest pause in the same run before the fault (the same load; a
+fault-free run of the same shape where the fault leaves no trace in the Ledger's log) plus one
+lease length as the Ledger set it. :func:`write_table` turns the rows the tests wrote into
+``docs/RELIABILITY.md``'s table::
 
     python -m aurora.runtime.reliability results/reliability/rows.json docs/RELIABILITY.md
 """
@@ -21,9 +23,24 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
-LEASE_K = 2.5
-"""Lease length L = k x median completion (the Ledger's default k)."""
+DISTURBANCES = frozenset(
+    {
+        "Fault",
+        "ActorLost",
+        "ActorLeft",
+        "PreemptionNotice",
+        "RelayLost",
+        "FallBack",
+        "Expired",
+        "Refused",
+        "Released",
+    }
+)
+"""Records of ``events.csv`` that only a fault leaves (an injected fault, a peer lost or leaving,
+a route around a lost relay, a lease ended other than by its admitted result): the first of them
+is where a run stops being fault-free."""
 
 
 def generate_spans(run_dir: Path) -> dict[str, list[tuple[float, float]]]:
@@ -40,10 +57,56 @@ def longest_pause(spans: list[tuple[float, float]]) -> float:
     return max((b[0] - a[1] for a, b in zip(spans, spans[1:], strict=False)), default=0.0)
 
 
+def _events(run_dir: Path) -> tuple[float, list[tuple[float, str, dict[str, Any]]]]:
+    """``events.csv`` as (time, type, record), and its zero: the Ledger log's first record, from
+    which ``timeline.csv`` counts (injected faults are logged apart, by the launcher)."""
+    with open(run_dir / "events.csv") as f:
+        rows = list(csv.DictReader(f))
+    t0 = min((float(r["time"]) for r in rows if r["kind"] != "fault"), default=0.0)
+    return t0, [(float(r["time"]), r["type"], json.loads(r["record"])) for r in rows]
+
+
 def lease_length(run_dir: Path) -> float:
-    """One lease length of the run: k x the median generate span, at least 1 s."""
-    durations = [e - s for v in generate_spans(run_dir).values() for s, e in v]
-    return max(1.0, LEASE_K * statistics.median(durations)) if durations else 1.0
+    """One lease length L of the run as the Ledger set it (expiry - assignment time, from its
+    ``Assign`` records; k x its median completion, claim to result, at least its floor): the
+    longest L of the leases that ran out (expired, or refused LATE); where none did, the longest
+    given after the first batch (whose leases carry the initial length, set before any
+    completion was timed)."""
+    _, rows = _events(run_dir)
+    length: dict[str, tuple[float, str]] = {}
+    for at, kind, rec in rows:
+        if kind == "Assign":
+            for lease, prompt in zip(rec["leases"], rec["prompts"], strict=True):
+                length[lease] = (float(rec["expiry"]) - at, prompt)
+    ran_out = {
+        rec["lease"]
+        for _, kind, rec in rows
+        if kind == "Expired" or (kind == "Refused" and rec["reason"] == "LATE")
+    }
+    expired = [length[x][0] for x in ran_out if x in length]
+    if expired:
+        return max(expired)
+    return max((s for s, prompt in length.values() if not prompt.startswith("b1-")), default=0.0)
+
+
+def fault_start(run_dir: Path) -> float | None:
+    """When the run stopped being fault-free (s on ``timeline.csv``'s clock): its first
+    :data:`DISTURBANCES` record; None where the fault left none in the log (a relay serving
+    bad bytes is refused by the Actors themselves)."""
+    t0, rows = _events(run_dir)
+    return min((at - t0 for at, kind, _ in rows if kind in DISTURBANCES), default=None)
+
+
+def reference_pause(survivors: dict[str, list[tuple[float, float]]], start: float) -> float | None:
+    """The longest pause (s) of the survivors that ended before ``start``: what this run's
+    load alone makes of a pause; None when there is none."""
+    gaps = [
+        b[0] - a[1]
+        for spans in survivors.values()
+        for a, b in zip(spans, spans[1:], strict=False)
+        if b[0] <= start
+    ]
+    return max(gaps, default=None)
 
 
 def median_generate(run_dir: Path) -> float:
@@ -52,12 +115,15 @@ def median_generate(run_dir: Path) -> float:
     return statistics.median(durations) if durations else 0.0
 
 
-def measure(run_dir: Path, *, fault: str, how: str, when: str, affected: set[str]) -> dict:
+def measure(
+    run_dir: Path, *, fault: str, how: str, when: str, affected: set[str]
+) -> dict[str, Any]:
     """One row of the matrix from a finished run (see the module docstring)."""
     s = json.loads((run_dir / "summary.json").read_text())
     spans = generate_spans(run_dir)
     survivors = {a: v for a, v in spans.items() if a not in affected}
     pauses = {a: longest_pause(v) for a, v in survivors.items()}
+    start = fault_start(run_dir)
     return {
         "fault": fault,
         "how": how,
@@ -73,6 +139,8 @@ def measure(run_dir: Path, *, fault: str, how: str, when: str, affected: set[str
         "replay_mismatches": s["replay_action_mismatches"],
         "lease_book_ok": s["lease_book_ok"],
         "survivor_pause_s": max(pauses.values()) if pauses else None,
+        "fault_start_s": start,
+        "reference_pause_s": None if start is None else reference_pause(survivors, start),
         "lease_s": lease_length(run_dir),
         "generate_s": median_generate(run_dir),
         "wall_s": s["wall_s"],
