@@ -240,7 +240,7 @@ def test_the_fluctuating_rate_changes_the_kernels_class_every_period(caps):
 
 def test_verify_probes_every_direction_and_describe_is_the_emulation_json(caps):
     t = topo([{"a": "us", "b": "ca", "gbps": 0.05, "rtt_ms": 10, "loss": 1e-4}], ("us", "ca"))
-    with build(t, verify=True, probe_seconds=1.0, scale=2.0, tcp_window_bytes=4 << 20) as net:
+    with build(t, verify=True, probe_seconds=2.0, scale=2.0, tcp_window_bytes=4 << 20) as net:
         desc = json.loads(json.dumps(net.describe()))
     assert desc["backend"] == "netns" and desc["scale"] == 2.0 and desc["errors"] == []
     assert desc["tcp"]["tcp_wmem"].split()[-1] == str(4 << 20)
