@@ -126,7 +126,7 @@ class TrainerProcess:
         self.compute: TrainerSide | None = None
         self.hashes: dict[int, str] = {}
         """h(v) of v0 and the newest :data:`HISTORY_KEPT` versions (persisted beside the
-        checkpoint); :meth:`_hash_of` reads an older one from the store."""
+        checkpoint); :meth:`_hash_of` takes an older one from its stored announcement."""
         self.announcements: dict[int, bytes] = {}
         """Signed announcements of the newest versions published by this process (or
         re-served); an older one is read from the store."""
@@ -187,12 +187,14 @@ class TrainerProcess:
                     out[int(rec["version"])] = rec["stats"]
         return out
 
-    def _hash_of(self, v: int) -> str:
-        """h(v): kept for the newest versions, else from v's signed announcement in the store."""
+    def _hash_of(self, v: int, signed: bytes | None) -> str:
+        """h(v): kept for the newest versions, else from ``signed``, v's signed announcement
+        (read back from the store by the caller), checked against the Trainer's key."""
         h = self.hashes.get(v)
         if h is None:
-            ann = verify(self.store.announcement(v), self.run.public_key, job=self.spec["job_id"])
-            h = str(ann.weights_hash)
+            if signed is None:
+                raise RuntimeError(f"no h(v) kept and no announcement stored for v{v}")
+            h = str(verify(signed, self.run.public_key, job=self.spec["job_id"]).weights_hash)
         return h
 
     def _forget_before(self, v: int, meta: dict[str, Any]) -> None:
@@ -500,7 +502,7 @@ class TrainerProcess:
         signed = self.announcements.get(v)
         if signed is None and v > 0:
             signed = await asyncio.to_thread(self.store.announcement, v)
-        weights_hash = self.hashes.get(v) or await asyncio.to_thread(self._hash_of, v)
+        weights_hash = self._hash_of(v, signed)
         await self.channel.send(
             {
                 "op": "published",
