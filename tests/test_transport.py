@@ -591,7 +591,7 @@ def _late_ticks(node: Node) -> list[float]:
 
     async def watched(now: float) -> None:
         # Node._tick's own test, on the ticks that reach it (those with a live stream).
-        if node._live() and now - node._last_tick > 2 * node.config.stall_s:
+        if node._live() and node._is_late(now):
             gaps.append(now - node._last_tick)
         await tick(now)
 

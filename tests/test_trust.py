@@ -69,7 +69,7 @@ def windows_lost(node: Node) -> list[float]:
     tick = node._tick
 
     async def watched(now: float) -> None:
-        if node._live() and node._waiting() and now - node._last_tick > 2 * node.config.stall_s:
+        if node._live() and node._waiting() and node._is_late(now):
             lost.append(now - node._progress_mark[0])
         await tick(now)
 

@@ -1568,6 +1568,11 @@ class Node:
             except Exception as exc:  # a bug here must not end the node's recovery
                 log.error("%s: watchdog: %s: %s", self.id, type(exc).__name__, _reason(exc))
 
+    def _is_late(self, now: float) -> bool:
+        """Whether a watchdog tick at ``now`` comes late: more than 2 x ``stall_s`` after the
+        last one that judged (every stall_s / 2 when on time)."""
+        return now - self._last_tick > 2 * self.config.stall_s
+
     async def _tick(self, now: float) -> None:
         live = self._live()
         if not live:
@@ -1584,7 +1589,7 @@ class Node:
         # busy, or the OS paused it) judges no source. Bytes may be waiting unread in the
         # kernel, and a peer paused with this process (same host, same process in tests) may
         # not have had its turn to send: the silence is this node's, not the source's.
-        late = now - self._last_tick > 2 * self.config.stall_s
+        late = self._is_late(now)
         self._last_tick = now
         # The stuck rule. Skipped on a late tick, not restarted: the first tick on time after a
         # pause (stall_s / 2 later) closes a stream that was already silent for the limit.
