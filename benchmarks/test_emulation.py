@@ -154,6 +154,35 @@ def test_goodput_of_parallel_streams_against_the_mathis_model(caps, benchmark):
 
 
 @pytest.mark.benchmark(group="emulation")
+@pytest.mark.parametrize(
+    ("rate_mbit", "rtt_ms", "loss", "seconds"),
+    [(47.2, 40, 1e-6, 3.0), (100, 10, 1e-4, 1.0), (100, 10, 1e-4, 2.0)],
+)
+def test_spread_of_the_start_up_goodput_probe(caps, benchmark, rate_mbit, rtt_ms, loss, seconds):
+    """What the build-time check (``verify``) sees: single probes as it runs them (4 bbr
+    streams, the second half of ``seconds``), ten in a row, as a share of the htb rate. The
+    cases: ``aurora emulate``'s geo.yaml at scale 0.05 (first period) and the netns verify test
+    at its old 1 s and its 2 s probe. The check's floor is 0.75 of the rate; this spread is why
+    a short probe below it is tried again (best of 3) before a build is refused."""
+    shares: list[float] = []
+
+    def run():
+        with build(two_regions(rate_mbit / 1e3, rtt_ms, loss)) as net:
+            for _ in range(10):
+                got = net.tcp("us", "ca", streams=4, seconds=seconds, cc="bbr")
+                shares.append(got["gbps"] * 1e3 / rate_mbit)
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    low = sum(x < 0.75 for x in shares)
+    print(
+        f"\n{rate_mbit} Mbit/s, {rtt_ms} ms, {seconds:g} s probes: share of the rate "
+        f"{min(shares):.2f}-{max(shares):.2f} (median {statistics.median(shares):.2f}), "
+        f"{low}/10 below the 0.75 floor"
+    )
+    assert all(0 < x <= 1.1 for x in shares)
+
+
+@pytest.mark.benchmark(group="emulation")
 def test_rate_follows_the_fluctuation_schedule_period_by_period(caps, benchmark):
     period, periods = 2.0, 6
     fl = {"low_gbps": 0.02, "high_gbps": 0.1, "period_s": period}
