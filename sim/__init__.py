@@ -1,0 +1,1 @@
+"""The SimPy discrete-event simulator: a driver of the policy core over recorded traces (docs/SIMULATOR.md)."""
