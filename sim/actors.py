@@ -176,7 +176,7 @@ class Actors:
         sim = self.sim
         if actor.active is not None and v > actor.active:
             sim.driver.staged(actor.id, v)
-            sim.orchestrator.no_longer_waited_for(actor.id)
+            sim.driver.no_longer_waited_for(actor.id)
         self.kick(actor)
 
     def catch_up(self, actor: ActorNode, plan: CatchUpPlan) -> None:
@@ -306,7 +306,7 @@ class Actors:
         sim.recorder.span("actor", actor.id, "apply", v, start)
         sim.recorder.log(actor.id, f"activate v{v}")
         sim.driver.feed(VersionActivated(actor=actor.id, version=v))
-        sim.orchestrator.no_longer_waited_for(actor.id)
+        sim.driver.no_longer_waited_for(actor.id)
 
     def _apply_plan(
         self, actor: ActorNode, me: object, plan: CatchUpPlan
@@ -331,4 +331,4 @@ class Actors:
         for v in restage:
             if actor.life is me:
                 sim.driver.staged(actor.id, v)
-        sim.orchestrator.no_longer_waited_for(actor.id)
+        sim.driver.no_longer_waited_for(actor.id)

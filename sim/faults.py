@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A schedule comes from ``SimConfig.faults`` (``--fault``): ``@t=S`` faults strike at that
-simulated time, ``@step=N`` faults right after batch ``N`` is handed out (the orchestrator calls
+simulated time, ``@step=N`` faults right after batch ``N`` is handed out (the Ledger driver calls
 :meth:`Faults.strike`). Spot Actors also get a hazard (:mod:`sim.actors`). What each kind does:
 
 * ``preempt`` / ``leave``: the Actor is lost (its leases expire) or leaves (its leases are
@@ -49,7 +49,7 @@ class Faults:
                 self.sim.later(f.at_s, lambda f=f: self.strike(f))
             else:
                 assert f.at_step is not None
-                self.sim.orchestrator.faults_at_step.setdefault(f.at_step, []).append(f)
+                self.sim.driver.faults_at_step.setdefault(f.at_step, []).append(f)
 
     def strike(self, f: Fault) -> None:
         sim = self.sim
@@ -137,7 +137,7 @@ class Faults:
         sim.transfers.drop_node(actor)
         sim.recorder.log(actor.id, "left" if graceful else "lost")
         sim.driver.feed(ActorLeft(actor=actor.id) if graceful else ActorLost(actor=actor.id))
-        sim.orchestrator.actor_gone(actor.id)
+        sim.driver.actor_gone(actor.id)
 
     def lose_relay(self, relay: Node) -> None:
         sim = self.sim

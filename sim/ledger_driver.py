@@ -1,17 +1,23 @@
-"""The Job Ledger's driver: reports events to :func:`aurora.policy.ledger.decide` and hands each
+"""The Job Ledger's driver: reports events to the policy core
+(:class:`aurora.policy.core.LedgerCore`: ``decide``, the pacer, staged reports) and hands each
 returned action to the role that carries it out.
 
 Theory of operation
 -------------------
-The simulator never decides who works on what. Every role reports what happened through
-:meth:`LedgerDriver.feed` (an Actor joined, staged a delta, returned a result, a tick), which
-calls ``decide`` at ``env.now`` and routes its actions: ``Assign``/``Commit``/``CatchUp``/``Route``
-to :mod:`sim.actors`, ``Fanout``/``FallBack`` to :mod:`sim.transfers`, ``Accepted`` to the
-orchestrator's batch accounting, the rest to the recorder. Each fed event and its actions are
-kept (``fed``, ``decisions``) when the run records its trace, so a test can replay the run
-through ``decide`` alone (the policy-parity test).
+The simulator never decides who works on what, nor when a batch starts or is complete. Every
+role reports what happened through :meth:`LedgerDriver.feed` (an Actor joined, staged a delta,
+returned a result, a tick), which calls the core at ``env.now`` and routes its actions:
+``Assign``/``Commit``/``CatchUp``/``Route`` to :mod:`sim.actors`, ``Fanout``/``FallBack`` to
+:mod:`sim.transfers`, ``BatchCompleted`` to the Trainer, the rest to the recorder. Each fed
+event and its actions are kept (``fed``, ``decisions``) when the run records its trace, so a
+test can replay the run through the core alone (the policy-parity test).
 
-Lease expiries need a ``Tick`` just after them: one timer per distinct expiry time.
+:meth:`LedgerDriver.poll` asks the core's pacer whether to request the next batch; it is called
+whenever something the pacer's condition reads changes (a batch completes, a version is
+published, an Actor the ready batch waits for stages, activates, catches up or goes away) and
+when a timer the pacer asked for fires. Scheduled faults ``@step=N`` strike right after batch
+``N`` is handed out, so a lost Actor loses the leases it just got. Lease expiries need a
+``Tick`` just after them (:class:`aurora.policy.timers.TickTimers`).
 
 An Actor that finishes an assignment reports all its results at that instant as one
 ``ResultsArrived``, which ``decide`` settles exactly as one ``ResultArrived`` per lease (the
@@ -39,15 +45,17 @@ the Actors' reports are then judged at their arrival time.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
-from aurora.policy.ledger import Accepted as AcceptedAction
+from aurora.faults import Fault
+from aurora.policy.core import LedgerCore
 from aurora.policy.ledger import (
+    Accepted,
     Action,
     ActorLeft,
     ActorLost,
     Assign,
+    BatchCompleted,
     CatchUp,
     CaughtUp,
     Commit,
@@ -64,9 +72,9 @@ from aurora.policy.ledger import (
     ThroughputObserved,
     Tick,
     VersionActivated,
-    decide,
-    initial_state,
 )
+from aurora.policy.pacer import PacerConfig, WakeAt
+from aurora.policy.timers import TickTimers
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from sim.model import Simulation
@@ -93,25 +101,32 @@ class LedgerDriver:
         cfg = sim.cfg
         self.sim = sim
         self.env = sim.env
-        self.state = initial_state(
+        self.core = LedgerCore(
             LedgerConfig(
                 trainer_region=cfg.topology.trainer.region,
                 lease=cfg.lease,
                 max_lag=cfg.strategy.max_lag,
                 relays=cfg.strategy.relays,
-            )
+            ),
+            PacerConfig(
+                steps=cfg.steps,
+                prompts_per_batch=sim.prompts_per_batch,
+                staging_grace_s=cfg.strategy.staging_grace_s,
+                prompt_prefix="s",
+            ),
         )
+        self.state = self.core.state
+        assert self.core.pacer is not None
+        self.pacer = self.core.pacer
+        self.faults_at_step: dict[int, list[Fault]] = {}
         self.record = cfg.record_trace
         """Keep every fed event and its actions (the parity test replays them); 10^5 Actors
         feed 10^7 events, so big runs do not."""
         self.fed: list[tuple[float, Event]] = []
         self.decisions: list[list[Action]] = []
-        self._ticks: set[float] = set()
+        self._ticks = TickTimers(_TICK_SLACK_S)
         self._held: dict[str, tuple[list[Action], list[Event]]] = {}
         """Per region cut off from the Ledger: actions to its Actors, and their reports."""
-        self._early: dict[int, set[str]] = {}
-        """Versions Actors staged before the Trainer announced them (the ``sequential``
-        pipeline's data plane runs ahead of the Ledger), as the runtime's Ledger keeps them."""
         self._one_way: dict[str, float] = {}
         """Per region: seconds a control message takes between it and the Ledger."""
         self._uplink_free: dict[str, float] = {}
@@ -148,6 +163,39 @@ class LedgerDriver:
         self._uplink_free[node.region] = start
         return start - now + delay, life
 
+    # -- the pacer ------------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Ask the pacer whether to request the next batch now; request it, or set its timer."""
+        sim = self.sim
+        now = self.env.now
+        got = self.core.poll(now)
+        if got is None:
+            return
+        if isinstance(got, WakeAt):
+
+            def wake() -> None:
+                self.pacer.woke(got)
+                self.poll()
+
+            sim.later(got.at - now, wake)
+            return
+        k = self.pacer.next_batch
+        sim.recorder.log("trainer", f"request batch {k} on v{got.version}")
+        self.feed(got)
+        # Step faults strike once the batch is handed out, so a lost Actor loses its leases.
+        for fault in self.faults_at_step.pop(k, []):
+            sim.faults.strike(fault)
+
+    def no_longer_waited_for(self, actor: str) -> None:
+        """``actor`` staged, activated or caught up: a batch waiting for it may start now."""
+        if self.pacer.unblocked(actor):
+            self.poll()
+
+    def actor_gone(self, actor: str) -> None:
+        if self.pacer.left(actor):
+            self.poll()
+
     def _alive(self, actor: str, life: object | None) -> bool:
         node = self.sim.actors.nodes.get(actor)
         return node is not None and node.life is life
@@ -161,26 +209,23 @@ class LedgerDriver:
             def arrive() -> None:
                 if self._alive(actor, life):
                     self._staged_now(actor, v)
-                    self.sim.orchestrator.no_longer_waited_for(actor)
+                    self.no_longer_waited_for(actor)
 
             self.sim.later(delay, arrive)
         else:
             self._staged_now(actor, v)
 
     def _staged_now(self, actor: str, v: int) -> None:
-        if v in self.state.versions:
-            self.feed(DeltaStaged(actor=actor, version=v))
-        else:
-            self._early.setdefault(v, set()).add(actor)
+        event = self.core.staged(actor, v)
+        if event is not None:
+            self.feed(event)
 
     def published(self, v: int) -> None:
-        """``v`` was just announced: report the Actors that staged it before (in id order, as
-        the runtime's Ledger does), if they are still there and behind it."""
-        for actor in sorted(self._early.pop(v, ())):
-            node = self.sim.actors.nodes.get(actor)
-            if node is not None and node.live and (node.active or 0) < v:
-                self.feed(DeltaStaged(actor=actor, version=v))
-                self.sim.orchestrator.no_longer_waited_for(actor)
+        """``v`` was just announced: report the Actors that staged it before (the core keeps
+        them)."""
+        for event in self.core.early(v):
+            self.feed(event)
+            self.no_longer_waited_for(event.actor)
 
     def _cut_off(self, actor: str) -> str | None:
         """The region of ``actor`` if the Ledger cannot reach it now, else None."""
@@ -237,7 +282,7 @@ class LedgerDriver:
                     if self._alive(actor, life):
                         self.feed(event, arrived=True)
                         if isinstance(event, _STATE_REPORTS):
-                            self.sim.orchestrator.no_longer_waited_for(actor)
+                            self.no_longer_waited_for(actor)
 
                 self.sim.later(delay, arrive)
                 return
@@ -252,26 +297,23 @@ class LedgerDriver:
                     self._held.setdefault(region, ([], []))[1].append(event)
                     return
         now = self.env.now
-        _, actions = decide(self.state, event, now=now)
+        actions = self.core.feed(event, now=now)
         if self.record:
             self.fed.append((now, event))
             self.decisions.append(actions)
         sim = self.sim
-        fallbacks = []
-        accepted: list[AcceptedAction] = []
+        fallbacks: list[FallBack] = []
         for action in actions:
-            if type(action) is AcceptedAction:  # the common case, counted a run at a time
-                accepted.append(action)
+            if type(action) is Accepted:  # the common case: the core counted it toward its batch
                 continue
-            if accepted:
-                sim.orchestrator.accepted_results(accepted)
-                accepted = []
-            if isinstance(action, FallBack):
+            if isinstance(action, BatchCompleted):
+                sim.recorder.log("trainer", f"batch {action.batch} complete")
+                sim.trainer.batch_ready()
+                sim.later(0, self.poll)
+            elif isinstance(action, FallBack):
                 fallbacks.append(action)
             else:
                 self._do(action)
-        if accepted:
-            sim.orchestrator.accepted_results(accepted)
         # A new relay's own fallback (to the Trainer) first, so that its region can follow it.
         fallbacks.sort(key=lambda a: a.source in sim.actors.nodes)
         for action in fallbacks:
@@ -315,7 +357,7 @@ class LedgerDriver:
             sim.actors.commit(action)
         elif isinstance(action, Exclude):
             rec.log(action.actor, f"excluded from v{action.version} (on v{action.active})")
-            rec.excluded.setdefault(sim.orchestrator.requesting, []).append(action.actor)
+            rec.excluded.setdefault(self.pacer.requesting, []).append(action.actor)
         elif isinstance(action, CatchUp):
             sim.actors.catch_up(sim.actors.nodes[action.actor], action.plan)
         elif isinstance(action, Route):
@@ -333,12 +375,12 @@ class LedgerDriver:
             rec.log(getattr(action, "actor", ""), f"{name.lower()} {getattr(action, 'lease', '')}")
 
     def _schedule_tick(self, expiry: float) -> None:
-        if expiry in self._ticks or not math.isfinite(expiry):
+        delay = self._ticks.arm(expiry, self.env.now)
+        if delay is None:
             return
-        self._ticks.add(expiry)
 
         def tick() -> None:
-            self._ticks.discard(expiry)
+            self._ticks.fired(expiry)
             self.feed(Tick())
 
-        self.sim.later(max(0.0, expiry - self.env.now) + _TICK_SLACK_S, tick)
+        self.sim.later(delay, tick)

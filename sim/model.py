@@ -6,8 +6,8 @@ Simulated time is SimPy's ``env.now`` in seconds. Every scheduling decision come
 :func:`aurora.policy.ledger.decide` and every Actor-side choice from :mod:`aurora.policy.actor`:
 the simulator only *reports* what happened and *carries out* what the policy returns. The roles:
 
-* :mod:`sim.ledger_driver` feeds events to ``decide`` and routes its actions;
-* :mod:`sim.orchestrator` hands out batches (lag bound, staging grace) and counts results;
+* :mod:`sim.ledger_driver` feeds events to the policy core (``decide``, the pacer that hands
+  out batches and counts their results) and routes its actions;
 * :mod:`sim.trainer` is the Trainer's process: train, extract, publish;
 * :mod:`sim.actors` holds one process per Actor machine life: generate, activate, catch up;
 * :mod:`sim.transfers` owns the links and moves versions (cut-through relays, fallbacks) as
@@ -38,7 +38,6 @@ from sim.faults import Faults
 from sim.ledger_driver import LedgerDriver
 from sim.network import Network, Resource
 from sim.nodes import Node
-from sim.orchestrator import Orchestrator
 from sim.recorder import Recorder
 from sim.trainer import Trainer, weights_hash
 from sim.transfers import Transfers
@@ -132,7 +131,6 @@ class Simulation:
         self.recorder = Recorder(self)
         self.driver = LedgerDriver(self)
         self.ledger = self.driver.state
-        self.orchestrator = Orchestrator(self)
         self.trainer = Trainer(self)
         self.transfers = Transfers(self)
         self.actors = Actors(self)
@@ -158,7 +156,7 @@ class Simulation:
     def run(self) -> Result:
         self._setup()
         self.trainer.start()
-        self.orchestrator.try_request()
+        self.driver.poll()
         self.env.process(self._watchdog())
         # The cyclic garbage collector would rescan the Ledger's whole lease history (10^5-10^6
         # long-lived objects) again and again: measured at 60% of a 10^4-Actor run. The model
@@ -256,7 +254,7 @@ class Simulation:
         live = sorted(a.id for a in self.actors.nodes.values() if a.live)
         return (
             f"the run stalled at t={self.env.now:.1f} s after {self.trainer.trained} of "
-            f"{self.cfg.steps} steps: batch {self.orchestrator.next_batch} not yet requested, "
+            f"{self.cfg.steps} steps: batch {self.driver.pacer.next_batch} not yet requested, "
             f"{self.ledger.book.pool_size} prompts in the pool, latest version "
             f"{self.ledger.latest}, live Actors {live or 'none'}"
         )

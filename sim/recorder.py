@@ -50,10 +50,11 @@ class Recorder:
     def row(self, v: int) -> None:
         """Close step ``v``: tokens, time, shares, versions and bytes per link since the last."""
         sim = self.sim
-        orch = sim.orchestrator
+        pacer = sim.driver.pacer
         now = self.env.now
         prev = self.rows[-1]["time_s"] if self.rows else 0.0
-        tokens = orch.accepted.get(v, 0) * sim.tokens_per_lease
+        results = pacer.results.get(v, [])
+        tokens = len(results) * sim.tokens_per_lease
         step_time = now - prev
         sim.net.settle()
         resources = sim.transfers.resources
@@ -64,7 +65,12 @@ class Recorder:
             r.name: carried[i] - self._carried_at_last_row[i] for i, r in enumerate(resources)
         }
         self._carried_at_last_row = carried
-        target = orch.batch_target.get(v, 0)
+        target = pacer.target.get(v, 0)
+        shares: dict[str, int] = {}
+        versions: dict[str, int] = {}
+        for a in results:
+            shares[a.actor] = shares.get(a.actor, 0) + 1
+            versions[a.actor] = a.version
         self.rows.append(
             {
                 "step": v,
@@ -75,8 +81,8 @@ class Recorder:
                 "tokens_per_s": tokens / step_time if step_time > 0 else 0.0,
                 "batch_version": target,
                 "staleness": v - 1 - target,
-                "shares": json.dumps(orch.shares.get(v, {}), sort_keys=True),
-                "actor_versions": json.dumps(orch.gen_versions.get(v, {}), sort_keys=True),
+                "shares": json.dumps(shares, sort_keys=True),
+                "actor_versions": json.dumps(versions, sort_keys=True),
                 "excluded": json.dumps(sorted(self.excluded.get(v, []))),
                 "expired": self.expired,
                 "refused": self.refused,

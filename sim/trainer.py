@@ -106,13 +106,13 @@ class Trainer:
 
     def _run(self, me: object) -> Generator[simpy.Event, Any, None]:
         sim, env = self.sim, self.env
-        orch = sim.orchestrator
+        pacer = sim.driver.pacer
         steps = sim.cfg.steps
         topo = sim.cfg.topology
         rate = sim.model.train_tokens_per_s_per_gpu[topo.trainer.gpu].value * topo.trainer.gpus
         while self._life is me and self.trained < steps:
             k = self.trained + 1
-            if k not in orch.batch_done:
+            if k not in pacer.done:
                 self._wake = wake = env.event()
                 yield wake
                 continue
@@ -180,7 +180,7 @@ class Trainer:
         self.published_at[v] = start
         if v >= sim.cfg.steps:
             sim.finished.succeed()
-        sim.later(0, sim.orchestrator.try_request)
+        sim.later(0, sim.driver.poll)
 
     def publish(self, v: int) -> None:
         sim = self.sim
@@ -212,10 +212,10 @@ class Trainer:
             def publish() -> None:
                 sim.recorder.log("trainer", f"publish v{v}")
                 sim.driver.feed(event)
-                sim.orchestrator.try_request()
+                sim.driver.poll()
 
             sim.later(work, publish)
         self.published_at[v] = now
         if v >= sim.cfg.steps:
             sim.finished.succeed()
-        sim.later(0, sim.orchestrator.try_request)
+        sim.later(0, sim.driver.poll)

@@ -68,16 +68,17 @@ def test_a_restarted_ledger_replays_its_log_to_the_same_state(tmp_path):
     after = asyncio.run(second())
     assert after.state == before.state
     assert after.state.book == before.state.book
-    assert (after.next_batch, after.batch_target, after.accepted, after.batch_done) == (
-        before.next_batch,
-        before.batch_target,
-        before.accepted,
-        before.batch_done,
+    a, b = after.pacer, before.pacer
+    assert (a.next_batch, a.target, a.results, a.done) == (
+        b.next_batch,
+        b.target,
+        b.results,
+        b.done,
     )
     assert after.job is not None and after.job.prompts_per_batch == 6
     # The admitted results themselves survived with the events that carried them.
-    actor, lease, _, _ = after.accepted[1][0]
-    assert after.log.payload(actor, lease) == b"result of " + lease.encode()
+    first = after.pacer.results[1][0]
+    assert after.log.payload(first.actor, first.lease) == b"result of " + first.lease.encode()
 
 
 def test_an_event_the_policy_refuses_is_logged_and_changes_nothing(tmp_path):

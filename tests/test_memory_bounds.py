@@ -131,7 +131,8 @@ def test_a_ledger_over_hundreds_of_versions_keeps_bounded_state_and_restarts_fro
     assert svc.counters.hash_mismatches == 0 and svc.counters.digest_mismatches == 0
     # Per-version records: the newest PUBLISHED_KEPT; per-batch tables: the last two batches.
     assert len(svc.published) <= PUBLISHED_KEPT
-    assert len(svc.batch_done) <= 2 and len(svc.batch_target) <= 2 and len(svc.accepted) <= 2
+    pacer = svc.pacer
+    assert len(pacer.done) <= 2 and len(pacer.target) <= 2 and len(pacer.results) <= 2
     assert len(svc.state.book.leases) <= 8 * PROMPTS
     decide = svc.timings["decide"]
     span = math.log2(decide.max / decide.min) * LatencyHistogram.PER_OCTAVE + 2
@@ -152,11 +153,12 @@ def test_a_ledger_over_hundreds_of_versions_keeps_bounded_state_and_restarts_fro
 
     again = asyncio.run(restart())
     assert again.state == svc.state and again.state.book == svc.state.book
-    assert (again.published, again.batch_done, again.batch_target, again.accepted) == (
+    a, b = again.pacer, svc.pacer
+    assert (again.published, a.done, a.target, a.results) == (
         svc.published,
-        svc.batch_done,
-        svc.batch_target,
-        svc.accepted,
+        b.done,
+        b.target,
+        b.results,
     )
     assert again.counters.hash_mismatches == 0 and again.counters.digest_mismatches == 0
 

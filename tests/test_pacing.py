@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aurora.policy import pacing
+from aurora.policy import pacer as pacing
 from aurora.policy.ledger import (
     ActorJoined,
     Assign,

@@ -14,7 +14,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aurora.policy.ledger import LedgerConfig, decide, initial_state
+from aurora.policy.core import LedgerCore
+from aurora.policy.ledger import BatchCompleted, BatchRequested, LedgerConfig
+from aurora.policy.pacer import PacerConfig
 from aurora.topology import load_topology, topology_from_dict
 from sim.config import Fault, SimConfig, strategy
 from sim.model import Simulation, SimulationStalled, simulate
@@ -142,7 +144,7 @@ def test_same_seed_gives_byte_identical_output(tmp_path):
     assert c.rows != simulate(cfg).rows  # the seed matters (throughput noise, link rate)
 
 
-def test_replaying_the_fed_events_through_decide_alone_gives_the_same_actions():
+def test_replaying_the_fed_events_through_the_core_gives_the_same_actions_and_requests():
     cfg = SimConfig(
         topology=load_topology(GEO),
         traces=load_traces(),
@@ -153,11 +155,29 @@ def test_replaying_the_fed_events_through_decide_alone_gives_the_same_actions():
             Fault(kind="join", target="new-1", region="ca", gpu="A100", at_step=5),
         ),
     )
-    result = simulate(cfg)
-    state = initial_state(LedgerConfig(trainer_region="us", max_lag=1, relays=True))
-    replayed = [decide(state, event, now=now)[1] for now, event in result.fed]
+    sim = Simulation(cfg)
+    result = sim.run()
+    core = LedgerCore(
+        LedgerConfig(trainer_region="us", max_lag=1, relays=True),
+        PacerConfig(
+            steps=8,
+            prompts_per_batch=sim.prompts_per_batch,
+            staging_grace_s=cfg.strategy.staging_grace_s,
+            prompt_prefix="s",
+        ),
+    )
+    replayed = []
+    requests = 0
+    for now, event in result.fed:
+        if isinstance(event, BatchRequested):
+            # The pacer, asked when the batch was requested, requests exactly it.
+            assert core.poll(now) == event, (now, event)
+            requests += 1
+        replayed.append(core.feed(event, now=now))
     assert replayed == result.decisions
-    assert len(result.fed) > 500
+    assert len(result.fed) > 500 and requests == 8
+    completed = [a.batch for acts in replayed for a in acts if isinstance(a, BatchCompleted)]
+    assert completed == list(range(1, 9))
 
 
 # ------------------------------------------------------------------------------------------

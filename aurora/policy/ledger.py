@@ -358,6 +358,15 @@ class Released:
     prompt: str
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BatchCompleted:
+    """Every prompt of batch ``batch`` has an admitted result: the Trainer may train on it.
+    Emitted by :class:`aurora.policy.core.LedgerCore` (the pacer's count), right after the
+    ``Accepted`` that completed the batch."""
+
+    batch: int
+
+
 Action = (
     Commit
     | Assign
@@ -371,6 +380,7 @@ Action = (
     | Refused
     | Expired
     | Released
+    | BatchCompleted
 )
 
 # ------------------------------------------------------------------------------------------
@@ -750,7 +760,7 @@ def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Acti
     _check_version_arg("BatchRequested.version", ev.version)
     # Batch k may be generated on k-1-max_lag or newer, and the Trainer cannot have published
     # beyond k-1 when batch k is requested, so a valid batch is never older than latest-max_lag.
-    # Which version within that range is the orchestrator's choice (aurora.policy.pacing).
+    # Which version within that range is the orchestrator's choice (aurora.policy.pacer).
     lag = state.config.max_lag
     latest = state.latest
     if latest is None or not (latest - lag <= ev.version <= latest):
@@ -995,6 +1005,7 @@ _ACTION_TYPES = {
         Refused,
         Expired,
         Released,
+        BatchCompleted,
     )
 }
 

@@ -93,3 +93,9 @@ def source_for(
         return region_relay
     peers = sorted(p for p in peer_relays if p != actor)
     return peers[0] if peers else TRAINER
+
+
+def fetch_order(route: str | None) -> list[str]:
+    """Where an Actor fetches deltas from, in order: the source the Ledger routed it to, then
+    the Trainer (whose store holds every version) when the route fails."""
+    return list(dict.fromkeys([s for s in (route, TRAINER) if s is not None]))

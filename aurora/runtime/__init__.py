@@ -6,7 +6,7 @@ Every role is its own OS process and its own subcommand, so a deployment starts 
 hosts and ``aurora real`` starts them all on one (``docs/RUNTIME.md``):
 
 * the **Ledger** (:mod:`~aurora.runtime.ledger`) drives :func:`aurora.policy.ledger.decide` with
-  real events and the wall clock, and :mod:`aurora.policy.pacing` for when each batch starts;
+  real events and the wall clock, and :mod:`aurora.policy.pacer` for when each batch starts;
   every event is appended to SQLite before its actions are carried out
   (:mod:`~aurora.runtime.ledgerlog`), so a restarted Ledger replays its log through ``decide``
   and resumes with the same state;

@@ -48,6 +48,7 @@ from aurora.policy.actor import (
     next_action,
     to_fetch,
 )
+from aurora.policy.membership import fetch_order
 from aurora.policy.versions import CatchUpPlan
 from aurora.runtime import hooks
 from aurora.runtime.channel import Channel, connect
@@ -294,8 +295,7 @@ class ActorProcess:
     def _set_sources(self) -> None:
         if self.node is None:
             return
-        order = [self.route, "trainer"]
-        addrs = [self.sources[s] for s in order if s is not None and s in self.sources]
+        addrs = [self.sources[s] for s in fetch_order(self.route) if s in self.sources]
         parsed = []
         for a in dict.fromkeys(addrs):
             host, port = a.rsplit(":", 1)

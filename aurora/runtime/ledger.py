@@ -14,11 +14,14 @@ event goes through the same three steps:
 3. the actions are carried out: sent to the Actor they name (``Assign``, ``Commit``,
    ``CatchUp``, ``Route``...), counted toward their batch (``Accepted``), or recorded.
 
-When a batch starts is the orchestrator's decision, :mod:`aurora.policy.pacing` (the lag bound
-and the grace for late stagers), made here as the simulator makes it: batch ``k`` is requested
-once batch ``k-1`` is complete and a version allowed for it is published and staged by the
-Actors one version behind (or the grace ran out). A batch is complete when every one of its
-prompts has an admitted result; the Trainer is told and fetches the results.
+Every decision is the policy core's (:class:`aurora.policy.core.LedgerCore`, the same object the
+simulator drives): ``decide``, the pacer (when batch ``k`` starts and on which version, the start
+barrier, when a batch is complete: :mod:`aurora.policy.pacer`), staged reports that arrive
+before their version is announced and what a (re)connecting Actor's hello means
+(:mod:`aurora.policy.reports`), and lease-expiry ticks (:mod:`aurora.policy.timers`). This
+module keeps the log, the connections and the timers, polls the pacer after every event (with
+that event's time) and when a timer it asked for fires, and carries out the actions. When a
+batch completes (``BatchCompleted``) the Trainer is told and fetches the results.
 
 Restart: :meth:`LedgerService.replay` feeds the log back through ``decide`` with the recorded
 times, which rebuilds the state exactly (the lease book, versions, estimates, the orchestrator's
@@ -41,20 +44,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aurora.policy import pacing
+from aurora.policy.core import LedgerCore
 from aurora.policy.ledger import (
     Accepted,
     Action,
-    ActorJoined,
     ActorLeft,
     ActorLost,
     Assign,
-    BatchRequested,
+    BatchCompleted,
     CatchUp,
     CaughtUp,
     Commit,
     DeltaPublished,
-    DeltaStaged,
     Event,
     Exclude,
     Expired,
@@ -70,12 +71,13 @@ from aurora.policy.ledger import (
     ThroughputObserved,
     Tick,
     VersionActivated,
-    decide,
     event_from_record,
-    initial_state,
     to_record,
 )
 from aurora.policy.membership import TRAINER
+from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
+from aurora.policy.reports import classify_hello
+from aurora.policy.timers import TickTimers
 from aurora.runtime.channel import Channel, ChannelClosed, serve
 from aurora.runtime.ledgerlog import LedgerLog
 
@@ -92,14 +94,21 @@ TICK_SLACK_S = 0.05
 """A lease is checked this long after its expiry (s), so the check never runs just before it."""
 
 
-def prompt_id(batch: int, index: int) -> str:
-    """The id of prompt ``index`` of batch ``batch`` (1-based): ``b{batch}-{index}``."""
-    return f"b{batch}-{index}"
+PROMPT_PREFIX = "b"
+"""The runtime's prompt ids are ``b{batch}-{index}``."""
 
 
-def batch_of(prompt: str) -> int:
-    """Batch number of a prompt id made by :func:`prompt_id`."""
-    return int(prompt[1 : prompt.index("-")])
+def job_pacing(job: dict[str, Any], *, staging_grace_s: float) -> PacerConfig:
+    """The pacer of a job from its ``Job`` record (the Trainer's registration)."""
+    spec = job.get("spec") or {}
+    return PacerConfig(
+        steps=int(job["steps"]),
+        prompts_per_batch=int(job["prompts_per_batch"]),
+        staging_grace_s=staging_grace_s,
+        prompt_prefix=PROMPT_PREFIX,
+        start_actors=int(spec.get("start_actors", 1)),
+        start_wait_s=float(spec.get("start_wait_s", 120.0)),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,14 +214,10 @@ class LedgerService:
         self.config = config
         self.clock = clock
         """The wall clock (s): the one place the Ledger reads time."""
-        self.state = initial_state(config.policy)
+        self.core = LedgerCore(config.policy)
+        self.state = self.core.state
         self.log = LedgerLog(config.log_path)
         self.job: Job | None = None
-        self.next_batch = 1
-        self.batch_target: dict[int, int] = {}
-        self.accepted: dict[int, list[tuple[str, str, str, int]]] = {}
-        """batch -> admitted results (actor, lease, prompt, version)."""
-        self.batch_done: set[int] = set()
         self.published: dict[int, dict[str, Any]] = {}
         """version -> what the Trainer announced (h(v), content digest, sizes)."""
         self.counters = Counters()
@@ -223,8 +228,8 @@ class LedgerService:
         self.observers: set[Channel] = set()
         self.finished = False
         self.done = asyncio.Event()
-        self._ready_since: float | None = None
-        self._grace_timer: asyncio.TimerHandle | None = None
+        self._pacer_timers: list[asyncio.TimerHandle] = []
+        self._tick_timers = TickTimers(TICK_SLACK_S)
         self._ticks: dict[float, asyncio.TimerHandle] = {}
         self._lost_timers: dict[str, asyncio.TimerHandle] = {}
         self._server: asyncio.base_events.Server | None = None
@@ -233,15 +238,25 @@ class LedgerService:
             config.log_path if config.log_path != ":memory:" else (config.stats_path or "x")
         ).with_suffix(".spans.jsonl")
         self.replayed = 0
-        self._start_timer: asyncio.TimerHandle | None = None
         self.timings: dict[str, LatencyHistogram] = {
             "decide": LatencyHistogram(),
             "log": LatencyHistogram(),
         }
         """Seconds per event spent in ``decide`` and in appending to the log (the load
         benchmark's latency figures)."""
-        self._early_staged: dict[int, set[str]] = {}
-        """Versions Actors staged before the Trainer announced them (cut-through)."""
+
+    @property
+    def pacer(self) -> Pacer | None:
+        """The core's pacer: None until the Trainer registers the job."""
+        return self.core.pacer
+
+    @property
+    def next_batch(self) -> int:
+        return 1 if self.core.pacer is None else self.core.pacer.next_batch
+
+    @property
+    def batch_done(self) -> set[int]:
+        return set() if self.core.pacer is None else set(self.core.pacer.done)
 
     # -- durable log ------------------------------------------------------------------------
 
@@ -254,7 +269,7 @@ class LedgerService:
             else:
                 event = event_from_record(row.record)
                 try:
-                    _, actions = decide(self.state, event, now=row.now)
+                    actions = self.core.feed(event, now=row.now)
                 except ValueError:
                     continue  # refused when it happened too, state unchanged
                 self._after(event, actions, replaying=True)
@@ -278,6 +293,7 @@ class LedgerService:
                 prompts_per_batch=int(rec["prompts_per_batch"]),
                 spec=dict(rec["spec"]),
             )
+            self.core.start_pacing(job_pacing(rec, staging_grace_s=self.config.staging_grace_s))
         elif kind == "Published":
             # Only what later checks read: a long run keeps one small record per version (the
             # full record, stats included, is in the log). Batch v's results were trained into
@@ -295,13 +311,6 @@ class LedgerService:
             # Older records leave memory (~300 B each, every step of the job): the log has them
             # all, and :meth:`_announced` reads one back when an old version is named.
             self.published.pop(v - PUBLISHED_KEPT, None)
-            for k in [k for k in self.accepted if k <= v]:
-                del self.accepted[k]
-            # Batch v-1 done and requested is all the orchestrator (``_try_request``) and a
-            # reconnecting Trainer (it asks for batches after v) still read.
-            for k in [k for k in self.batch_target if k < v]:
-                del self.batch_target[k]
-            self.batch_done = {k for k in self.batch_done if k >= v}
         elif kind == "Activation":
             self._check_activation(rec)
         elif kind == "Finished":
@@ -328,16 +337,24 @@ class LedgerService:
 
     # -- events ------------------------------------------------------------------------------
 
-    def feed(self, event: Event, *, payload: tuple[str, str, bytes] | None = None) -> list[Action]:
-        """Log ``event``, decide, carry out the actions. An event the policy refuses as
-        impossible (a ``ValueError``: e.g. a result from an unknown Actor) is logged and
-        dropped without changing the state."""
-        now = self.clock()
+    def feed(
+        self,
+        event: Event,
+        *,
+        payload: tuple[str, str, bytes] | None = None,
+        now: float | None = None,
+    ) -> list[Action]:
+        """Log ``event``, decide, carry out the actions, poll the pacer (all at one ``now``:
+        the clock, unless the pacer's request was made at ``now``). An event the policy
+        refuses as impossible (a ``ValueError``: e.g. a result from an unknown Actor) is
+        logged and dropped without changing the state."""
+        if now is None:
+            now = self.clock()
         t0 = time.perf_counter()
         seq = self.log.append(now, "policy", to_record(event), payload=payload)
         t1 = time.perf_counter()
         try:
-            _, actions = decide(self.state, event, now=now)
+            actions = self.core.feed(event, now=now)
             self.timings["decide"].add(time.perf_counter() - t1)
             self.timings["log"].add(t1 - t0)
         except ValueError as exc:
@@ -348,29 +365,19 @@ class LedgerService:
         self._after(event, actions, replaying=False)
         for action in actions:
             self._carry_out(action, now)
-        self._try_request()
+        self._try_request(now)
         return actions
 
     def _after(self, event: Event, actions: list[Action], *, replaying: bool) -> None:
-        """Bookkeeping shared by live events and replay (never sends anything)."""
-        if isinstance(event, BatchRequested):
-            k = batch_of(event.prompts[0]) if event.prompts else self.next_batch
-            self.batch_target[k] = event.version
-            self.next_batch = max(self.next_batch, k + 1)
-        elif isinstance(event, DeltaPublished):
-            pass
+        """Counting shared by live events and replay (never sends anything but the news of a
+        completed batch, live)."""
         for action in actions:
             if isinstance(action, Accepted):
-                k = batch_of(action.prompt)
-                self.accepted.setdefault(k, []).append(
-                    (action.actor, action.lease, action.prompt, action.version)
-                )
                 self.counters.accepted += 1
-                if self.job is not None and len(self.accepted[k]) == self.job.prompts_per_batch:
-                    self.batch_done.add(k)
-                    if not replaying:
-                        self._tell_trainer({"op": "batch_done", "batch": k})
-                        self._tell_observers({"op": "batch_done", "batch": k})
+            elif isinstance(action, BatchCompleted):
+                if not replaying:
+                    self._tell_trainer({"op": "batch_done", "batch": action.batch})
+                    self._tell_observers({"op": "batch_done", "batch": action.batch})
             elif isinstance(action, Refused):
                 name = action.reason.name
                 self.counters.refused[name] = self.counters.refused.get(name, 0) + 1
@@ -438,17 +445,17 @@ class LedgerService:
     # -- leases and time ---------------------------------------------------------------------
 
     def _schedule_tick(self, expiry: float) -> None:
-        if not math.isfinite(expiry) or expiry in self._ticks:
+        delay = self._tick_timers.arm(expiry, self.clock())
+        if delay is None:
             return
-        loop = asyncio.get_running_loop()
-        delay = max(0.0, expiry - self.clock()) + TICK_SLACK_S
 
         def tick() -> None:
+            self._tick_timers.fired(expiry)
             self._ticks.pop(expiry, None)
             if not self.finished:
                 self.feed(Tick())
 
-        self._ticks[expiry] = loop.call_later(delay, tick)
+        self._ticks[expiry] = asyncio.get_running_loop().call_later(delay, tick)
 
     def _schedule_next_expiry(self) -> None:
         """After a replay: a tick for every lease still live (their timers died with the
@@ -461,65 +468,31 @@ class LedgerService:
 
     # -- the orchestrator: when each batch starts --------------------------------------------
 
-    def _try_request(self) -> None:
-        job = self.job
-        if job is None or self.finished:
+    def _try_request(self, now: float | None = None) -> None:
+        """Ask the pacer whether to request the next batch (at ``now``, the time of the event
+        just decided, or the clock); request it, or set the timer it asks for."""
+        if self.job is None or self.finished:
+            return
+        if now is None:
+            now = self.clock()
+        got = self.core.poll(now)
+        if got is None:
+            return
+        if isinstance(got, WakeAt):
+            pacer = self.core.pacer
+            assert pacer is not None
+
+            def wake() -> None:
+                pacer.woke(got)
+                self._try_request()
+
+            self._pacer_timers.append(
+                asyncio.get_running_loop().call_later(max(0.0, got.at - now), wake)
+            )
             return
         k = self.next_batch
-        if k > job.steps or (k > 1 and k - 1 not in self.batch_done):
-            return
-        if k == 1 and not self._enough_actors():
-            return
-        w = pacing.batch_version(self.state, k)
-        if w is None:
-            return
-        now = self.clock()
-        if self._ready_since is None:
-            self._ready_since = now
-        waiting = pacing.waiting_on(self.state, w) if w > 0 else []
-        grace = self.config.staging_grace_s
-        if not pacing.request_at(
-            ready_since=self._ready_since, waiting=waiting, grace_s=grace, now=now
-        ):
-            if self._grace_timer is None and math.isfinite(grace):
-
-                def expire() -> None:
-                    self._grace_timer = None
-                    self._try_request()
-
-                self._grace_timer = asyncio.get_running_loop().call_later(
-                    self._ready_since + grace - now, expire
-                )
-            return
-        self._ready_since = None
-        if self._grace_timer is not None:
-            self._grace_timer.cancel()
-            self._grace_timer = None
-        prompts = tuple(prompt_id(k, i) for i in range(job.prompts_per_batch))
-        self.feed(BatchRequested(version=w, prompts=prompts))
-        self._tell_observers({"op": "batch_requested", "batch": k, "version": w})
-
-    def _enough_actors(self) -> bool:
-        """The first batch waits until ``start_actors`` Actors are ready (or ``start_wait_s``
-        has passed since the job was registered), so a run's first steps are not taken by
-        whichever Actor happened to load first. Later joins need no barrier."""
-        assert self.job is not None
-        want = int(self.job.spec.get("start_actors", 1))
-        ready = sum(
-            1 for a in self.state.actors.values() if a.schedulable and a.versions.active is not None
-        )
-        if ready >= want:
-            return True
-        if self._start_timer is None:
-            wait = float(self.job.spec.get("start_wait_s", 120.0))
-            self._start_timer = asyncio.get_running_loop().call_later(wait, self._start_anyway)
-        return False
-
-    def _start_anyway(self) -> None:
-        assert self.job is not None
-        self.job.spec["start_actors"] = 0
-        log.warning("ledger: starting before every expected Actor is ready")
-        self._try_request()
+        self.feed(got, now=now)
+        self._tell_observers({"op": "batch_requested", "batch": k, "version": got.version})
 
     # -- connections -------------------------------------------------------------------------
 
@@ -565,10 +538,8 @@ class LedgerService:
                     Path(self.config.log_path).with_suffix(".stats.json")
                 )
                 Path(path).write_text(json.dumps(self.stats(), indent=2))
-        for timer in [*self._ticks.values(), *self._lost_timers.values()]:
+        for timer in [*self._ticks.values(), *self._lost_timers.values(), *self._pacer_timers]:
             timer.cancel()
-        if self._grace_timer is not None:
-            self._grace_timer.cancel()
         for ch in [*self.channels.values(), *self.observers]:
             ch.close()
         if self.trainer is not None:
@@ -677,23 +648,21 @@ class LedgerService:
                 snapshot_bytes=msg.get("snapshot_bytes"),
             )
         )
-        for actor in sorted(self._early_staged.pop(v, ())):
-            rec = self.state.actors.get(actor)
-            if rec is not None and rec.live and (rec.versions.active or 0) < v:
-                self.feed(DeltaStaged(actor=actor, version=v))
+        for staged in self.core.early(v):
+            self.feed(staged)
         self._tell_observers({"op": "published", "version": v})
 
     def _batch_message(self, k: int) -> dict[str, Any]:
         results = []
-        for actor, lease, prompt, version in self.accepted.get(k, []):
-            body = self.log.payload(actor, lease)
+        pacer = self.core.pacer
+        for a in pacer.results.get(k, []) if pacer is not None else []:
             results.append(
                 {
-                    "actor": actor,
-                    "lease": lease,
-                    "prompt": prompt,
-                    "version": version,
-                    "payload": body,
+                    "actor": a.actor,
+                    "lease": a.lease,
+                    "prompt": a.prompt,
+                    "version": a.version,
+                    "payload": self.log.payload(a.actor, a.lease),
                 }
             )
         return {"op": "batch", "batch": k, "complete": k in self.batch_done, "results": results}
@@ -761,20 +730,18 @@ class LedgerService:
                 self._send_route(rec.id, peer)
 
     def _join_actor(self, peer: str, hello: dict[str, Any]) -> None:
-        rec = self.state.actors.get(peer)
         active = hello.get("active")
-        if (
-            rec is not None
-            and rec.live
-            and active is not None
-            and rec.versions.active is not None
-            and int(active) > rec.versions.active
-            and int(active) in self.state.versions
-        ):
-            # It switched versions while the Ledger could not hear it (a restart, a blip).
-            self.feed(CaughtUp(actor=peer, version=int(active)))
-        if rec is not None and rec.live and rec.versions.active == active:
-            # Reconnected (a network blip or a restarted Ledger): resend what it may have missed.
+        said = classify_hello(
+            self.state,
+            peer,
+            region=str(hello.get("region", "")),
+            active=None if active is None else int(active),
+        )
+        for event in said.events:
+            self.feed(event)
+        if said.reconnected:
+            # A network blip or a restarted Ledger: resend what it may have missed.
+            rec = self.state.actors[peer]
             self._send_route(peer, rec.source)
             for lease in self.state.book.live(peer):
                 self._send(
@@ -788,37 +755,16 @@ class LedgerService:
                 )
             if rec.commit_sent is not None:
                 self._send(peer, {"op": "commit", "version": rec.commit_sent})
-            # What it staged while the Ledger could not hear it: without this a restarted Ledger
-            # waited the whole staging grace (10 s) and then left these Actors out of the batch.
-            for v in sorted(int(x) for x in hello.get("staged", ())):
-                self._staged(peer, v)
-            return
-        if rec is not None and rec.live:
-            self.feed(ActorLost(actor=peer))
-        self.feed(
-            ActorJoined(
-                actor=peer,
-                region=str(hello.get("region", "")),
-                active=None if active is None else int(active),
-            )
-        )
+        # What it staged while the Ledger could not hear it: without this a restarted Ledger
+        # waited the whole staging grace (10 s) and then left these Actors out of the batch.
         for v in sorted(int(x) for x in hello.get("staged", ())):
-            if self.state.actors[peer].live and v in self.state.versions:
-                self.feed(DeltaStaged(actor=peer, version=v))
+            self._staged(peer, v)
 
     def _staged(self, peer: str, v: int) -> None:
         """Actor ``peer`` says it holds D_v verified and staged."""
-        rec = self.state.actors[peer]
-        if v not in self.state.versions:
-            # Cut-through: the delta can reach an Actor before the Trainer has told the
-            # Ledger it is published. Remember it; it is fed when the version is.
-            self._early_staged.setdefault(v, set()).add(peer)
-            return
-        if rec.versions.state(v).value in ("staged", "active") or (
-            rec.versions.active is not None and v <= rec.versions.active
-        ):
-            return  # already known (a re-subscribed node stages what it had again)
-        self.feed(DeltaStaged(actor=peer, version=v))
+        event = self.core.staged(peer, v)
+        if event is not None:
+            self.feed(event)
 
     def _lose(self, peer: str, role: str) -> None:
         self._lost_timers.pop(peer, None)

@@ -7,8 +7,9 @@ acting on it (:mod:`aurora.runtime.ledgerlog`). So the results are not collected
 processes (some of which may have been killed); they are read back from that one log, and the
 invariants are checked by replaying it:
 
-* the log is replayed through :func:`aurora.policy.ledger.decide` alone and the actions must equal
-  the ones the run recorded (the same decisions, made once, in one place);
+* the log is replayed through the policy core alone (:class:`aurora.policy.core.LedgerCore`:
+  ``decide`` and the pacer's batch accounting) and the actions must equal the ones the run
+  recorded (the same decisions, made once, in one place);
 * the replayed lease book must pass :meth:`~aurora.policy.leases.LeaseBook.check` (every prompt in
   exactly one place) and every prompt of every requested batch must be settled exactly once;
 * every admitted result must carry its lease's version and the h(v) the Trainer published;
@@ -31,13 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aurora.policy.ledger import (
-    LedgerConfig,
-    decide,
-    event_from_record,
-    initial_state,
-    to_record,
-)
+from aurora.policy.core import LedgerCore
+from aurora.policy.ledger import LedgerConfig, event_from_record, to_record
+from aurora.runtime.ledger import job_pacing
 from aurora.runtime.ledgerlog import LedgerLog
 
 
@@ -80,7 +77,8 @@ def replay_log(db_path: str | Path, *, policy: LedgerConfig) -> RunLog:
         rows = list(log.events())
     finally:
         log.close()
-    state = initial_state(policy)
+    core = LedgerCore(policy)
+    state = core.state
     out = RunLog()
     results: dict[str, tuple[int, str]] = {}
     settled_prompts: Counter[str] = Counter()
@@ -96,11 +94,14 @@ def replay_log(db_path: str | Path, *, policy: LedgerConfig) -> RunLog:
                 out.activations.append({**rec, "now": row.now})
             elif kind == "Fault":
                 out.faults.append((row.now, str(rec.get("spec", ""))))
+            elif kind == "Job" and core.pacer is None:
+                # Batch accounting only: the grace and barrier are not judged in a replay.
+                core.start_pacing(job_pacing(rec, staging_grace_s=0.0))
             out.events.append(_event_row(row.now, "driver", rec))
             continue
         event = event_from_record(rec)
         try:
-            _, actions = decide(state, event, now=row.now)
+            actions = core.feed(event, now=row.now)
             replayed = [to_record(a) for a in actions]
         except ValueError as exc:
             replayed = [{"type": "Invalid", "reason": str(exc)}]

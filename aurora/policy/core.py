@@ -1,0 +1,93 @@
+"""The Job Ledger's whole decision: ``decide``, the pacer and the staged-report buffer as one
+object that both drivers hold.
+
+Theory of operation
+-------------------
+:class:`LedgerCore` is what the simulator's :mod:`sim.ledger_driver` and the runtime's Ledger
+service each keep instead of rules of their own. :meth:`LedgerCore.feed` decides one event at
+``now``: a ``BatchRequested`` is checked against the pacer before ``decide`` sees it and recorded
+by it after; ``decide``'s actions come back with a
+:class:`~aurora.policy.ledger.BatchCompleted` right after the ``Accepted`` that completed a batch
+(so completion is in every recorded trace, and a replay checks it); a ``DeltaPublished`` lets
+the pacer forget the batches trained into it. :meth:`LedgerCore.poll` asks the pacer whether to
+request the next batch, :meth:`LedgerCore.staged` and :meth:`LedgerCore.early` pass an Actor's
+staged report through :class:`~aurora.policy.reports.StagedReports`. The drivers own the clock,
+the timers and the messages; they choose when to poll, never what the answer is.
+
+Without a pacer (``pacing=None``: the golden scenario, a Ledger whose Trainer has not yet
+registered the job) it is ``decide`` alone. Nothing here does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+from aurora.policy.ledger import (
+    Accepted,
+    Action,
+    BatchCompleted,
+    BatchRequested,
+    DeltaPublished,
+    DeltaStaged,
+    Event,
+    LedgerConfig,
+    LedgerState,
+    decide,
+    initial_state,
+)
+from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
+from aurora.policy.reports import StagedReports
+
+
+class LedgerCore:
+    """``decide`` + :class:`~aurora.policy.pacer.Pacer` + staged reports (module docstring)."""
+
+    def __init__(self, config: LedgerConfig, pacing: PacerConfig | None = None) -> None:
+        self.state: LedgerState = initial_state(config)
+        self.pacer: Pacer | None = None if pacing is None else Pacer(pacing)
+        self.reports = StagedReports()
+
+    def start_pacing(self, pacing: PacerConfig) -> Pacer:
+        """Start pacing batches (the runtime: when the Trainer registers the job)."""
+        if self.pacer is not None:
+            raise ValueError("the core already paces batches")
+        self.pacer = Pacer(pacing)
+        return self.pacer
+
+    def feed(self, event: Event, *, now: float) -> list[Action]:
+        """Decide ``event`` at ``now`` (s). A ``ValueError`` leaves everything unchanged."""
+        pacer = self.pacer
+        kind = type(event)
+        if pacer is not None and kind is BatchRequested:
+            pacer.check_request(event)  # type: ignore[arg-type]
+        _, actions = decide(self.state, event, now=now)
+        if pacer is None:
+            return actions
+        if kind is BatchRequested:
+            pacer.requested(event)  # type: ignore[arg-type]
+        elif kind is DeltaPublished:
+            pacer.published(event.version)  # type: ignore[union-attr]
+        accepted = [a for a in actions if type(a) is Accepted]
+        completed = pacer.settle(accepted, now) if accepted else []
+        pacer.observe(self.state, now)
+        if not completed:
+            return actions
+        # Each BatchCompleted right after the Accepted that completed its batch.
+        after = {id(accepted[i]): k for i, k in completed}
+        out: list[Action] = []
+        for a in actions:
+            out.append(a)
+            k = after.get(id(a))
+            if k is not None:
+                out.append(BatchCompleted(batch=k))
+        return out
+
+    def poll(self, now: float) -> BatchRequested | WakeAt | None:
+        """Request the next batch at ``now``? (None without a pacer.)"""
+        return None if self.pacer is None else self.pacer.poll(self.state, now)
+
+    def staged(self, actor: str, version: int) -> DeltaStaged | None:
+        """``actor`` reports D_``version`` staged: the event to feed now, or None."""
+        return self.reports.staged(self.state, actor, version)
+
+    def early(self, version: int) -> list[DeltaStaged]:
+        """After ``DeltaPublished(version)``: the staged reports that waited for it."""
+        return self.reports.published(self.state, version)
