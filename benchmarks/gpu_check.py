@@ -91,7 +91,7 @@ def memcpy_gbs(device: str, mb: int) -> float:
 
 
 def _tiny_config(dry_run: bool) -> Any:
-    from aurora.rl.model import TinyQwen3Config
+    from aurora.models import TinyQwen3Config
 
     if dry_run:
         return TinyQwen3Config()
@@ -165,7 +165,7 @@ def run_chain(
 ) -> dict[str, Any]:
     from aurora.delta import read_delta
     from aurora.engines import Sampling
-    from aurora.rl.model import build_default, save_pretrained
+    from aurora.models import build_default, save_pretrained
     from aurora.rl.tasks import ArithmeticTask
     from aurora.rl.trainer import Group, GRPOConfig, Trainer
 

@@ -28,7 +28,7 @@ from sim.network import tcp_cap
 SECONDS = float(os.environ.get("AURORA_EMU_SECONDS", "20"))
 """Length of each goodput transfer (s); loss events at 1e-4 are rare, so longer is steadier."""
 MSS = 1448
-"""TCP payload per MTU packet (1500 - IP - TCP - timestamps), as in sim/traces/paper.yaml."""
+"""TCP payload per MTU packet (1500 - IP - TCP - timestamps), as in aurora/traces/paper.yaml."""
 WINDOW = 4 << 20
 """Linux's default tcp_wmem maximum, the simulator's tcp_window_bytes."""
 PAYLOAD = MSS / MTU_FRAME_BYTES

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from aurora.engines import Sampling, TransformersEngine  # noqa: E402
-from aurora.rl.model import build_default  # noqa: E402
+from aurora.models import build_default  # noqa: E402
 from aurora.rl.tasks import ArithmeticTask  # noqa: E402
 from aurora.rl.trainer import Group, GRPOConfig, Trainer  # noqa: E402
 

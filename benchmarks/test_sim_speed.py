@@ -52,8 +52,8 @@ def config(actors: int, steps: int):  # type: ignore[no-untyped-def]
     import yaml
 
     from aurora.topology import topology_from_dict
+    from aurora.traces import load_traces
     from sim.config import SimConfig, strategy
-    from sim.traces import load_traces
 
     if actors <= 100:
         data = yaml.safe_load((ROOT / "examples" / "geo.yaml").read_text())

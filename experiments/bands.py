@@ -3,8 +3,8 @@ plausible range, one input at a time.
 
 The paper does not state the RTT and loss of its links, the Actors' interfaces, what extraction
 and the weight copy cost, how long generation takes against training, or the Trainer's MFU; our
-defaults for them (``sim/traces/paper.yaml``, ``examples/geo.yaml``) are single points. Each claim
-is therefore reported as a band: its value at the default, and its lowest and highest values
+defaults for them (``aurora/traces/paper.yaml``, ``examples/geo.yaml``) are single points. Each
+claim is therefore reported as a band: its value at the default, and its lowest and highest values
 when one input at a time is set to either end of its range (below), with the input responsible.
 One at a time, not jointly: a band shows which input a claim hinges on, not the worst case of
 all of them together.
@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from aurora.traces import Quantity
 from experiments.common import (
     Claim,
     Point,
@@ -48,7 +49,6 @@ from experiments.common import (
     sweep_options,
 )
 from sim.config import SimConfig
-from sim.traces import Quantity
 
 NAME = "bands"
 SIMULATED = (

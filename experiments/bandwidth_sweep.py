@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from aurora.topology import topology_from_dict
+from aurora.traces import Quantity, Traces, load_traces
 from experiments.common import (
     Claim,
     Point,
@@ -25,7 +26,6 @@ from experiments.common import (
     one,
 )
 from sim.config import SimConfig, strategy
-from sim.traces import Quantity, Traces, load_traces
 
 NAME = "bandwidth_sweep"
 measure = fanout_measure

@@ -27,10 +27,10 @@ from tqdm import tqdm
 
 from aurora.provenance import git_sha
 from aurora.topology import Topology
+from aurora.traces import load_traces
 from experiments import sweep
 from sim.config import SimConfig, strategy
 from sim.output import config_columns
-from sim.traces import load_traces
 
 RESULTS = Path(os.environ.get("AURORA_RESULTS", "results"))
 """Root of all result folders (``AURORA_RESULTS`` overrides it, e.g. for tests)."""

@@ -21,6 +21,7 @@ from aurora.codec_bench import shapes_for
 from aurora.delta import DeltaEncoder, codecs, weights_hash
 from aurora.delta.synthetic import lr_for_density, make_step
 from aurora.topology import topology_from_dict
+from aurora.traces import Quantity, load_traces
 from experiments.common import (
     Claim,
     Point,
@@ -31,7 +32,6 @@ from experiments.common import (
     one,
 )
 from sim.config import SimConfig, strategy
-from sim.traces import Quantity, load_traces
 
 NAME = "encoding"
 measure = fanout_measure

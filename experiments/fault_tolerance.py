@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 
 from aurora.topology import topology_from_dict
+from aurora.traces import load_traces
 from experiments.common import Claim, Point, experiment_main, geo_topology
 from sim.config import Fault, SimConfig, strategy
-from sim.traces import load_traces
 
 NAME = "fault_tolerance"
 PAPER = (

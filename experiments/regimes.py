@@ -29,10 +29,10 @@ import pandas as pd
 import yaml
 
 from aurora.topology import topology_from_dict
+from aurora.traces import Quantity, Traces, load_traces
 from experiments.common import Claim, Point, experiment_main, summary_config
 from experiments.throughput import GEO
 from sim.config import strategy
-from sim.traces import Quantity, Traces, load_traces
 
 NAME = "regimes"
 MECHANISMS = {

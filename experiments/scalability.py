@@ -17,9 +17,9 @@ from pathlib import Path
 import pandas as pd
 
 from aurora.topology import topology_from_dict
+from aurora.traces import load_traces
 from experiments.common import Claim, Point, experiment_main, geo_topology
 from sim.config import Fault, SimConfig, strategy
-from sim.traces import load_traces
 
 NAME = "scalability"
 PAPER = {1: 5_600, 2: 9_300, 3: 11_500, 4: 13_500}

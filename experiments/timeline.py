@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from aurora.traces import load_traces
 from experiments.common import Claim, Point, experiment_main, one
 from experiments.throughput import MODELS, deployment
 from sim.config import SimConfig, strategy
-from sim.traces import load_traces
 
 NAME = "timeline"
 SYSTEMS = {"PrimeRL-Full": "prime-full", "AuroraRL": "aurora-leb128"}

@@ -1,1 +1,2 @@
-"""The SimPy discrete-event simulator: a driver of the policy core over recorded traces (docs/SIMULATOR.md)."""
+"""The SimPy discrete-event simulator: a driver of the policy core over recorded traces
+(docs/SIMULATOR.md)."""

@@ -31,7 +31,7 @@ DEFAULT_STRATEGIES = "aurora,prime-full,ideal-singledc"
 
 def add_parser(subparsers: Any) -> None:
     """Add ``sim`` to an ``argparse`` subparsers object."""
-    from sim.config import STRATEGIES
+    from aurora.strategies import STRATEGIES
 
     p = subparsers.add_parser(
         "sim",
@@ -52,7 +52,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
     p.add_argument("--workload", default="gsm8k", help="workload in the traces (default gsm8k)")
-    p.add_argument("--traces", default=None, help="trace YAML (default: sim/traces/paper.yaml)")
+    p.add_argument("--traces", default=None, help="trace YAML (default: aurora/traces/paper.yaml)")
     p.add_argument(
         "--fault",
         action="append",
@@ -122,10 +122,10 @@ def run(args: argparse.Namespace) -> int:
 
     from aurora.faults import parse_fault
     from aurora.topology import load_topology
+    from aurora.traces import load_traces
     from sim.config import SimConfig, strategy
     from sim.model import Simulation, SimulationStalled
     from sim.output import write_result
-    from sim.traces import load_traces
 
     try:
         topology = load_topology(args.topology)

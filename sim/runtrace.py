@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-The simulator is trace-driven: it charges time only from recorded inputs (:mod:`sim.traces`).
-The paper's trace (``sim/traces/paper.yaml``) holds the paper's stated inputs; this module makes
+The simulator is trace-driven: it charges time only from recorded inputs (:mod:`aurora.traces`).
+The paper's trace (``aurora/traces/paper.yaml``) holds the paper's stated inputs; this module makes
 a trace from a run of our own runtime (``aurora/runtime``), so that the simulator can replay the
 run and its predictions can be checked against what the run did (``experiments/sim_vs_real``).
 
@@ -11,7 +11,7 @@ run and its predictions can be checked against what the run did (``experiments/s
 Ledger's event log ``events.csv``, the Actors' spans ``ledger.spans.jsonl``, ``job.json``,
 ``summary.json``, ``faults.jsonl`` and ``emulation.json`` are) and writes ``<run>/sim/``:
 
-* ``trace.yaml`` in the simulator's trace format (it loads with :func:`sim.traces.load_traces`);
+* ``trace.yaml`` in the simulator's trace format (it loads with :func:`aurora.traces.load_traces`);
   every number says which run it was recorded from and how (mean of how many spans, their
   spread), or that the run could not measure it and where the value comes from instead;
 * ``topology.yaml``: the deployment as the run had it (the Actors and relays it started, the
@@ -77,8 +77,8 @@ import yaml
 from aurora.faults import parse_fault
 from aurora.policy.leases import LeaseConfig
 from aurora.topology import Topology, load_topology
+from aurora.traces import PAPER, Traces, load_traces
 from sim.config import RateSchedule, SimConfig, strategy
-from sim.traces import PAPER, Traces, load_traces
 
 WARMUP_STEPS = 2
 """The Trainer's first steps and the generation on v0 (the first batches) are left out of the
@@ -361,7 +361,7 @@ def result_messages(rec: RunRecord, tokens_per_result: float) -> dict[str, Any]:
     """Bytes of the run's result messages on the wire, rebuilt as the Actor frames them
     (:func:`aurora.transport.wire.control` of ``{op, lease, version, weights_hash, payload,
     tokens}``) with each payload the Ledger logged, plus one segment's TCP/IP headers."""
-    from aurora.runtime.ledgerlog import LedgerLog
+    from aurora.store.ledgerlog import LedgerLog
     from aurora.transport import wire
 
     db = rec.path / "ledger.db"
@@ -596,7 +596,7 @@ def trace_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
             "not measured (loopback: the window never binds at its RTT): the paper trace's value",
         )
     )
-    paper = "from sim/traces/paper.yaml"
+    paper = "from aurora/traces/paper.yaml"
     constants = {
         "rollouts_per_actor": _q(
             rollouts_per_step / actors,
@@ -793,7 +793,7 @@ def replay_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
 def record_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``trace.yaml``, ``topology.yaml`` and ``replay.json`` for a finished run (into
     ``<run>/sim/`` unless ``out`` says where); return the folder. Each loads back as it is
-    replayed (the trace with :func:`sim.traces.load_traces`), so a bad record fails here."""
+    replayed (the trace with :func:`aurora.traces.load_traces`), so a bad record fails here."""
     rec = read_run(run_dir)
     m = measurements(rec)
     dest = Path(out) if out is not None else rec.path / "sim"

@@ -203,10 +203,10 @@ def test_names_carry_the_tag_and_fit_the_kernel_limits():
 
 def test_fluctuation_draws_are_the_simulators_own(monkeypatch):
     """The emulator's rate sequence for a link equals the simulator's for the same seed."""
+    from aurora.traces import load_traces
     from sim import network as simnet
     from sim.config import SimConfig, strategy
     from sim.model import simulate
-    from sim.traces import load_traces
 
     calls = []
     original = simnet.Network.set_capacity

@@ -14,7 +14,7 @@ from aurora.delta.hf import bf16_views  # noqa: E402
 from aurora.engines import Engine, Sampling, TransformersEngine, weights_digest_of  # noqa: E402
 from aurora.engines.base import canonical_state  # noqa: E402
 from aurora.engines.transformers import EngineError  # noqa: E402
-from aurora.rl.model import build_default, save_pretrained  # noqa: E402
+from aurora.models import build_default, save_pretrained  # noqa: E402
 
 PROMPTS = ["1+2=", "123+456=", "45+6="]
 

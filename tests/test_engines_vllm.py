@@ -44,7 +44,7 @@ from aurora.engines.vllm import (  # noqa: E402
     ranks_from_messages,
     sampling_kwargs,
 )
-from aurora.rl.model import TinyQwen3Config, build_default  # noqa: E402
+from aurora.models import TinyQwen3Config, build_default  # noqa: E402
 from aurora.rl.trainer import Group, GRPOConfig, Trainer  # noqa: E402
 
 CFG = TinyQwen3Config()  # 4 q heads, 2 kv heads: TP 4 replicates each kv head twice

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aurora.policy._fsm import IllegalTransition
+from aurora.policy import IllegalTransition
 from aurora.policy.leases import LeaseState, Refusal
 from aurora.policy.ledger import (
     Accepted,

@@ -13,7 +13,7 @@ from aurora.policy.ledger import (
     Tick,
 )
 from aurora.runtime.ledger import LedgerService, LedgerServiceConfig
-from aurora.runtime.ledgerlog import LedgerLog
+from aurora.store.ledgerlog import LedgerLog
 
 
 class Clock:

@@ -60,7 +60,7 @@ def stock_digest(path: Path) -> str:
 
 def test_a_real_run_on_the_rl_backend_loses_nothing_and_exports_the_published_weights(tmp_path):
     from aurora.cli import main as aurora
-    from aurora.rl.model import save_pretrained
+    from aurora.models import save_pretrained
     from aurora.rl.warmstart import WarmStartConfig, warm_start
 
     threads = torch.get_num_threads()

@@ -28,9 +28,9 @@ from aurora.policy.ledger import (
     to_record,
 )
 from aurora.topology import load_topology
+from aurora.traces import load_traces
 from sim.config import SimConfig, strategy
 from sim.model import simulate
-from sim.traces import load_traces
 
 GEO = Path(__file__).resolve().parent.parent / "examples" / "geo.yaml"
 

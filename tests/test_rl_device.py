@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from aurora.delta import DeltaEncoder, apply_delta_torch, read_delta  # noqa: E402
+from aurora.models import build_default  # noqa: E402
 from aurora.rl import device as gpu  # noqa: E402
-from aurora.rl.model import build_default  # noqa: E402
 from aurora.rl.trainer import Group, GRPOConfig, Trainer, TrainerError  # noqa: E402
 
 SPECIAL = np.array([0x0000, 0x8000, 0x7FC1, 0x7FC2, 0xFFFF], dtype=np.uint16)

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from aurora.delta.hf import bf16_views  # noqa: E402
-from aurora.rl.model import (  # noqa: E402
+from aurora.models import (  # noqa: E402
     ALPHABET,
     ModelLoadError,
     TinyQwen3Config,

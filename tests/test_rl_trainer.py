@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 
 from aurora.delta import read_delta  # noqa: E402
 from aurora.engines import Sampling, TransformersEngine  # noqa: E402
-from aurora.rl.model import TinyQwen3Config, build_default, load_state  # noqa: E402
+from aurora.models import TinyQwen3Config, build_default, load_state  # noqa: E402
 from aurora.rl.tasks import ArithmeticTask, RewardError  # noqa: E402
 from aurora.rl.trainer import (  # noqa: E402
     Group,

@@ -18,11 +18,11 @@ from aurora.policy.core import LedgerCore
 from aurora.policy.ledger import BatchCompleted, BatchRequested, LedgerConfig
 from aurora.policy.pacer import PacerConfig
 from aurora.topology import load_topology, topology_from_dict
+from aurora.traces import PAPER, load_traces
 from sim.config import Fault, SimConfig, strategy
 from sim.model import Simulation, SimulationStalled, simulate
 from sim.network import Network, Resource, tcp_cap
 from sim.output import write_result
-from sim.traces import PAPER, load_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 GEO = ROOT / "examples" / "geo.yaml"
@@ -58,7 +58,7 @@ def tiny_traces():
 
 def load_traces_from(data: dict, path: Path):
     from aurora.topology import build
-    from sim.traces import Traces
+    from aurora.traces import Traces
 
     return build(Traces, data, source=str(path))
 

@@ -9,9 +9,9 @@ import yaml
 from aurora.faults import parse_fault
 from aurora.policy.leases import LeaseConfig
 from aurora.topology import topology_from_dict
+from aurora.traces import load_traces
 from sim.config import SimConfig, strategy
 from sim.model import SimulationStalled, simulate
-from sim.traces import load_traces
 from tests.test_sim import GEO, tiny_config
 
 

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from aurora.topology import topology_from_dict
+from aurora.traces import load_traces
 from sim.config import SimConfig, strategy
 from sim.model import simulate
-from sim.traces import load_traces
 
 GEO = Path(__file__).resolve().parent.parent / "examples" / "geo.yaml"
 

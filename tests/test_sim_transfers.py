@@ -12,10 +12,10 @@ import yaml
 
 from aurora.policy.versions import CatchUpPlan
 from aurora.topology import load_topology, topology_from_dict
+from aurora.traces import load_traces
 from sim.config import SimConfig, strategy
 from sim.model import Simulation
 from sim.network import Network, Resource, tcp_cap
-from sim.traces import load_traces
 
 GEO = Path(__file__).resolve().parent.parent / "examples" / "geo.yaml"
 

@@ -16,10 +16,10 @@ import pytest
 from nbclient import NotebookClient
 
 from aurora.topology import load_topology, topology_from_dict
+from aurora.traces import load_traces
 from sim.config import SimConfig, strategy
 from sim.model import simulate
 from sim.runtrace import RunFolderError, read_run, record_run, replay_config
-from sim.traces import load_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, TIMELINE_STEPS = 5, 20

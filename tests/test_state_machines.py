@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from aurora.policy._fsm import IllegalTransition
+from aurora.policy import IllegalTransition
 from aurora.policy.leases import TRANSITIONS as LEASE_TABLE
 from aurora.policy.leases import LeaseBook, LeaseState
 from aurora.policy.membership import ActorLife, advance

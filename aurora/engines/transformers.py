@@ -45,7 +45,7 @@ from aurora.engines.base import (
     encode_prompts,
     weights_digest_of,
 )
-from aurora.rl.model import cast_weights
+from aurora.models import cast_weights
 
 
 class TransformersEngine:
@@ -99,8 +99,8 @@ class TransformersEngine:
     def from_pretrained(
         cls, path_or_id: str, *, device: str = "cpu", **kw: Any
     ) -> TransformersEngine:
-        """An engine on a local Hugging Face directory or hub id (:func:`aurora.rl.model.load`)."""
-        from aurora.rl.model import load
+        """An engine on a local Hugging Face directory or hub id (:func:`aurora.models.load`)."""
+        from aurora.models import load
 
         model, tokenizer = load(path_or_id, dtype=torch.bfloat16, device=device)
         return cls(model, tokenizer, **kw)

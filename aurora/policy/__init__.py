@@ -13,4 +13,16 @@ Modules:
 * :mod:`~aurora.policy.staging` - receiving -> staged -> active per Actor (staging machine).
 * :mod:`~aurora.policy.membership` - Actor lifecycle machine, relay election and routes.
 * :mod:`~aurora.policy.ledger` - ``decide(state, event, *, now) -> (state, actions)``.
+* :mod:`~aurora.policy.pacer` - when batch k starts and on which version, the start barrier,
+  when a batch is complete (pacer machine).
+* :mod:`~aurora.policy.reports` - staged reports that precede their version; what a hello means.
+* :mod:`~aurora.policy.timers` - one lease-expiry tick per distinct expiry.
+* :mod:`~aurora.policy.core` - ``LedgerCore``: the above as the one object both drivers hold.
+
+:class:`IllegalTransition` (every machine's refusal) is this package's public error; its home,
+``_fsm``, is private to the package.
 """
+
+from aurora.policy._fsm import IllegalTransition
+
+__all__ = ["IllegalTransition"]

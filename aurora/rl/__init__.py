@@ -2,8 +2,6 @@
 
 * :mod:`~aurora.rl.tasks` - reward functions ``(prompt, completion) -> float``, the arithmetic
   task (prompts by integer id from a seed, a fixed held-out set), a GSM8K-style extractor.
-* :mod:`~aurora.rl.model` - the tiny Qwen3 default and its tokenizer, ``from_pretrained``
-  loading of any directory or hub id, Hugging Face export.
 * :mod:`~aurora.rl.warmstart` - supervised pre-training to a threshold, cached as the v0
   snapshot in the Checkpoint Store's format.
 * :mod:`~aurora.rl.trainer` - GRPO on fp32 master weights; publishes bf16 delta checkpoints.

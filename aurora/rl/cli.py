@@ -36,7 +36,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from aurora.rl.model import save_pretrained
+    from aurora.models import save_pretrained
     from aurora.rl.warmstart import WarmStartConfig, WarmStartError, warm_start
 
     overrides = {

@@ -67,8 +67,8 @@ import torch
 from aurora.delta import DEFAULT_SEGMENT_SIZE, DeltaEncoder, Segment, weights_hash
 from aurora.delta.codecs import DEFAULT_CODEC
 from aurora.engines.base import weights_digest_of
+from aurora.models import cast_weights
 from aurora.rl import device as gpu
-from aurora.rl.model import cast_weights
 from aurora.rl.tasks import RewardFn, score
 
 CHECKPOINT_FORMAT = 1
@@ -590,7 +590,7 @@ class Trainer:
         if state is not None:
             import copy
 
-            from aurora.rl.model import load_state
+            from aurora.models import load_state
 
             model = copy.deepcopy(self.model)
             load_state(model, state)

@@ -42,7 +42,7 @@ import torch
 
 from aurora.engines.base import Sampling
 from aurora.engines.transformers import TransformersEngine
-from aurora.rl.model import TinyQwen3Config, build_default, load_state
+from aurora.models import TinyQwen3Config, build_default, load_state
 from aurora.rl.tasks import ArithmeticConfig, ArithmeticTask, score, solve
 from aurora.rl.trainer import named_weights, to_bf16_bits
 from aurora.store import CheckpointStore

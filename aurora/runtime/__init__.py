@@ -8,7 +8,7 @@ hosts and ``aurora real`` starts them all on one (``docs/RUNTIME.md``):
 * the **Ledger** (:mod:`~aurora.runtime.ledger`) drives :func:`aurora.policy.ledger.decide` with
   real events and the wall clock, and :mod:`aurora.policy.pacer` for when each batch starts;
   every event is appended to SQLite before its actions are carried out
-  (:mod:`~aurora.runtime.ledgerlog`), so a restarted Ledger replays its log through ``decide``
+  (:mod:`~aurora.store.ledgerlog`), so a restarted Ledger replays its log through ``decide``
   and resumes with the same state;
 * the **Trainer** (:mod:`~aurora.runtime.trainer`) trains on the admitted results of each batch
   and publishes ``D_v`` through its data-plane node and the Checkpoint Store;

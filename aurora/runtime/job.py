@@ -14,7 +14,7 @@ processes; :func:`plan_job` turns topology + strategy + overrides into
   Ledger hands it to each peer that joins, so an Actor on another host needs nothing but the
   Ledger's address, the job secret and the job's public key.
 
-Strategies keep the simulator's names and meanings (:func:`sim.config.strategy`): ``aurora``
+Strategies keep the simulator's names and meanings (:func:`aurora.strategies.strategy`): ``aurora``
 sends sparse deltas through relays over S streams with a one-step lag; ``prime-full`` a dense
 bf16 copy every step, one stream, store-and-forward relays, and waits for the weights;
 ``prime-async2/4`` the same with a lag bound of 2/4; ``ideal-singledc`` is ``aurora`` with no
@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from aurora.strategies import strategy
 from aurora.topology import Topology
 
 REAL_STRATEGIES = ("aurora", "prime-full", "prime-async2", "prime-async4", "ideal-singledc")
@@ -106,8 +107,6 @@ def strategy_spec(name: str) -> dict[str, Any]:
             f"--strategy: {name!r} does not run on real processes (one of "
             f"{', '.join(REAL_STRATEGIES)}; the simulator's ablations are simulator-only)"
         )
-    from sim.config import strategy
-
     s = strategy(name)
     dense = s.payload == "dense" and not s.rdma
     return {

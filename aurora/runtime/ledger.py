@@ -7,7 +7,7 @@ authenticated connection to it (:mod:`aurora.runtime.channel`); what arrives bec
 :mod:`aurora.policy.ledger` (``ActorJoined``, ``DeltaStaged``, ``ResultArrived`` ...), and each
 event goes through the same three steps:
 
-1. it is appended to the SQLite log (:class:`~aurora.runtime.ledgerlog.LedgerLog`), with the
+1. it is appended to the SQLite log (:class:`~aurora.store.ledgerlog.LedgerLog`), with the
    result payload it carries, and committed;
 2. :func:`aurora.policy.ledger.decide` turns it into actions at ``now`` (the wall clock, read in
    one place, :attr:`LedgerService.clock`);
@@ -79,7 +79,7 @@ from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
 from aurora.policy.reports import classify_hello
 from aurora.policy.timers import TickTimers
 from aurora.runtime.channel import Channel, ChannelClosed, serve
-from aurora.runtime.ledgerlog import LedgerLog
+from aurora.store.ledgerlog import LedgerLog
 
 log = logging.getLogger("aurora.runtime.ledger")
 

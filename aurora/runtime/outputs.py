@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Everything that happened in a run went through the Ledger, and the Ledger logged it before
-acting on it (:mod:`aurora.runtime.ledgerlog`). So the results are not collected from the
+acting on it (:mod:`aurora.store.ledgerlog`). So the results are not collected from the
 processes (some of which may have been killed); they are read back from that one log, and the
 invariants are checked by replaying it:
 
@@ -35,7 +35,7 @@ from typing import Any
 from aurora.policy.core import LedgerCore
 from aurora.policy.ledger import LedgerConfig, event_from_record, to_record
 from aurora.runtime.ledger import job_pacing
-from aurora.runtime.ledgerlog import LedgerLog
+from aurora.store.ledgerlog import LedgerLog
 
 
 @dataclass

@@ -13,7 +13,7 @@ AuroraRL's delta hides. A model that a CPU trains in minutes is ~10^4 times smal
 ~10^2 times shorter; on the same link every transfer would be instantaneous and the comparison
 empty. :func:`regime_scale` returns the factor by which to multiply every link rate so that the
 small model's R equals the topology's (both computed from the same inputs the simulator reads:
-``sim/traces/paper.yaml`` for the paper's side). RTT and loss are not scaled: they are what the
+``aurora/traces/paper.yaml`` for the paper's side). RTT and loss are not scaled: they are what the
 TCP stack sees, and scaling them below the delay line's resolution would remove them.
 """
 
@@ -27,7 +27,7 @@ from aurora.topology import Topology
 def paper_ratio(topology: Topology, *, workload: str = "gsm8k") -> float:
     """R of the topology as the paper runs it (its model, its Actors' GPU, its first remote
     link): dense transfer time over the generation window."""
-    from sim.traces import load_traces
+    from aurora.traces import load_traces
 
     traces = load_traces()
     model = topology.trainer.model

@@ -7,7 +7,7 @@ The runtime's two compute interfaces (:mod:`aurora.runtime.compute`) mapped onto
 
 * the model is ``tiny`` (the built-in tiny Qwen3, warm-started on the task and cached as the v0
   snapshot: :func:`aurora.rl.warmstart.warm_start`), a local Hugging Face directory, or a hub id
-  (:func:`aurora.rl.model.load`);
+  (:func:`aurora.models.load`);
 * prompts travel as ids: a lease names ``b{k}-{i}``, the Actor and the Trainer rebuild the text
   from the task's seeded stream (:meth:`aurora.rl.tasks.ArithmeticTask.prompt`), so an Actor
   cannot change what it was asked;
@@ -67,7 +67,7 @@ def _model(spec: Mapping[str, Any], *, cache: str | None = None) -> tuple[Any, A
         return ws.model, ws.tokenizer, ws.weights_hash
     import torch
 
-    from aurora.rl.model import load
+    from aurora.models import load
 
     model, tokenizer = load(name, dtype=torch.float32)
     return model, tokenizer, None
@@ -113,7 +113,7 @@ def model_dense_bytes(spec: Mapping[str, Any]) -> int:
     check_compute(spec)
     name = str(spec.get("model", "tiny"))
     if name == "tiny":
-        from aurora.rl.model import TinyQwen3Config
+        from aurora.models import TinyQwen3Config
 
         config = TinyQwen3Config().hf_config()
     else:
@@ -249,7 +249,7 @@ class RLTrainer:
         self.trainer.load_checkpoint(path)
 
     def export(self, path: str) -> None:
-        from aurora.rl.model import save_pretrained
+        from aurora.models import save_pretrained
 
         save_pretrained(
             self._template, self.tokenizer, path, state=self.trainer.published, overwrite=True
@@ -323,7 +323,7 @@ def _vllm_engine(spec: Mapping[str, Any]) -> RLEngine:
     _threads(spec)
     name = str(spec.get("model", "tiny"))
     if name == "tiny":  # vLLM loads a directory: the architecture; weights come from the snapshot
-        from aurora.rl.model import build_default, save_pretrained
+        from aurora.models import build_default, save_pretrained
 
         model, tokenizer = build_default()
         name = str(save_pretrained(model, tokenizer, f"{tempfile.mkdtemp(prefix='aurora-')}/m"))
@@ -348,13 +348,13 @@ def make_rl_engine(spec: Mapping[str, Any], *, engine: str | None = None) -> RLE
     warm_up()  # compile the apply kernels now, not inside the first activation (~1 s)
     name = str(spec.get("model", "tiny"))
     if name == "tiny":
-        from aurora.rl.model import build_default
+        from aurora.models import build_default
 
         model, tokenizer = build_default()  # the architecture; weights come from the snapshot
     else:
         import torch
 
-        from aurora.rl.model import load
+        from aurora.models import load
 
         model, tokenizer = load(name, dtype=torch.bfloat16)
     return RLEngine(spec, TransformersEngine(model, tokenizer, seed=int(spec["seed"])), _task(spec))
@@ -363,7 +363,7 @@ def make_rl_engine(spec: Mapping[str, Any], *, engine: str | None = None) -> RLE
 def export_state(spec: Mapping[str, Any], state: Mapping[str, np.ndarray], out: str) -> None:
     """Write bf16 weights ``state`` (split names) of the job's model as a Hugging Face
     directory that stock ``from_pretrained`` loads."""
-    from aurora.rl.model import build_default, load, save_pretrained
+    from aurora.models import build_default, load, save_pretrained
 
     name = str(spec.get("model", "tiny"))
     model, tokenizer = build_default() if name == "tiny" else load(name)

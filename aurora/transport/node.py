@@ -87,7 +87,7 @@ from aurora.delta.announce import (
 from aurora.delta.arena import DEFAULT_CAPACITY
 from aurora.delta.errors import DeltaError
 from aurora.delta.reader import read_delta, segments_of
-from aurora.policy._fsm import IllegalTransition
+from aurora.policy import IllegalTransition
 from aurora.policy.staging import ActorVersions
 from aurora.transport import wire
 from aurora.transport.arenas import ArenaPool
