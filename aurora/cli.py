@@ -22,13 +22,8 @@ from collections.abc import Sequence
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from aurora.policy.ledger import (
-        LedgerConfig,
-        decide,
-        event_from_record,
-        initial_state,
-        to_record,
-    )
+    from aurora.policy.events import event_from_record, to_record
+    from aurora.policy.ledger import LedgerConfig, decide, initial_state
 
     try:
         with open(args.trace) as f:

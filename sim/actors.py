@@ -34,7 +34,7 @@ from simpy.events import URGENT
 from aurora.faults import Fault
 from aurora.policy import actor as actor_policy
 from aurora.policy.actor import Activate, ApplyPlan, Decision, Drop, Generate, Wait, Work
-from aurora.policy.ledger import (
+from aurora.policy.events import (
     ActorJoined,
     Assign,
     CaughtUp,

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from aurora.faults import Fault, link_ends
-from aurora.policy.ledger import ActorLeft, ActorLost, PreemptionNotice, RelayLost
+from aurora.policy.events import ActorLeft, ActorLost, PreemptionNotice, RelayLost
 from aurora.topology import ActorGroup
 from sim.nodes import ActorNode, Node
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 
 from aurora.faults import Fault
 from aurora.policy.core import LedgerCore
-from aurora.policy.ledger import (
+from aurora.policy.events import (
     Accepted,
     Action,
     ActorLeft,
@@ -64,7 +64,6 @@ from aurora.policy.ledger import (
     Exclude,
     FallBack,
     Fanout,
-    LedgerConfig,
     RelayAssigned,
     ResultArrived,
     ResultsArrived,
@@ -73,6 +72,7 @@ from aurora.policy.ledger import (
     Tick,
     VersionActivated,
 )
+from aurora.policy.ledger import LedgerConfig
 from aurora.policy.pacer import PacerConfig, WakeAt
 from aurora.policy.timers import TickTimers
 

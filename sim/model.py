@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from aurora.policy.ledger import Action, DeltaPublished, Event, RelayJoined
+from aurora.policy.events import Action, DeltaPublished, Event, RelayJoined
 from sim.actors import GBPS, Actors
 from sim.config import SimConfig
 from sim.faults import Faults

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from aurora.policy.ledger import DeltaPublished
+from aurora.policy.events import DeltaPublished
 from aurora.policy.membership import TRAINER
 from sim.publication import publication
 

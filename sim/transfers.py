@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aurora.faults import link_ends
-from aurora.policy.ledger import FallBack
+from aurora.policy.events import FallBack
 from aurora.policy.membership import TRAINER
 from sim.network import Flow, Producer, Resource, tcp_cap
 from sim.nodes import ActorNode, Node, Transfer

@@ -3,7 +3,8 @@
 import json
 import pathlib
 
-from aurora.policy.ledger import LedgerConfig, decide, event_from_record, initial_state, to_record
+from aurora.policy.events import event_from_record, to_record
+from aurora.policy.ledger import LedgerConfig, decide, initial_state
 from tests.golden.ledger_scenario import CONFIG, EVENTS
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "ledger_trace.json"

@@ -7,8 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aurora.policy import IllegalTransition
-from aurora.policy.leases import LeaseState, Refusal
-from aurora.policy.ledger import (
+from aurora.policy.events import (
     Accepted,
     ActorJoined,
     ActorLeft,
@@ -24,7 +23,6 @@ from aurora.policy.ledger import (
     Expired,
     FallBack,
     Fanout,
-    LedgerConfig,
     PreemptionNotice,
     Refused,
     RelayAssigned,
@@ -35,9 +33,9 @@ from aurora.policy.ledger import (
     ThroughputObserved,
     Tick,
     VersionActivated,
-    decide,
-    initial_state,
 )
+from aurora.policy.leases import LeaseState, Refusal
+from aurora.policy.ledger import LedgerConfig, decide, initial_state
 
 
 def run(state, event, now=0.0):

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from aurora.policy.core import LedgerCore
-from aurora.policy.ledger import (
+from aurora.policy.events import (
     Accepted,
     ActorJoined,
     ActorLost,
@@ -17,9 +17,9 @@ from aurora.policy.ledger import (
     CaughtUp,
     DeltaPublished,
     DeltaStaged,
-    LedgerConfig,
     ResultArrived,
 )
+from aurora.policy.ledger import LedgerConfig
 from aurora.policy.membership import TRAINER, fetch_order
 from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
 from aurora.policy.reports import classify_hello

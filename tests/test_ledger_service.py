@@ -4,15 +4,10 @@ import asyncio
 
 import pytest
 
+from aurora.policy.events import ActorJoined, DeltaPublished, ResultArrived, Tick
 from aurora.policy.leases import LeaseConfig
-from aurora.policy.ledger import (
-    ActorJoined,
-    DeltaPublished,
-    LedgerConfig,
-    ResultArrived,
-    Tick,
-)
-from aurora.runtime.ledger import LedgerService, LedgerServiceConfig
+from aurora.policy.ledger import LedgerConfig
+from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
 from aurora.store.ledgerlog import LedgerLog
 
 

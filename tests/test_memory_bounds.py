@@ -25,9 +25,10 @@ import pytest
 
 from aurora.delta import DeltaEncoder, weights_hash
 from aurora.delta.announce import public_key_of
+from aurora.policy.events import ActorJoined
 from aurora.policy.leases import LeaseBook, LeaseConfig
-from aurora.policy.ledger import ActorJoined, LedgerConfig
-from aurora.runtime.ledger import (
+from aurora.policy.ledger import LedgerConfig
+from aurora.runtime.ledger_service import (
     PUBLISHED_KEPT,
     LatencyHistogram,
     LedgerService,

@@ -4,18 +4,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aurora.policy import pacer as pacing
-from aurora.policy.ledger import (
+from aurora.policy.events import (
     ActorJoined,
     Assign,
     BatchRequested,
     DeltaPublished,
     DeltaStaged,
-    LedgerConfig,
     Tick,
-    _eligibility,
-    decide,
-    initial_state,
 )
+from aurora.policy.ledger import LedgerConfig, _eligibility, decide, initial_state
 from aurora.policy.staging import ActorVersions
 from aurora.policy.versions import eligibility
 

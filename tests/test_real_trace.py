@@ -6,8 +6,9 @@ import json
 import pathlib
 
 from aurora.policy.core import LedgerCore
+from aurora.policy.events import BatchRequested, event_from_record, to_record
 from aurora.policy.leases import LeaseConfig
-from aurora.policy.ledger import BatchRequested, LedgerConfig, event_from_record, to_record
+from aurora.policy.ledger import LedgerConfig
 from aurora.policy.pacer import PacerConfig
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "real_run_trace.json"

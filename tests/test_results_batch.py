@@ -13,20 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aurora.faults import Fault
-from aurora.policy.ledger import (
+from aurora.policy.events import (
     ActorJoined,
     Assign,
     BatchRequested,
     DeltaPublished,
     DeltaStaged,
-    LedgerConfig,
     ResultArrived,
     ResultsArrived,
-    decide,
     event_from_record,
-    initial_state,
     to_record,
 )
+from aurora.policy.ledger import LedgerConfig, decide, initial_state
 from aurora.topology import load_topology
 from aurora.traces import load_traces
 from sim.config import SimConfig, strategy

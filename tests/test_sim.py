@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aurora.policy.core import LedgerCore
-from aurora.policy.ledger import BatchCompleted, BatchRequested, LedgerConfig
+from aurora.policy.events import BatchCompleted, BatchRequested
+from aurora.policy.ledger import LedgerConfig
 from aurora.policy.pacer import PacerConfig
 from aurora.topology import load_topology, topology_from_dict
 from aurora.traces import PAPER, load_traces

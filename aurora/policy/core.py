@@ -7,7 +7,7 @@ Theory of operation
 service each keep instead of rules of their own. :meth:`LedgerCore.feed` decides one event at
 ``now``: a ``BatchRequested`` is checked against the pacer before ``decide`` sees it and recorded
 by it after; ``decide``'s actions come back with a
-:class:`~aurora.policy.ledger.BatchCompleted` right after the ``Accepted`` that completed a batch
+:class:`~aurora.policy.events.BatchCompleted` right after the ``Accepted`` that completed a batch
 (so completion is in every recorded trace, and a replay checks it); a ``DeltaPublished`` lets
 the pacer forget the batches trained into it. :meth:`LedgerCore.poll` asks the pacer whether to
 request the next batch, :meth:`LedgerCore.staged` and :meth:`LedgerCore.early` pass an Actor's
@@ -20,7 +20,7 @@ registered the job) it is ``decide`` alone. Nothing here does I/O or reads a clo
 
 from __future__ import annotations
 
-from aurora.policy.ledger import (
+from aurora.policy.events import (
     Accepted,
     Action,
     BatchCompleted,
@@ -28,11 +28,8 @@ from aurora.policy.ledger import (
     DeltaPublished,
     DeltaStaged,
     Event,
-    LedgerConfig,
-    LedgerState,
-    decide,
-    initial_state,
 )
+from aurora.policy.ledger import LedgerConfig, LedgerState, decide, initial_state
 from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
 from aurora.policy.reports import StagedReports
 

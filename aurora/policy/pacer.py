@@ -20,7 +20,7 @@ generation, so normally nobody is waited for; a dense baseline waits for its bro
 infinite for PrimeRL, whose orchestrator waits for the weights).
 
 The :class:`Pacer` is the machine both drivers hold: :meth:`Pacer.poll` answers "request a batch
-now?" at ``now`` (a :class:`~aurora.policy.ledger.BatchRequested` to feed, a :class:`WakeAt` the
+now?" at ``now`` (a :class:`~aurora.policy.events.BatchRequested` to feed, a :class:`WakeAt` the
 driver must set a timer for, or nothing), :meth:`Pacer.requested` records a request once it is
 fed (live or replayed from a log), and :meth:`Pacer.settle` counts admitted results, so a batch
 is complete when every one of its prompts has one. The runtime's first batch also waits for a
@@ -36,7 +36,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aurora.policy.ledger import Accepted, BatchRequested, LedgerState
+from aurora.policy.events import Accepted, BatchRequested
+from aurora.policy.ledger import LedgerState
 
 
 def lowest_allowed(step: int, max_lag: int) -> int:

@@ -25,14 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aurora.policy.ledger import (
-    ActorJoined,
-    ActorLost,
-    CaughtUp,
-    DeltaStaged,
-    Event,
-    LedgerState,
-)
+from aurora.policy.events import ActorJoined, ActorLost, CaughtUp, DeltaStaged, Event
+from aurora.policy.ledger import LedgerState
 from aurora.policy.staging import DeltaState
 
 

@@ -5,7 +5,7 @@ Theory of operation
 Every role is its own OS process and its own subcommand, so a deployment starts them on different
 hosts and ``aurora real`` starts them all on one (``docs/RUNTIME.md``):
 
-* the **Ledger** (:mod:`~aurora.runtime.ledger`) drives :func:`aurora.policy.ledger.decide` with
+* the **Ledger** (:mod:`~aurora.runtime.ledger_service`) drives :func:`aurora.policy.ledger.decide` with
   real events and the wall clock, and :mod:`aurora.policy.pacer` for when each batch starts;
   every event is appended to SQLite before its actions are carried out
   (:mod:`~aurora.store.ledgerlog`), so a restarted Ledger replays its log through ``decide``

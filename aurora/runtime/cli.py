@@ -141,7 +141,7 @@ def _secret_arg(p: argparse.ArgumentParser, *, public_key: bool = True) -> None:
 
 def _ledger(args: argparse.Namespace) -> int:
     async def main() -> int:
-        from aurora.runtime.ledger import LedgerService
+        from aurora.runtime.ledger_service import LedgerService
         from aurora.runtime.trainer import ledger_config
 
         spec = _load_job(args)
@@ -153,7 +153,7 @@ def _ledger(args: argparse.Namespace) -> int:
             secret=_secret(args),
             unix_path=str(Path(args.db).with_suffix(".sock")),
         )
-        logging.getLogger("aurora.runtime.ledger").info(
+        logging.getLogger("aurora.runtime.ledger_service").info(
             "ledger: serving on %s:%d (log %s)", args.host, port, args.db
         )
         try:

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from aurora.policy.core import LedgerCore
-from aurora.policy.ledger import LedgerConfig, event_from_record, to_record
-from aurora.runtime.ledger import job_pacing
+from aurora.policy.events import event_from_record, to_record
+from aurora.policy.ledger import LedgerConfig
+from aurora.runtime.ledger_service import job_pacing
 from aurora.store.ledgerlog import LedgerLog
 
 

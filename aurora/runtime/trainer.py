@@ -42,7 +42,7 @@ from aurora.delta.announce import verify
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import TrainerSide, make_trainer
 from aurora.runtime.job import digest_due
-from aurora.runtime.ledger import LedgerService, LedgerServiceConfig
+from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
 from aurora.runtime.memprobe import MemoryProbe
 from aurora.store import CheckpointStore
 from aurora.store.files import write_atomic

@@ -11,7 +11,7 @@ recorded time; there is no second state machine to keep in step with the first.
 Tables (stdlib :mod:`sqlite3`, WAL journal):
 
 * ``events(seq, now, kind, body)``: ``kind`` is ``policy`` for an event of
-  :mod:`aurora.policy.ledger` (``body`` is its :func:`~aurora.policy.ledger.to_record` JSON) or
+  :mod:`aurora.policy.ledger` (``body`` is its :func:`~aurora.policy.events.to_record` JSON) or
   ``driver`` for what the runtime around ``decide`` needs to rebuild (the job's parameters, an
   Actor's activation report, an injected fault);
 * ``actions(seq, event_seq, body)``: the actions the Ledger carried out for each policy event, so

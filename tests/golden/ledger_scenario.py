@@ -8,14 +8,13 @@ Regenerate (only when a decision is meant to change, and review the diff line by
 
 import json
 
-from aurora.policy.ledger import (
+from aurora.policy.events import (
     ActorJoined,
     ActorLost,
     BatchRequested,
     CaughtUp,
     DeltaPublished,
     DeltaStaged,
-    LedgerConfig,
     PreemptionNotice,
     RelayJoined,
     RelayLost,
@@ -23,10 +22,9 @@ from aurora.policy.ledger import (
     ThroughputObserved,
     Tick,
     VersionActivated,
-    decide,
-    initial_state,
     to_record,
 )
+from aurora.policy.ledger import LedgerConfig, decide, initial_state
 
 CONFIG = LedgerConfig(trainer_region="us")
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from aurora.policy.core import LedgerCore
-from aurora.policy.ledger import (
+from aurora.policy.events import (
     Accepted,
     Action,
     ActorLeft,
@@ -60,7 +60,6 @@ from aurora.policy.ledger import (
     Exclude,
     Expired,
     FallBack,
-    LedgerConfig,
     PreemptionNotice,
     Refused,
     RelayJoined,
@@ -74,6 +73,7 @@ from aurora.policy.ledger import (
     event_from_record,
     to_record,
 )
+from aurora.policy.ledger import LedgerConfig
 from aurora.policy.membership import TRAINER
 from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
 from aurora.policy.reports import classify_hello
@@ -81,7 +81,7 @@ from aurora.policy.timers import TickTimers
 from aurora.runtime.channel import Channel, ChannelClosed, serve
 from aurora.store.ledgerlog import LedgerLog
 
-log = logging.getLogger("aurora.runtime.ledger")
+log = logging.getLogger("aurora.runtime.ledger_service")
 
 ANNOUNCEMENTS_KEPT = 16
 """Newest signed announcements the Ledger keeps to hand to a (re)joining peer."""
