@@ -32,7 +32,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,9 +94,6 @@ class TinyQwen3Config:
             bos_token_id=ALPHABET.index("<bos>"),
             eos_token_id=ALPHABET.index("<eos>"),
         )
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 def arithmetic_tokenizer() -> Any:

@@ -8,7 +8,6 @@ killed halfway leaves no half-written CSV behind.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from aurora.provenance import git_sha
+from aurora.store.files import write_csv
 from sim.config import SimConfig
 from sim.model import Result
 
@@ -45,16 +45,6 @@ def provenance(cfg: SimConfig) -> dict[str, Any]:
     return config_columns(cfg) | {"git_sha": git_sha()}
 
 
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        if rows:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-    os.replace(tmp, path)
-
-
 def write_result(
     result: Result, cfg: SimConfig, out_dir: str | Path, *, stalled: str | None = None
 ) -> Path:
@@ -63,9 +53,9 @@ def write_result(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = provenance(cfg)
-    _write_csv(out / "steps.csv", [meta | row for row in result.rows])
-    _write_csv(out / "events.csv", [{"time_s": t, "who": w, "what": x} for t, w, x in result.trace])
-    _write_csv(out / "timeline.csv", result.timeline)
+    write_csv(out / "steps.csv", [meta | row for row in result.rows])
+    write_csv(out / "events.csv", [{"time_s": t, "who": w, "what": x} for t, w, x in result.trace])
+    write_csv(out / "timeline.csv", result.timeline)
     summary = meta | result.summary() | {"steps_requested": cfg.steps, "stalled": stalled}
     # JSON has no NaN: a run that stalled before its first step has no means.
     summary = {

@@ -132,17 +132,6 @@ def gather_fused(
     )
 
 
-def scatter_fused(
-    tensor: FusedTensor, state: Mapping[str, np.ndarray], idx: np.ndarray, bits: np.ndarray
-) -> None:
-    """Write ``bits`` at engine indices ``idx`` into the split state, in place."""
-    bounds = np.array([p.offset for p in tensor.parts[1:]], dtype=np.int64)
-    cuts = np.searchsorted(idx, bounds)
-    for p, i, b in zip(tensor.parts, np.split(idx, cuts), np.split(bits, cuts), strict=True):
-        if i.size:
-            state[p.name].reshape(-1).view(np.uint16)[i - p.offset] = b
-
-
 def _by_part(tensor, state, idx, fn) -> Iterator[np.ndarray]:  # type: ignore[no-untyped-def]
     bounds = np.array([p.offset for p in tensor.parts[1:]], dtype=np.int64)
     cuts = np.searchsorted(idx, bounds)

@@ -18,8 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from aurora.delta import read_delta
 from aurora.engines.base import Engine, Sampling
 from aurora.rl.tasks import RewardFn, Task, score
@@ -59,12 +57,6 @@ class LocalRun:
     evals: list[dict[str, float]] = field(default_factory=list)
     """Per evaluation: step, greedy (and sampled when asked) held-out reward, wall seconds."""
     seconds: float = 0.0
-
-    @property
-    def mean_density(self) -> float:
-        return (
-            float(np.mean([p["density"] for p in self.publications])) if self.publications else 0.0
-        )
 
 
 def train_local(

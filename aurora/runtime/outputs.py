@@ -24,7 +24,6 @@ reward, loss and delta statistics), ``events.csv`` (every event and action, with
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 from collections import Counter
@@ -36,6 +35,7 @@ from aurora.policy.core import LedgerCore
 from aurora.policy.events import event_from_record, to_record
 from aurora.policy.ledger import LedgerConfig
 from aurora.runtime.ledger_service import job_pacing
+from aurora.store.files import write_csv
 from aurora.store.ledgerlog import LedgerLog
 
 
@@ -156,16 +156,6 @@ def _event_row(now: float, kind: str, rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        if rows:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-    os.replace(tmp, path)
-
-
 def _percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -235,10 +225,10 @@ def write_outputs(
         k: (json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else v)
         for k, v in config.items()
     }
-    _write_csv(run / "steps.csv", [columns | row for row in steps])
-    _write_csv(run / "events.csv", log.events)
+    write_csv(run / "steps.csv", [columns | row for row in steps])
+    write_csv(run / "events.csv", log.events)
     timeline = _timeline(run, t0, log)
-    _write_csv(run / "timeline.csv", timeline)
+    write_csv(run / "timeline.csv", timeline)
     pauses = [
         float(a["pause_ms"])
         for a in log.activations

@@ -423,7 +423,6 @@ class TrainerProcess:
         if self.compute.version != k - 1:
             raise RuntimeError(f"the Trainer's compute is at v{self.compute.version}, not v{k - 1}")
         queue, done = _publish_in_thread(self.compute, asyncio.get_running_loop())
-        pieces: list[bytes] = []
         signed: bytes | None = None
         while True:
             seg = await queue.get()
@@ -431,7 +430,6 @@ class TrainerProcess:
                 break
             if isinstance(seg, BaseException):
                 raise seg
-            pieces.append(bytes(seg.data))
             signed = await self.node.publish(k, [seg]) or signed
         pub = await done
         t2 = time.time()

@@ -198,15 +198,6 @@ class CheckpointStore:
             )
         return self.job, self.public_key
 
-    def publish_announcement(self, signed: bytes) -> VersionAnnouncement | SnapshotAnnouncement:
-        """Verify a signed announcement against the job's key and store it beside its
-        artifact (exclusively, like the artifacts)."""
-        job, key = self._trust()
-        ann = verify(signed, key, job=job)
-        kind = "deltas" if isinstance(ann, VersionAnnouncement) else "snapshots"
-        self._put(announcement_name(ann.version, kind), bytes(signed))
-        return ann
-
     def announcement(self, version: int, kind: str = "deltas") -> bytes:
         """The signed announcement of ``D_version`` (``kind="snapshots"``: of the snapshot), as
         stored (unverified bytes: hand them to a Node, or use the ``verified_*`` readers)."""

@@ -5,6 +5,8 @@ see all or nothing lives here.
 
 * :func:`write_atomic` - temp file, fsync, rename: readers see the old file or the new one. The
   rename replaces what is there (for files that are rewritten, like a Trainer's checkpoint).
+* :func:`write_csv` - a table of dict rows (the result files of a simulated or real run),
+  written atomically.
 * :func:`write_exclusive` - temp file, fsync, then a hard link to the final name, which the
   kernel creates only if the name is free: of two publishers of one name exactly one wins, at
   once and whole; the loser compares bytes (the same bytes again is a no-op) instead of
@@ -16,13 +18,16 @@ see all or nothing lives here.
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import re
 import socket
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -77,6 +82,17 @@ def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes]) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -> None:
+    """``rows`` as CSV (columns in the first row's order, a header, then one line per row;
+    nothing at all for no rows), written with :func:`write_atomic`."""
+    text = io.StringIO(newline="")
+    if rows:
+        writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    write_atomic(path, [text.getvalue().encode()])
 
 
 def write_exclusive(path: str | os.PathLike[str], data: bytes) -> bool:
