@@ -102,7 +102,7 @@ def test_every_import_in_the_tree_follows_the_layers():
 @pytest.mark.parametrize(
     ("where", "source", "expected"),
     [
-        ("sim/x.py", "def f():\n    from aurora.runtime import ledger_service as ledger\n", "sim/x.py:2"),
+        ("sim/x.py", "def f():\n    from aurora.runtime import trainer\n", "sim/x.py:2"),
         ("aurora/runtime/x.py", "import sim.config\n", "aurora/runtime/x.py:1"),
         (
             "aurora/engines/x.py",

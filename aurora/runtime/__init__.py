@@ -5,11 +5,11 @@ Theory of operation
 Every role is its own OS process and its own subcommand, so a deployment starts them on different
 hosts and ``aurora real`` starts them all on one (``docs/RUNTIME.md``):
 
-* the **Ledger** (:mod:`~aurora.runtime.ledger_service`) drives :func:`aurora.policy.ledger.decide` with
-  real events and the wall clock, and :mod:`aurora.policy.pacer` for when each batch starts;
-  every event is appended to SQLite before its actions are carried out
-  (:mod:`~aurora.store.ledgerlog`), so a restarted Ledger replays its log through ``decide``
-  and resumes with the same state;
+* the **Ledger** (:mod:`~aurora.runtime.ledger_service`) drives the policy core
+  (:class:`aurora.policy.core.LedgerCore`: ``decide`` and the pacer that says when each batch
+  starts and is complete) with real events and the wall clock; every event is appended to
+  SQLite before its actions are carried out (:mod:`~aurora.store.ledgerlog`), so a restarted
+  Ledger replays its log through the core and resumes with the same state;
 * the **Trainer** (:mod:`~aurora.runtime.trainer`) trains on the admitted results of each batch
   and publishes ``D_v`` through its data-plane node and the Checkpoint Store;
 * a **relay** (:mod:`~aurora.runtime.relay`) is a data-plane node that subscribes to the Trainer

@@ -53,9 +53,9 @@ from aurora.policy.versions import CatchUpPlan
 from aurora.runtime import hooks
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import EngineSide, Sampling, make_engine
-from aurora.runtime.job import digest_due
+from aurora.runtime.job import digest_due, transport_config
 from aurora.store import CheckpointStore
-from aurora.transport import Node, TransportConfig
+from aurora.transport import Node
 
 log = logging.getLogger("aurora.runtime.actor")
 
@@ -379,14 +379,7 @@ class ActorProcess:
         """The data-plane node: no weights yet (it relays and collects until the first
         catch-up), announcements checked against the job's key, the store as last source."""
         assert self.job is not None and self.store is not None
-        strat = self.job["strategy"]
-        config = TransportConfig(
-            secret=self.run.secret,
-            job=self.job["job_id"],
-            public_key=self.run.public_key,
-            streams=int(strat["streams"]),
-            cut_through=bool(strat["cut_through"]),
-        )
+        config = transport_config(self.job, secret=self.run.secret, public_key=self.run.public_key)
 
         def staged(delta: Delta, _ann: object) -> None:
             self.send({"op": "staged", "version": delta.version})

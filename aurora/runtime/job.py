@@ -30,6 +30,7 @@ from typing import Any
 
 from aurora.strategies import strategy
 from aurora.topology import Topology
+from aurora.transport.node import TransportConfig
 
 REAL_STRATEGIES = ("aurora", "prime-full", "prime-async2", "prime-async4", "ideal-singledc")
 """Strategies ``aurora real`` runs (the simulator has more: its ablations)."""
@@ -193,3 +194,31 @@ def dense_bytes(spec: dict[str, Any]) -> int:
     from aurora.runtime.rlbackend import model_dense_bytes
 
     return model_dense_bytes(spec)
+
+
+def cache_versions(max_lag: int) -> int:
+    """Versions a node keeps in memory to serve late subscribers and re-fetches: the lag bound
+    plus the one being published and one in flight, at least 8."""
+    return max(8, max_lag + 2)
+
+
+def transport_config(
+    spec: dict[str, Any],
+    *,
+    secret: bytes,
+    public_key: bytes,
+    overrides: dict[str, Any] | None = None,
+) -> TransportConfig:
+    """The data plane's settings for any role of the job (Trainer, relay, Actor): streams,
+    cut-through and cache from the job's strategy (cut-through only matters where a node
+    forwards), ``overrides`` last (a fault hook's store-and-forward relay)."""
+    strat = spec["strategy"]
+    settings: dict[str, Any] = {
+        "streams": int(strat["streams"]),
+        "cut_through": bool(strat["cut_through"]),
+        "cache_versions": cache_versions(int(strat["max_lag"])),
+        **(overrides or {}),
+    }
+    return TransportConfig(
+        secret=secret, job=str(spec["job_id"]), public_key=public_key, **settings
+    )

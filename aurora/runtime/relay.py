@@ -20,7 +20,8 @@ from typing import Any
 
 from aurora.runtime import hooks
 from aurora.runtime.channel import Channel, connect
-from aurora.transport import Node, TransportConfig
+from aurora.runtime.job import transport_config
+from aurora.transport import Node
 
 log = logging.getLogger("aurora.runtime.relay")
 
@@ -100,18 +101,11 @@ class RelayProcess:
 
     async def _start(self, channel: Channel) -> None:
         assert self.job is not None
-        strat = self.job["strategy"]
-        settings = {
-            "streams": int(strat["streams"]),
-            "cut_through": bool(strat["cut_through"]),
-            "cache_versions": max(8, int(strat["max_lag"]) + 2),
-            **hooks.node_config_overrides(),
-        }
-        config = TransportConfig(
+        config = transport_config(
+            self.job,
             secret=self.run.secret,
-            job=self.job["job_id"],
             public_key=self.run.public_key,
-            **settings,
+            overrides=hooks.node_config_overrides(),
         )
         trainer = self.sources.get("trainer") or self.job["trainer_data"]
         host, port = trainer.rsplit(":", 1)

@@ -41,12 +41,12 @@ from aurora.delta import Segment
 from aurora.delta.announce import verify
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import TrainerSide, make_trainer
-from aurora.runtime.job import digest_due
+from aurora.runtime.job import digest_due, transport_config
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
 from aurora.runtime.memprobe import MemoryProbe
 from aurora.store import CheckpointStore
 from aurora.store.files import write_atomic
-from aurora.transport import Node, TransportConfig
+from aurora.transport import Node
 
 log = logging.getLogger("aurora.runtime.trainer")
 
@@ -245,14 +245,7 @@ class TrainerProcess:
             log.info("trainer: resumed from its checkpoint at v%d", meta["version"])
         self.hashes = {int(k): v for k, v in meta["hashes"].items()}
         v = int(meta["version"])
-        strat = spec["strategy"]
-        config = TransportConfig(
-            secret=self.run.secret,
-            job=spec["job_id"],
-            public_key=self.run.public_key,
-            streams=int(strat["streams"]),
-            cache_versions=max(8, int(strat["max_lag"]) + 2),
-        )
+        config = transport_config(spec, secret=self.run.secret, public_key=self.run.public_key)
         self.node = Node(
             "trainer", config, active=(v, self.hashes[v]), signing_key=self.run.signing_key
         )
