@@ -28,10 +28,15 @@ from aurora.policy.events import (
     DeltaPublished,
     DeltaStaged,
     Event,
+    ResultArrived,
+    ResultsArrived,
 )
 from aurora.policy.ledger import LedgerConfig, LedgerState, decide, initial_state
 from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
 from aurora.policy.reports import StagedReports
+
+_RESULTS = (ResultArrived, ResultsArrived)
+"""The events whose actions may admit a result (the only way a batch completes)."""
 
 
 class LedgerCore:
@@ -60,13 +65,18 @@ class LedgerCore:
             return actions
         if kind is BatchRequested:
             pacer.requested(event)  # type: ignore[arg-type]
-        elif kind is DeltaPublished:
+            return actions
+        if kind is DeltaPublished:
             pacer.published(event.version)  # type: ignore[union-attr]
+            pacer.observe(self.state, now)  # a version the next batch may use
+            return actions
+        if kind not in _RESULTS:
+            return actions  # only a result is admitted (Accepted)
         accepted = [a for a in actions if type(a) is Accepted]
         completed = pacer.settle(accepted, now) if accepted else []
-        pacer.observe(self.state, now)
         if not completed:
             return actions
+        pacer.observe(self.state, now)  # the batch before the next one complete
         # Each BatchCompleted right after the Accepted that completed its batch.
         after = {id(accepted[i]): k for i, k in completed}
         out: list[Action] = []

@@ -152,7 +152,7 @@ class Pacer:
         """batch -> its admitted results, in order (forgotten once trained into a version)."""
         self.ready_since: float | None = None
         """When the next batch could first have started (s): the grace runs from here."""
-        self.waiting: frozenset[str] = frozenset()
+        self.waiting: set[str] = set()
         """Actors the ready batch waits for (still staging its version)."""
         self._batch_of: dict[str, int] = {}
         """prompt id -> its batch, until its result is admitted."""
@@ -160,6 +160,9 @@ class Pacer:
         """Reasons with a timer set and not yet fired (one timer each)."""
         self._start_deadline: float | None = None
         self._started = False
+        self._made: tuple[int, tuple[str, ...]] = (0, ())
+        """The last batch's prompt ids as :meth:`prompts` made them (10^4 strings a batch:
+        a request made here is checked by identity, not rebuilt)."""
 
     @property
     def requesting(self) -> int:
@@ -168,12 +171,16 @@ class Pacer:
 
     def prompts(self, batch: int) -> tuple[str, ...]:
         """The prompt ids of ``batch``."""
-        return tuple(
+        if self._made[0] == batch:
+            return self._made[1]
+        made = tuple(
             map(
                 f"{self.config.prompt_prefix}{batch}-{{}}".format,
                 range(self.config.prompts_per_batch),
             )
         )
+        self._made = (batch, made)
+        return made
 
     def batch_of(self, prompt: str) -> int:
         """The batch of a prompt id made by :meth:`prompts`."""
@@ -203,7 +210,7 @@ class Pacer:
         waiting = waiting_on(state, w) if w > 0 else []
         grace = cfg.staging_grace_s
         if not request_at(ready_since=self.ready_since, waiting=waiting, grace_s=grace, now=now):
-            self.waiting = frozenset(waiting)
+            self.waiting = set(waiting)
             if "grace" not in self._armed and math.isfinite(grace):
                 self._armed.add("grace")
                 return WakeAt(self.ready_since + grace, "grace")
@@ -250,16 +257,16 @@ class Pacer:
     def unblocked(self, actor: str) -> bool:
         """``actor`` staged, activated, caught up or left: True when the ready batch waited
         for it and now waits for no one (poll now)."""
-        if actor not in self.waiting:
+        waiting = self.waiting
+        if actor not in waiting:
             return False
-        self.waiting = self.waiting - {actor}
-        return not self.waiting
+        waiting.discard(actor)  # in place: 10^4 Actors stage one after another
+        return not waiting
 
     def left(self, actor: str) -> bool:
         """``actor`` is gone: True when a batch is ready and waiting (poll now: the wait may be
         over)."""
-        if actor in self.waiting:
-            self.waiting = self.waiting - {actor}
+        self.waiting.discard(actor)
         return self.ready_since is not None
 
     # -- what happened ----------------------------------------------------------------------
@@ -268,7 +275,9 @@ class Pacer:
         """The batch ``event`` requests; raises ValueError (nothing changed) unless it is the
         next batch with its own prompt ids."""
         k = self.batch_of(event.prompts[0]) if event.prompts else -1
-        if k != self.next_batch or event.prompts != self.prompts(k):
+        if k != self.next_batch or (
+            event.prompts is not self._made[1] and event.prompts != self.prompts(k)
+        ):
             raise ValueError(
                 f"BatchRequested for batch {k} with {len(event.prompts)} prompts; the pacer "
                 f"expects batch {self.next_batch} with {self.config.prompts_per_batch}"
@@ -279,7 +288,7 @@ class Pacer:
         """``event`` was fed to the Ledger (live, or replayed from its log)."""
         k = self.check_request(event)
         self.ready_since = None
-        self.waiting = frozenset()
+        self.waiting = set()
         self._started = True
         self.next_batch = k + 1
         self.target[k] = event.version
@@ -293,8 +302,18 @@ class Pacer:
         results = self.results
         n = self.config.prompts_per_batch
         completed = []
-        for i, a in enumerate(accepted):
-            k = batch_of.pop(a.prompt)
+        batches = list(map(batch_of.pop, [a.prompt for a in accepted]))
+        k = batches[0] if batches else 0
+        if batches and batches.count(k) == len(batches):
+            # One batch (an Actor's finished assignment, the common case): counted at once.
+            got = results[k]
+            before = len(got)
+            got.extend(accepted)
+            if before < n <= len(got):
+                self.done[k] = now
+                completed.append((n - before - 1, k))
+            return completed
+        for i, (a, k) in enumerate(zip(accepted, batches, strict=True)):
             got = results[k]
             got.append(a)
             if len(got) == n:
