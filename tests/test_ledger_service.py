@@ -1,7 +1,6 @@
 """The Ledger process's durable log: a restarted Ledger replays it to exactly the same state."""
 
 import asyncio
-import pathlib
 
 import pytest
 
@@ -10,25 +9,6 @@ from aurora.policy.leases import LeaseConfig
 from aurora.policy.ledger import LedgerConfig
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
 from aurora.store.ledgerlog import LedgerLog
-
-
-def job_spec(tmp_path, **settings):
-    """A whole job spec (stand-in compute) as the Trainer registers it."""
-    from aurora.runtime.job import make_spec
-    from aurora.topology import topology_from_dict
-
-    topo = topology_from_dict(
-        {
-            "name": "t",
-            "trainer": {"region": "us", "model": "qwen3-8b", "gpus": 1},
-            "regions": [{"name": "us"}],
-            "actors": [{"region": "us", "gpu": "A100", "count": 2}],
-        }
-    )
-    spec = make_spec(
-        topo, strategy="aurora", seed=0, steps=None, store=str(tmp_path), backend="standin"
-    )
-    return spec.with_settings(**settings)
 
 
 class Clock:
@@ -47,8 +27,7 @@ def config(db) -> LedgerServiceConfig:
 
 
 async def drive(svc: LedgerService, clock: Clock) -> None:
-    spec = job_spec(pathlib.Path(svc.config.log_path).parent, start_actors=2).encode()
-    svc.note({"type": "Job", "steps": 3, "prompts_per_batch": 6, "spec": spec})
+    svc.note({"type": "Job", "steps": 3, "prompts_per_batch": 6, "spec": {"start_actors": 2}})
     svc.note({"type": "Published", "version": 0, "weights_hash": "h0"})
     svc.feed(DeltaPublished(version=0, weights_hash="h0", delta_bytes=None, snapshot_bytes=100))
     for a in ("a1", "a2"):

@@ -36,7 +36,6 @@ from aurora.runtime.ledger_service import (
 )
 from aurora.runtime.memprobe import MemoryProbe, compare
 from aurora.runtime.trainer import HISTORY_KEPT, TrainerProcess, TrainerRun
-from tests.test_ledger_service import job_spec
 
 PROMPTS = 4
 
@@ -114,8 +113,7 @@ def test_a_ledger_over_hundreds_of_versions_keeps_bounded_state_and_restarts_fro
 
     async def run() -> tuple[LedgerService, list[int]]:
         svc = _ledger(db, clock)
-        spec = job_spec(tmp_path, start_actors=1).encode()
-        svc.note({"type": "Job", "steps": 10**6, "prompts_per_batch": PROMPTS, "spec": spec})
+        svc.note({"type": "Job", "steps": 10**6, "prompts_per_batch": PROMPTS, "spec": {}})
         _publish(svc, 0)
         for a in ("a1", "a2"):
             svc.feed(ActorJoined(actor=a, region="us", active=0))
@@ -222,7 +220,7 @@ def _trainer(tmp_path, n: int) -> tuple[TrainerProcess, list[str]]:
     key = bytes(range(32))
     job = "mem-job"
     run = TrainerRun(
-        spec=job_spec(tmp_path / "store", job_id=job),
+        spec={"store": str(tmp_path / "store"), "job_id": job},
         run_dir=str(tmp_path / "run"),
         secret=b"s" * 32,
         signing_key=key,
@@ -275,8 +273,7 @@ def test_the_trainer_keeps_recent_history_and_re_announces_old_versions_from_dis
         trainer.compute = _Compute()  # type: ignore[assignment]
         trainer._inbox = asyncio.Queue()
         await trainer._inbox.put({"op": "resume", "latest": None, "done": []})
-        spec = trainer.spec.with_settings(steps=n, prompts_per_step=4)
-        await trainer._resume_with_ledger(spec, n, meta)
+        await trainer._resume_with_ledger({"steps": n, "prompts_per_step": 4}, n, meta)
         return trainer.channel.sent  # type: ignore[attr-defined]
 
     sent = asyncio.run(resume())

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aurora.delta import Delta
-from aurora.jobspec import JobSpec
 from aurora.policy.actor import (
     Activate,
     ApplyPlan,
@@ -104,7 +103,7 @@ class ActorProcess:
     def __init__(self, run: ActorRun) -> None:
         self.run = run
         self.id = run.id
-        self.job: JobSpec | None = None
+        self.job: dict[str, Any] | None = None
         self.sources: dict[str, str] = {}
         self.route: str | None = None
         self.engine: EngineSide | None = None
@@ -222,7 +221,7 @@ class ActorProcess:
         if op == "welcome":
             self.sources.update({k: v for k, v in (msg.get("sources") or {}).items() if v})
             if msg.get("job") is not None and self.job is None:
-                self.job = JobSpec.decode(msg["job"])
+                self.job = msg["job"]
         elif op == "announce":
             data = bytes(msg["data"])
             self._check_job_key(data)
@@ -273,13 +272,13 @@ class ActorProcess:
         from aurora.delta.announce import AnnouncementError, verify
 
         try:
-            verify(data, self.run.public_key, job=self.job.job_id)
+            verify(data, self.run.public_key, job=str(self.job["job_id"]))
         except AnnouncementError as exc:
             self.key_failures += 1
             if self.key_failures >= KEY_CHECKS:
                 self.failed = (
                     f"the job's announcements are not signed by the Trainer key this Actor "
-                    f"was given (wrong --public-key for job {self.job.job_id}?): {exc}"
+                    f"was given (wrong --public-key for job {self.job['job_id']}?): {exc}"
                 )
                 self.stopping = True
                 self.wake.set()
@@ -445,7 +444,7 @@ class ActorProcess:
 
     async def _generate(self, work: Work) -> None:
         assert self.engine is not None and self.job is not None and self.sampling is not None
-        per_step = self.job.prompts_per_step
+        per_step = int(self.job["prompts_per_step"])
         prompts = [
             (self.prompt_of[lease], task_index(self.prompt_of[lease], per_step))
             for lease in work.leases
@@ -558,15 +557,15 @@ class ActorProcess:
             msg = await self.channel.recv()
             self._on_message(msg)
         job = self.job
-        if job.max_new_tokens is None:
-            raise ValueError("the job names no max_new_tokens (the Trainer sets it on register)")
         self.sampling = Sampling(
-            n=job.group_size,
-            max_new_tokens=job.max_new_tokens,
-            temperature=job.temperature,
-            seed=job.seed,
+            n=int(job["group_size"]),
+            max_new_tokens=int(job["max_new_tokens"]),
+            temperature=float(job["temperature"]),
+            seed=int(job["seed"]),
         )
-        self.store = CheckpointStore(job.store, job=job.job_id, public_key=self.run.public_key)
+        self.store = CheckpointStore(
+            job["store"], job=job["job_id"], public_key=self.run.public_key
+        )
         self.engine = await asyncio.to_thread(make_engine, job, engine=self.run.engine)
         await self._start_node()
         pump = asyncio.create_task(self._pump())

@@ -16,12 +16,9 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aurora.faults import EXAMPLES as FAULT_EXAMPLES
-
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from aurora.jobspec import JobSpec
 
 
 def _addr(text: str, flag: str) -> tuple[str, int]:
@@ -66,17 +63,15 @@ def _public_key(args: argparse.Namespace) -> bytes:
     return load_public_key(args.public_key)
 
 
-def _load_job(args: argparse.Namespace) -> JobSpec:
-    from aurora.jobspec import JobSpec
-    from aurora.runtime.job import make_spec
-
+def _load_job(args: argparse.Namespace) -> dict[str, Any]:
     if args.job:
         try:
-            return JobSpec.decode(json.loads(Path(args.job).read_text())["spec"])
+            return dict(json.loads(Path(args.job).read_text())["spec"])
         except (OSError, ValueError, KeyError) as exc:
             raise ValueError(f"--job {args.job}: cannot read a job spec ({exc})") from None
     if not args.topology:
         raise ValueError("give --job FILE (written by aurora real) or --topology FILE")
+    from aurora.runtime.job import make_spec
     from aurora.topology import load_topology
 
     topo = load_topology(args.topology)
@@ -392,7 +387,7 @@ def _export(args: argparse.Namespace) -> int:
     try:
         spec = _load_job(args)
         key = load_public_key(args.public_key)
-        store = CheckpointStore(args.store or spec.store, job=spec.job_id, public_key=key)
+        store = CheckpointStore(args.store or spec["store"], job=spec["job_id"], public_key=key)
         deltas, snaps = store.sizes()
         if args.version not in deltas and args.version not in snaps:
             raise ValueError(f"--version {args.version}: not in the store {store.url}")
@@ -406,7 +401,7 @@ def _export(args: argparse.Namespace) -> int:
             raise ValueError(f"v{args.version} rebuilt to h={h[:16]}.., signed h={want[:16]}..")
         from aurora.runtime.rlbackend import export_state
 
-        export_state(spec.encode(), state, args.out)
+        export_state(spec, state, args.out)
     except (ValueError, KeyError, OSError) as exc:
         print(f"aurora export: {exc}", file=sys.stderr)
         return 2

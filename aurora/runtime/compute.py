@@ -25,7 +25,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from aurora.delta import Delta, Segment
-from aurora.jobspec import JobSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,30 +123,29 @@ class TrainerSide(Protocol):
         """Write the published policy as a Hugging Face model directory."""
 
 
-def make_trainer(job: JobSpec, *, workdir: str) -> TrainerSide:
-    """The Trainer side of the job's backend (the ``rl`` backend still reads its settings from
-    the encoded spec)."""
-    backend = job.backend
+def make_trainer(spec: Mapping[str, Any], *, workdir: str) -> TrainerSide:
+    """The Trainer side of the backend named in the job spec."""
+    backend = spec.get("backend", "rl")
     if backend == "standin":
         from aurora.runtime.standin import StandinTrainer
 
-        return StandinTrainer(job)
+        return StandinTrainer(spec)
     if backend == "rl":
         from aurora.runtime.rlbackend import RLTrainer
 
-        return RLTrainer(job.encode(), workdir=workdir)
+        return RLTrainer(spec, workdir=workdir)
     raise ValueError(f"unknown compute backend {backend!r} (expected rl or standin)")
 
 
-def make_engine(job: JobSpec, *, engine: str | None = None) -> EngineSide:
-    """The engine side of the job's backend (``engine`` overrides its kind)."""
-    backend = job.backend
+def make_engine(spec: Mapping[str, Any], *, engine: str | None = None) -> EngineSide:
+    """The engine side of the backend named in the job spec (``engine`` overrides its kind)."""
+    backend = spec.get("backend", "rl")
     if backend == "standin":
         from aurora.runtime.standin import StandinEngine
 
-        return StandinEngine(job)
+        return StandinEngine(spec)
     if backend == "rl":
         from aurora.runtime.rlbackend import make_rl_engine
 
-        return make_rl_engine(job.encode(), engine=engine)
+        return make_rl_engine(spec, engine=engine)
     raise ValueError(f"unknown compute backend {backend!r} (expected rl or standin)")

@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aurora.jobspec import JobSpec
 from aurora.policy.core import LedgerCore
 from aurora.policy.events import (
     Accepted,
@@ -99,15 +98,16 @@ PROMPT_PREFIX = "b"
 """The runtime's prompt ids are ``b{batch}-{index}``."""
 
 
-def job_pacing(job: Job, *, staging_grace_s: float) -> PacerConfig:
-    """The pacer of a registered job."""
+def job_pacing(job: dict[str, Any], *, staging_grace_s: float) -> PacerConfig:
+    """The pacer of a job from its ``Job`` record (the Trainer's registration)."""
+    spec = job.get("spec") or {}
     return PacerConfig(
-        steps=job.steps,
-        prompts_per_batch=job.prompts_per_batch,
+        steps=int(job["steps"]),
+        prompts_per_batch=int(job["prompts_per_batch"]),
         staging_grace_s=staging_grace_s,
         prompt_prefix=PROMPT_PREFIX,
-        start_actors=job.spec.start_actors,
-        start_wait_s=job.spec.start_wait_s,
+        start_actors=int(spec.get("start_actors", 1)),
+        start_wait_s=float(spec.get("start_wait_s", 120.0)),
     )
 
 
@@ -188,17 +188,8 @@ class Job:
 
     steps: int
     prompts_per_batch: int
-    spec: JobSpec
+    spec: dict[str, Any]
     """Model, task, sampling, store URL, strategy, job id: sent to each Actor and relay."""
-
-    @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> Job:
-        """The job of a ``Job`` driver record (the Trainer's registration, as logged)."""
-        return cls(
-            steps=int(rec["steps"]),
-            prompts_per_batch=int(rec["prompts_per_batch"]),
-            spec=JobSpec.decode(rec["spec"]),
-        )
 
 
 @dataclass
@@ -297,10 +288,12 @@ class LedgerService:
     def _apply_driver(self, rec: dict[str, Any]) -> None:
         kind = rec.get("type")
         if kind == "Job" and self.job is None:
-            self.job = Job.from_record(rec)
-            self.core.start_pacing(
-                job_pacing(self.job, staging_grace_s=self.config.staging_grace_s)
+            self.job = Job(
+                steps=int(rec["steps"]),
+                prompts_per_batch=int(rec["prompts_per_batch"]),
+                spec=dict(rec["spec"]),
             )
+            self.core.start_pacing(job_pacing(rec, staging_grace_s=self.config.staging_grace_s))
         elif kind == "Published":
             # Only what later checks read: a long run keeps one small record per version (the
             # full record, stats included, is in the log). Batch v's results were trained into
@@ -432,7 +425,7 @@ class LedgerService:
 
     def _address(self, peer: str) -> str | None:
         if peer == TRAINER:
-            return self.job.spec.trainer_data if self.job is not None else None
+            return self.job.spec.get("trainer_data") if self.job is not None else None
         hello = self.roles.get(peer)
         return None if hello is None else hello.get("data")
 
@@ -708,7 +701,7 @@ class LedgerService:
                         self._lose(peer, role)
 
     def _welcome(self, ch: Channel, role: str) -> None:
-        spec = self.job.spec.encode() if self.job is not None else None
+        spec = self.job.spec if self.job is not None else None
         recent = sorted(v for v, r in self.published.items() if r.get("announcement"))
         recent = recent[-ANNOUNCEMENTS_KEPT:]
         for v in recent:

@@ -25,8 +25,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aurora.jobspec import JobSpec
-
 DISTURBANCES = frozenset(
     {
         "Fault",
@@ -131,7 +129,7 @@ def measure(
         "how": how,
         "when": when,
         "steps_completed": s["steps_completed"],
-        "steps": JobSpec.decode(s["spec"]).steps,
+        "steps": s["spec"]["steps"],
         "prompts_lost": s["prompts_lost"],
         "prompts_settled_twice": s["prompts_settled_twice"],
         "refused": s["results_refused"],
