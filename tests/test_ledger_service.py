@@ -123,3 +123,26 @@ def test_an_actor_reconnecting_to_a_restarted_ledger_reports_what_it_staged_mean
     # Known at once, not after the staging grace: the Actor stays in the next batch.
     assert svc.state.actors["a1"].versions.state(1).value == "staged"
     assert svc.state.actors["a1"].live
+
+
+def test_a_joiner_that_staged_a_version_before_its_announcement_is_counted_once_published(
+    tmp_path,
+):
+    # Cut-through: a joining Actor can hold D_1 before the Trainer has told the Ledger v1 is
+    # published. The join path used to drop it (only reconnections kept such reports), so the
+    # Actor waited out the staging grace and was left out of the batch; both paths now go
+    # through the core's staged reports.
+    clock = Clock()
+
+    async def main() -> LedgerService:
+        svc = LedgerService(config(tmp_path / "l.db"), clock=clock)
+        svc.note({"type": "Job", "steps": 3, "prompts_per_batch": 6, "spec": {"start_actors": 9}})
+        svc.note({"type": "Published", "version": 0, "weights_hash": "h0"})
+        svc.feed(DeltaPublished(version=0, weights_hash="h0", delta_bytes=None, snapshot_bytes=9))
+        svc._join_actor("a1", {"role": "actor", "region": "us", "active": 0, "staged": [1]})
+        assert svc.state.actors["a1"].versions.state(1).value == "none"
+        svc._on_published({"version": 1, "weights_hash": "h1", "delta_bytes": 10})
+        return svc
+
+    svc = asyncio.run(main())
+    assert svc.state.actors["a1"].versions.state(1).value == "staged"
