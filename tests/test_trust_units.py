@@ -130,6 +130,23 @@ def test_keys_new_writes_a_private_key_and_secret_only_the_owner_reads(tmp_path,
         new_job_keys(tmp_path / "keys")
 
 
+def test_keys_new_force_refuses_a_symbolic_link_planted_where_a_key_goes(tmp_path):
+    """``--force`` where someone planted ``trainer.key`` as a link: the private key must not be
+    written through it (the target is neither truncated nor replaced)."""
+    from aurora.keys import KeyFileError, new_job_keys
+
+    out = tmp_path / "keys"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"the attacker wants the key here")
+    victim.chmod(0o644)
+    (out / "trainer.key").symlink_to(victim)
+    with pytest.raises(KeyFileError, match="symbolic link"):
+        new_job_keys(out, force=True)
+    assert victim.read_bytes() == b"the attacker wants the key here"
+    assert (out / "trainer.key").is_symlink()
+
+
 def test_keys_load_from_an_environment_variable_never_the_command_line(tmp_path, monkeypatch):
     from aurora.keys import (
         ENV_PUBLIC_KEY,
