@@ -388,3 +388,44 @@ def test_a_transport_config_needs_the_job_and_its_public_key_and_names_a_bad_fie
         TransportConfig(secret=b"s" * 16, job=JOB, public_key=PUB, progress_s=0)
     with pytest.raises(ValueError, match="signing key does not match"):
         Node("t", TransportConfig(secret=b"s" * 16, job=JOB, public_key=PUB), signing_key=bytes(32))
+
+
+# ---- job ids ---------------------------------------------------------------------------------
+
+
+def test_two_jobs_of_the_same_topology_strategy_and_seed_get_different_ids():
+    """Deterministic ids let one run's signed announcements verify in the next run that reuses
+    the keys; the nonce makes every job its own scope."""
+    from aurora.runtime.job import make_spec
+    from aurora.topology import load_topology
+
+    topo = load_topology("examples/geo.yaml")
+    ids = {
+        make_spec(topo, strategy="aurora", seed=0, steps=2, store="s", backend="standin")["job_id"]
+        for _ in range(2)
+    }
+    assert len(ids) == 2
+    signed = sign(VersionAnnouncement(**{**ANN.__dict__, "job": min(ids)}), KEY)
+    with pytest.raises(WrongJobError):
+        verify(signed, PUB, job=max(ids))
+
+
+def test_a_trainer_restarted_from_the_topology_keeps_its_job_id(tmp_path):
+    import argparse
+
+    from aurora.runtime.cli import _load_job
+
+    args = argparse.Namespace(
+        job=None,
+        topology="examples/geo.yaml",
+        strategy="aurora",
+        seed=0,
+        steps=2,
+        store=None,
+        backend="standin",
+        run_dir=str(tmp_path / "trainer"),
+    )
+    first = _load_job(argparse.Namespace(**vars(args)), keep=True)
+    again = _load_job(argparse.Namespace(**vars(args)), keep=True)
+    assert first["job_id"] == again["job_id"]
+    assert (tmp_path / "trainer" / "job.json").exists()
