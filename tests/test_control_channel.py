@@ -203,9 +203,10 @@ def _fds(pid: int) -> int:
 
 
 def _peak_rss_kb(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
     raise AssertionError("no VmHWM")
 
 
