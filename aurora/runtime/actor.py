@@ -53,6 +53,7 @@ from aurora.runtime import hooks
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import EngineSide, Sampling, make_engine
 from aurora.runtime.job import digest_due
+from aurora.runtime.messages import task_index
 from aurora.store import CheckpointStore
 from aurora.transport import Node, TransportConfig
 
@@ -88,12 +89,6 @@ class ActorRun:
 KEY_CHECKS = 3
 """Announcements from the Ledger that must fail verification, with none verified, before an
 Actor concludes it was given the wrong job key (:meth:`ActorProcess._check_job_key`)."""
-
-
-def task_index(prompt: str, prompts_per_step: int) -> int:
-    """Index into the task's training prompts of prompt id ``b{k}-{i}``."""
-    k, i = prompt[1:].split("-")
-    return (int(k) - 1) * prompts_per_step + int(i)
 
 
 class ActorProcess:
