@@ -339,3 +339,33 @@ def test_a_flood_of_messages_is_slowed_to_the_rate_limit():
     # burst + rate x 0.3 s (+ one token of slack for the bucket's start)
     assert len(within) <= limits.burst + limits.rate * 0.3 + 1, len(within)
     assert [m["i"] for _, m in received] == list(range(len(received)))  # in order, none lost
+
+
+def test_an_actor_ignores_a_catch_up_that_would_move_it_backwards_and_says_where_it_is():
+    """The attack injected ``catch_up`` to the signed v0 snapshot on path and an Actor at v2
+    loaded it. The MAC stops the injection; this rule stops any catch-up backwards."""
+    from aurora.runtime.actor import ActorProcess, ActorRun
+
+    a = ActorProcess(
+        ActorRun(
+            id="a",
+            region="us",
+            ledger=("127.0.0.1", 1),
+            secret=b"s" * 32,
+            public_key=bytes(32),
+        )
+    )
+
+    class Engine:
+        version, weights_hash = 2, "h2"
+
+    a.engine = Engine()  # type: ignore[assignment]
+    sent: list = []
+    a.send = sent.append  # type: ignore[method-assign]
+    a._on_message(
+        {"op": "catch_up", "target": 0, "snapshot": 0, "deltas": [], "snapshot_hash": "h0"}
+    )
+    assert a.plan is None and 0 not in a.snapshot_hashes
+    assert sent == [
+        {"op": "caught_up", "version": 2, "weights_hash": "h2", "digest": None, "pause_ms": 0.0}
+    ]

@@ -46,6 +46,7 @@ from aurora.policy.actor import (
     Work,
     after_catch_up,
     next_action,
+    takes_catch_up,
     to_fetch,
 )
 from aurora.policy.versions import CatchUpPlan
@@ -232,12 +233,32 @@ class ActorProcess:
         elif op == "commit":
             self.pending_commit = int(msg["version"])
         elif op == "catch_up":
-            self.plan = CatchUpPlan(
+            plan = CatchUpPlan(
                 target=int(msg["target"]),
                 snapshot=msg.get("snapshot"),
                 deltas=tuple(int(v) for v in msg["deltas"]),
                 bytes=0,
             )
+            if not takes_catch_up(plan, active=self.active):
+                log.warning(
+                    "%s: ignored a catch-up to v%d: it is on v%s already (never backwards)",
+                    self.id,
+                    plan.target,
+                    self.active,
+                )
+                # Say where it is, so a Ledger that lost track stops waiting for the plan.
+                assert self.engine is not None
+                self.send(
+                    {
+                        "op": "caught_up",
+                        "version": self.engine.version,
+                        "weights_hash": self.engine.weights_hash,
+                        "digest": None,
+                        "pause_ms": 0.0,
+                    }
+                )
+                return
+            self.plan = plan
             if msg.get("snapshot") is not None:
                 self.snapshot_hashes[int(msg["snapshot"])] = (
                     str(msg["snapshot_hash"]),
