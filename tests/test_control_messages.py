@@ -35,7 +35,7 @@ VALID: dict[str, dict[str, Any]] = {
     "job": {"job": {"steps": 2, "prompts_per_batch": 8, "spec": {"job_id": "j"}}},
     "published": {"version": 1, "weights_hash": "h1", "announcement": b"a" * 300},
     "get_batch": {"batch": 1},
-    "stats": {"version": 1, "loss": 0.5, "backend": "standin"},
+    "stats": {"version": 1, "loss": 0.5, "backend": "standin", "batch_versions": [0, 1]},
     "finished": {},
     "welcome": {"job": {"job_id": "j"}, "sources": {"trainer": "h:1"}},
     "announce": {"data": b"a" * 300},
@@ -86,7 +86,8 @@ def test_every_message_has_a_valid_example_that_decodes_and_round_trips():
         ({"op": "published", **VALID["published"], "announcement": bytes(5000)}, None, None),
         ({"op": "job", "job": {"steps": 0, "prompts_per_batch": 8}}, m.Why.OUT_OF_RANGE, None),
         ({"op": "job", "job": {1: 2}}, m.Why.WRONG_TYPE, "job.job"),
-        ({"op": "stats", "version": 1, "loss": [1, 2]}, m.Why.WRONG_TYPE, "stats.loss"),
+        ({"op": "stats", "version": 1, "loss": {"a": 1}}, m.Why.WRONG_TYPE, "stats.loss"),
+        ({"op": "stats", "version": 1, "batch_versions": [0] * 65}, m.Why.TOO_LONG, None),
     ],
 )
 def test_a_bad_message_is_refused_with_a_named_reason_and_field(msg, why, where):

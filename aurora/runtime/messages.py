@@ -386,7 +386,7 @@ class GetBatch(Message):
 @_message("stats")
 class Stats(Message):
     """A step's training statistics for observers: every other field of the map, each a
-    number, a bool or a short string, goes into ``values``."""
+    number, a bool, a short string or a short list of numbers, goes into ``values``."""
 
     REST: ClassVar[str] = "values"
     version: int = bound(VERSION)
@@ -398,6 +398,8 @@ class Stats(Message):
             Str(64).check(key, where)
             if isinstance(value, str):
                 Str(MAX_TEXT, empty=True).check(value, where)
+            elif isinstance(value, list | tuple):  # e.g. the versions a batch was generated on
+                Seq(Float(-(2.0**63), 2.0**63), 64).check(value, where)
             elif not isinstance(value, bool) and value is not None:
                 Float(-(2.0**63), 2.0**63).check(value, where)
 
