@@ -20,43 +20,67 @@ from aurora.runtime.trainer import TrainerProcess, TrainerRun
 
 # ---- decode: every message, every bound --------------------------------------------------
 
-VALID: dict[str, dict[str, Any]] = {
-    "staged": {"version": 3},
-    "activated": {"version": 3, "weights_hash": "ab", "digest": "cd", "pause_ms": 1.5},
-    "caught_up": {"version": 3},
-    "result": {"lease": "L1", "version": 1, "weights_hash": "h1", "payload": b"x", "tokens": 4},
-    "throughput": {"tokens": 100, "seconds": 2.0},
-    "notice": {"seconds": 30.0},
-    "leave": {},
-    "heartbeat": {},
-    "span": {"activity": "generate", "version": 1, "start": 1.0, "end": 2.0, "tokens": 3},
-    "data": {"addr": "127.0.0.1:4000"},
-    "fault": {"spec": "kill:ca-1@step=3"},
-    "job": {"job": {"steps": 2, "prompts_per_batch": 8, "spec": {"job_id": "j"}}},
-    "published": {"version": 1, "weights_hash": "h1", "announcement": b"a" * 300},
-    "get_batch": {"batch": 1},
-    "stats": {"version": 1, "loss": 0.5, "backend": "standin", "batch_versions": [0, 1]},
-    "finished": {},
-    "welcome": {"job": {"job_id": "j"}, "sources": {"trainer": "h:1"}},
-    "announce": {"data": b"a" * 300},
-    "assign": {"version": 1, "leases": [["L1", "b1-0"]], "expiry_in": 5.0},
-    "commit": {"version": 2},
-    "exclude": {"version": 2},
-    "catch_up": {"target": 4, "deltas": [3, 4], "snapshot": 2, "snapshot_hash": "h2"},
-    "route": {"source": "relay-ca", "addr": "h:2"},
-    "stop": {},
-    "resume": {"latest": 3, "done": [1, 2]},
-    "batch_done": {"batch": 2},
+P, T, OB = m.Direction.PEER_TO_LEDGER, m.Direction.TRAINER_TO_LEDGER, m.Direction.OBSERVER_TO_LEDGER
+LP, LT, LO = (
+    m.Direction.LEDGER_TO_PEER,
+    m.Direction.LEDGER_TO_TRAINER,
+    m.Direction.LEDGER_TO_OBSERVER,
+)
+RESULT = {"lease": "L1", "version": 1, "weights_hash": "h1", "payload": b"x", "tokens": 4}
+VALID: dict[tuple[m.Direction, str], dict[str, Any]] = {
+    (P, "staged"): {"version": 3},
+    (P, "activated"): {"version": 3, "weights_hash": "ab", "digest": "cd", "pause_ms": 1.5},
+    (P, "caught_up"): {"version": 3},
+    (P, "result"): RESULT,
+    (P, "throughput"): {"tokens": 100, "seconds": 2.0},
+    (P, "notice"): {"seconds": 30.0},
+    (P, "leave"): {},
+    (P, "heartbeat"): {},
+    (P, "span"): {"activity": "generate", "version": 1, "start": 1.0, "end": 2.0, "tokens": 3},
+    (P, "data"): {"addr": "127.0.0.1:4000"},
+    (OB, "fault"): {"spec": "kill:ca-1@step=3"},
+    (OB, "heartbeat"): {},
+    (T, "job"): {"job": {"steps": 2, "prompts_per_batch": 8, "spec": {"job_id": "j"}}},
+    (T, "published"): {"version": 1, "weights_hash": "h1", "announcement": b"a" * 300},
+    (T, "get_batch"): {"batch": 1},
+    (T, "stats"): {"version": 1, "loss": 0.5, "backend": "standin", "batch_versions": [0, 1]},
+    (T, "finished"): {},
+    (T, "heartbeat"): {},
+    (LP, "welcome"): {"job": {"job_id": "j"}, "sources": {"trainer": "h:1"}},
+    (LP, "announce"): {"data": b"a" * 300},
+    (LP, "assign"): {"version": 1, "leases": [["L1", "b1-0"]], "expiry_in": 5.0},
+    (LP, "commit"): {"version": 2},
+    (LP, "exclude"): {"version": 2},
+    (LP, "catch_up"): {"target": 4, "deltas": [3, 4], "snapshot": 2, "snapshot_hash": "h2"},
+    (LP, "route"): {"source": "relay-ca", "addr": "h:2"},
+    (LP, "stop"): {},
+    (LT, "resume"): {"latest": 3, "done": [1, 2]},
+    (LT, "batch"): {"batch": 2, "complete": True, "results": [{"actor": "a", "payload": b""}]},
+    (LT, "batch_done"): {"batch": 2},
+    (LO, "progress"): {"batch": 0, "done": [], "actors": ["a"], "refused": {}, "expired": 0},
+    (LO, "batch_requested"): {"batch": 1, "version": 0},
+    (LO, "batch_done"): {"batch": 1},
+    (LO, "stats"): {"version": 1, "loss": 0.5},
+    (LO, "published"): {"version": 1},
+    (LO, "finished"): {},
 }
 
 
 def test_every_message_has_a_valid_example_that_decodes_and_round_trips():
-    assert set(VALID) == set(m.MESSAGES)
-    for op, fields in VALID.items():
-        msg = m.decode({"op": op, **fields})
-        assert type(msg) is m.MESSAGES[op]
-        again = m.decode(msg.to_wire())
-        assert again == msg
+    assert set(VALID) == {(d, op) for d, table in m.MESSAGES.items() for op in table}
+    for (direction, op), fields in VALID.items():
+        msg = m.decode({"op": op, **fields}, direction)
+        assert type(msg) is m.MESSAGES[direction][op]
+        assert m.decode(msg.to_wire(), direction) == msg
+
+
+def test_an_op_means_one_thing_per_direction():
+    """``published`` from the Trainer carries h(v); the observers' note does not."""
+    with pytest.raises(m.MessageError, match="published.weights_hash"):
+        m.decode({"op": "published", "version": 1}, T)
+    assert m.decode({"op": "published", "version": 1}, LO) == m.PublishedNote(version=1)
+    with pytest.raises(m.MessageError, match="unknown op"):
+        m.decode({"op": "finished"}, P)  # an Actor cannot finish the job
 
 
 @pytest.mark.parametrize(
@@ -77,13 +101,13 @@ def test_every_message_has_a_valid_example_that_decodes_and_round_trips():
         ({"op": "throughput", "tokens": 1, "seconds": math.nan}, m.Why.NOT_FINITE, None),
         ({"op": "throughput", "tokens": 1, "seconds": 0.0}, m.Why.OUT_OF_RANGE, None),
         ({"op": "activated", "version": -(10**18)}, m.Why.OUT_OF_RANGE, "activated.version"),
-        ({"op": "result", **VALID["result"], "lease": "L" * 200}, m.Why.TOO_LONG, None),
-        ({"op": "result", **VALID["result"], "lease": "L\n1"}, m.Why.NOT_PRINTABLE, None),
-        ({"op": "result", **VALID["result"], "payload": "text"}, m.Why.WRONG_TYPE, None),
-        ({"op": "span", **VALID["span"], "activity": "x" * 65}, m.Why.TOO_LONG, None),
-        ({"op": "assign", **VALID["assign"], "leases": [["L1"]]}, m.Why.WRONG_TYPE, None),
-        ({"op": "catch_up", **VALID["catch_up"], "deltas": [1] * 70_000}, m.Why.TOO_LONG, None),
-        ({"op": "published", **VALID["published"], "announcement": bytes(5000)}, None, None),
+        ({"op": "result", **RESULT, "lease": "L" * 200}, m.Why.TOO_LONG, None),
+        ({"op": "result", **RESULT, "lease": "L\n1"}, m.Why.NOT_PRINTABLE, None),
+        ({"op": "result", **RESULT, "payload": "text"}, m.Why.WRONG_TYPE, None),
+        ({"op": "span", **VALID[P, "span"], "activity": "x" * 65}, m.Why.TOO_LONG, None),
+        ({"op": "assign", **VALID[LP, "assign"], "leases": [["L1"]]}, m.Why.WRONG_TYPE, None),
+        ({"op": "catch_up", **VALID[LP, "catch_up"], "deltas": [1] * 70_000}, m.Why.TOO_LONG, None),
+        ({"op": "published", **VALID[T, "published"], "announcement": bytes(5000)}, None, None),
         ({"op": "job", "job": {"steps": 0, "prompts_per_batch": 8}}, m.Why.OUT_OF_RANGE, None),
         ({"op": "job", "job": {1: 2}}, m.Why.WRONG_TYPE, "job.job"),
         ({"op": "stats", "version": 1, "loss": {"a": 1}}, m.Why.WRONG_TYPE, "stats.loss"),
@@ -91,8 +115,10 @@ def test_every_message_has_a_valid_example_that_decodes_and_round_trips():
     ],
 )
 def test_a_bad_message_is_refused_with_a_named_reason_and_field(msg, why, where):
+    op = msg.get("op") if isinstance(msg, dict) else None
+    direction = next((d for d, table in m.MESSAGES.items() if op in table), P)
     with pytest.raises(m.MessageError) as info:
-        m.decode(msg)
+        m.decode(msg, direction)
     err = info.value
     if why is not None:
         assert err.why is why, str(err)
@@ -103,14 +129,14 @@ def test_a_bad_message_is_refused_with_a_named_reason_and_field(msg, why, where)
 
 
 def test_a_receiver_refuses_an_op_it_does_not_take_from_that_sender():
-    actor_ops = frozenset({"staged", "result", "leave"})
+    actor_ops = frozenset({"staged", "result", "leave"})  # e.g. what a relay may send
     with pytest.raises(m.MessageError, match="unknown op"):
-        m.decode({"op": "finished"}, allowed=actor_ops)
-    assert isinstance(m.decode({"op": "leave"}, allowed=actor_ops), m.Leave)
+        m.decode({"op": "throughput", "tokens": 1, "seconds": 1.0}, P, allowed=actor_ops)
+    assert isinstance(m.decode({"op": "leave"}, P, allowed=actor_ops), m.Leave)
 
 
 def test_fields_a_message_does_not_define_are_dropped():
-    msg = m.decode({"op": "staged", "version": 1, "extra": "x" * 10_000})
+    msg = m.decode({"op": "staged", "version": 1, "extra": "x" * 10_000}, P)
     assert msg == m.Staged(version=1) and "extra" not in msg.to_wire()
 
 
@@ -126,21 +152,23 @@ _ANY = st.recursive(
 )
 
 
+_DIRECTED_OPS = sorted(((d, op) for d, table in m.MESSAGES.items() for op in table), key=str)
+_FIELD_NAMES = sorted(
+    {f.name for t in m.MESSAGES.values() for c in t.values() for f in dataclasses.fields(c)}
+)
+
+
 @settings(max_examples=400, deadline=None)
 @given(
-    op=st.sampled_from(sorted(m.MESSAGES)),
-    fields=st.dictionaries(
-        st.sampled_from(
-            sorted({f.name for c in m.MESSAGES.values() for f in dataclasses.fields(c)})
-        ),
-        _ANY,
-    ),
+    directed=st.sampled_from(_DIRECTED_OPS),
+    fields=st.dictionaries(st.sampled_from(_FIELD_NAMES), _ANY),
 )
-def test_any_map_decodes_to_a_message_within_every_bound_or_is_refused(op, fields):
+def test_any_map_decodes_to_a_message_within_every_bound_or_is_refused(directed, fields):
     """Whatever a peer sends, decode returns a message all of whose fields are within their
     bounds, or raises MessageError - never another exception."""
+    direction, op = directed
     try:
-        msg = m.decode({"op": op, **fields})
+        msg = m.decode({"op": op, **fields}, direction)
     except m.MessageError:
         return
     for f in dataclasses.fields(msg):

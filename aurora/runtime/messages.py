@@ -205,6 +205,26 @@ class Map:
         return dict(value)
 
 
+@dataclass(frozen=True)
+class Bool:
+    """True or False."""
+
+    def check(self, value: object, where: str) -> bool:
+        if not isinstance(value, bool):
+            raise MessageError(Why.WRONG_TYPE, where, f"expected a bool, got {_kind(value)}")
+        return value
+
+
+@dataclass(frozen=True)
+class _MapItem:
+    """Any map (checked field by field where it is used)."""
+
+    def check(self, value: object, where: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise MessageError(Why.NOT_A_MAP, where, f"got {_kind(value)}")
+        return value
+
+
 def _kind(value: object) -> str:
     return type(value).__name__
 
@@ -489,51 +509,94 @@ class BatchDone(Message):
     batch: int = bound(Int(1, MAX_VERSION))
 
 
-MESSAGES: dict[str, type[Message]] = {
-    cls.OP: cls
-    for cls in (
-        Staged,
-        Activated,
-        CaughtUp,
-        Result,
-        Throughput,
-        Notice,
-        Leave,
-        Heartbeat,
-        Span,
-        Data,
-        Fault,
-        Job,
-        Published,
-        GetBatch,
-        Stats,
-        Finished,
-        Welcome,
-        Announce,
-        Assign,
-        Commit,
-        Exclude,
-        CatchUpMsg,
-        Route,
-        Stop,
-        Resume,
-        BatchDone,
-    )
+@_message("batch")
+class Batch(Message):
+    """To the Trainer: batch ``batch``'s admitted results (each checked again, payload and
+    all, by the Trainer: :func:`decode_result_payload`)."""
+
+    batch: int = bound(Int(1, MAX_VERSION))
+    complete: bool = bound(Bool())
+    results: tuple[dict[str, Any], ...] = bound(Seq(_MapItem(), MAX_LEASES))
+    """Each a map (actor, lease, prompt, version, payload), checked one by one by the Trainer
+    (a bad one is a refused result, not a refused batch)."""
+
+
+# ---- Ledger -> observers -----------------------------------------------------------------
+
+
+@_message("progress")
+class Progress(Message):
+    """The numbers of the live line (sent to an observer when it connects)."""
+
+    latest: int | None = bound(VERSION, optional=True)
+    batch: int = bound(Int(0, MAX_VERSION))
+    done: tuple[int, ...] = bound(Seq(VERSION, 1 << 20))
+    actors: tuple[str, ...] = bound(Seq(Str(MAX_ID), 1 << 16))
+    refused: dict[str, Any] = bound(Map(64 << 10))
+    expired: int = bound(Int(0, MAX_TOKENS))
+
+
+@_message("batch_requested")
+class BatchRequested(Message):
+    """Batch ``batch`` was requested on ``version``."""
+
+    batch: int = bound(Int(1, MAX_VERSION))
+    version: int = bound(VERSION)
+
+
+@_message("published")
+class PublishedNote(Message):
+    """Version ``version`` is published (the observers' note of :class:`Published`)."""
+
+    version: int = bound(VERSION)
+
+
+class Direction(Enum):
+    """Who sends to whom: each direction has its own set of messages (an op means one thing
+    per direction; ``published`` from the Trainer is not ``published`` to an observer)."""
+
+    PEER_TO_LEDGER = "Actor or relay -> Ledger"
+    TRAINER_TO_LEDGER = "Trainer -> Ledger"
+    OBSERVER_TO_LEDGER = "observer -> Ledger"
+    LEDGER_TO_PEER = "Ledger -> Actor or relay"
+    LEDGER_TO_TRAINER = "Ledger -> Trainer"
+    LEDGER_TO_OBSERVER = "Ledger -> observer"
+
+
+def _table(*classes: type[Message]) -> dict[str, type[Message]]:
+    return {cls.OP: cls for cls in classes}
+
+
+MESSAGES: dict[Direction, dict[str, type[Message]]] = {
+    Direction.PEER_TO_LEDGER: _table(
+        Staged, Activated, CaughtUp, Result, Throughput, Notice, Leave, Heartbeat, Span, Data
+    ),
+    Direction.TRAINER_TO_LEDGER: _table(Job, Published, GetBatch, Stats, Finished, Heartbeat),
+    Direction.OBSERVER_TO_LEDGER: _table(Fault, Heartbeat),
+    Direction.LEDGER_TO_PEER: _table(
+        Welcome, Announce, Assign, Commit, Exclude, CatchUpMsg, Route, Stop
+    ),
+    Direction.LEDGER_TO_TRAINER: _table(Resume, Batch, BatchDone),
+    Direction.LEDGER_TO_OBSERVER: _table(
+        Progress, BatchRequested, BatchDone, Stats, PublishedNote, Finished
+    ),
 }
-"""Every control message by its ``op``."""
+"""Every control message, by direction and ``op``."""
 
 
-def decode(msg: object, *, allowed: frozenset[str] | None = None) -> Message:
-    """The typed message for ``msg`` (a map from the channel), or :class:`MessageError` naming
-    op, field and reason. ``allowed``: the ops this receiver takes from this sender (a
-    ``finished`` from an Actor is refused here, not further in)."""
+def decode(msg: object, direction: Direction, *, allowed: frozenset[str] | None = None) -> Message:
+    """The typed message for ``msg`` (a map from the channel) sent in ``direction``, or
+    :class:`MessageError` naming op, field and reason. ``allowed``: a subset of the
+    direction's ops this receiver takes from this sender (a relay sends only some)."""
     if not isinstance(msg, dict):
         raise MessageError(Why.NOT_A_MAP, "message", f"got {_kind(msg)}")
     op = msg.get("op")
-    cls = MESSAGES.get(op) if isinstance(op, str) else None
+    cls = MESSAGES[direction].get(op) if isinstance(op, str) else None
     if cls is None or (allowed is not None and op not in allowed):
         shown = repr(op)[:40]
-        raise MessageError(Why.UNKNOWN_OP, "message", f"{shown} is not a message this end takes")
+        raise MessageError(
+            Why.UNKNOWN_OP, "message", f"{shown} is not a message {direction.value} takes"
+        )
     values: dict[str, Any] = {}
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     if cls.REST is not None:
