@@ -18,6 +18,12 @@ inside both proofs. ``b`` is the TLS channel binding (``tls-unique``) on TLS and
 TCP: on TLS, a handshake relayed between two sessions fails. On plain TCP a man in the middle
 can still relay a live handshake, which is why nothing but admission rests on the secret: the
 integrity of every delta rests on the Trainer's signature (``docs/TRANSPORT.md``, "Trust").
+
+The control plane goes one step further (:mod:`aurora.runtime.channel`): both ends derive a key
+per connection and direction from the handshake's transcript (:func:`session_keys`: HKDF over
+the secret, the server's nonce, the HELLO with the client's nonce) and seal every later frame
+with it (``SEALED`` frames), so that a party on the path without the secret cannot change what
+a handshake admitted.
 """
 
 from __future__ import annotations
