@@ -139,7 +139,7 @@ def test_an_expired_lease_grows_its_holders_next_leases_up_to_max_s_and_only_its
 
 
 def test_a_late_result_sets_its_holders_floor_to_what_it_measured():
-    book = LeaseBook(LeaseConfig(initial_s=2.0))
+    book = LeaseBook(LeaseConfig(initial_s=2.0, max_s=60.0))
     book.add(["p0", "p1"], 0)
     (lease,) = book.claim("a", 1, version=0, weights_hash="h", now=0.0)
     verdict = book.settle(lease.id, actor="a", version=0, weights_hash="h", now=7.0)
@@ -152,3 +152,15 @@ def test_a_lease_config_refuses_a_growth_that_would_not_grow():
         LeaseConfig(expiry_growth=1.0)
     with pytest.raises(ValueError, match="own_window"):
         LeaseConfig(own_window=0)
+
+
+def test_by_default_expiries_grow_leases_no_longer_than_the_initial_length():
+    """A dead Actor's leases expire too: should it rejoin and die again, its prompts are held
+    no longer than before anything was known."""
+    book = LeaseBook(LeaseConfig(initial_s=10.0))
+    book.add(["p0", "p1"], 0)
+    book.claim("a", 1, version=0, weights_hash="h", now=0.0)
+    book.expire_due(11.0)
+    assert book.lease_length("a") == pytest.approx(10.0)  # 2 x 10 s, capped at initial_s
+    with pytest.raises(ValueError, match="max_s"):
+        LeaseConfig(max_s=0.0)

@@ -15,8 +15,9 @@ the median never moves again (76 expiries and no admission in the attack of issu
 length also adapts from expiries, per Actor (:meth:`LeaseBook.lease_length` with ``actor``):
 
 * an expired lease of length ``l`` makes its holder's next leases at least
-  ``expiry_growth * l`` long (a late result's measured time too), up to ``max_s``: an Actor that
-  needs ``T`` seconds gets an admitted result after at most ``log2(T / L)`` rounds of expiry;
+  ``expiry_growth * l`` long (a late result's measured time too), up to ``max_s`` (by default
+  the initial length): an Actor that needs ``T`` seconds gets an admitted result after at most
+  ``log2(T / L)`` rounds of expiry;
 * once an Actor has had a lease expire, its leases are never shorter than the longest completion
   it was admitted with among its last ``own_window`` (what it has needed), so after the first
   admission it is not starved again by the others' median.
@@ -165,9 +166,11 @@ class LeaseConfig:
     own_window: int = 16
     """Per Actor: how many of its most recent admitted completion times its floor is taken
     over (the floor is their maximum, armed once one of its leases has expired)."""
-    max_s: float = 3600.0
-    """Upper bound (seconds) on the length an Actor's expiries grow its leases to (the plain
-    median rule is never cut by it)."""
+    max_s: float | None = None
+    """Upper bound (seconds) on the length an Actor's expiries grow its leases to; None:
+    ``initial_s``, the length trusted before anything is known (so a dead Actor's expiries never
+    make its leases, should it rejoin and die again, hold prompts longer than that). The plain
+    median rule is never cut by it."""
 
     def __post_init__(self) -> None:
         if not (2.0 <= self.k <= 3.0):
@@ -178,7 +181,11 @@ class LeaseConfig:
             )
         if self.own_window < 1:
             raise ValueError(f"LeaseConfig.own_window must be >= 1, got {self.own_window!r}")
-        for name in ("initial_s", "min_s", "max_s"):
+        if self.max_s is not None and not (math.isfinite(self.max_s) and self.max_s > 0):
+            raise ValueError(
+                f"LeaseConfig.max_s must be None or positive seconds, got {self.max_s!r}"
+            )
+        for name in ("initial_s", "min_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"LeaseConfig.{name} must be positive seconds, got {value!r}")
@@ -217,6 +224,7 @@ class LeaseBook:
         # Per Actor (the livelock rule, module docstring): its recent admitted completion times,
         # the length its expiries grew its leases to (0: none since its last admission), and
         # whether one of its leases ever expired (which arms the floor).
+        self._max_s = self.config.initial_s if self.config.max_s is None else self.config.max_s
         self._own: dict[str, deque[float]] = {}
         self._grown: dict[str, float] = {}
         self._armed: set[str] = set()
@@ -312,7 +320,7 @@ class LeaseBook:
             return self._length
         own = self._own.get(actor)
         floor = max(self._grown.get(actor, 0.0), max(own) if own else 0.0)
-        return max(self._length, min(floor, self.config.max_s))
+        return max(self._length, min(floor, self._max_s))
 
     def _expired(self, lease: Lease, measured: float | None = None) -> None:
         """``lease`` expired (``measured``: the late result's time since the claim, s): its
@@ -323,7 +331,7 @@ class LeaseBook:
             grown = max(grown, measured)
         actor = lease.actor
         self._armed.add(actor)
-        self._grown[actor] = max(self._grown.get(actor, 0.0), min(grown, self.config.max_s))
+        self._grown[actor] = max(self._grown.get(actor, 0.0), min(grown, self._max_s))
 
     def _admitted(self, actor: str, times: list[float]) -> None:
         """``actor`` was admitted with these completion times (s): they become its floor, and
