@@ -369,3 +369,31 @@ def test_an_actor_ignores_a_catch_up_that_would_move_it_backwards_and_says_where
     assert sent == [
         {"op": "caught_up", "version": 2, "weights_hash": "h2", "digest": None, "pause_ms": 0.0}
     ]
+
+
+def test_a_message_out_of_bounds_is_dropped_with_a_line_and_the_next_one_is_read(caplog):
+    """What an Actor, a relay and the Trainer read from the Ledger is decoded first
+    (``Channel.recv_checked``): an out-of-range or malformed message is dropped with one line
+    naming op, field and reason, never raised into the role's loop."""
+    from aurora.runtime.messages import Direction
+
+    async def main():
+        async def handler(c: ch.Channel) -> None:
+            c.send_nowait({"op": "assign", "version": -(10**18), "leases": [], "expiry_in": 1.0})
+            c.send_nowait({"op": "catch_up", "target": 3})
+            c.send_nowait({"op": "commit", "version": 2})
+            await asyncio.sleep(1.0)
+
+        server = await ch.serve("127.0.0.1", 0, secret=SECRET, handler=handler)
+        port = server.sockets[0].getsockname()[1]
+        c = await ch.connect("127.0.0.1", port, secret=SECRET, hello={"id": "a", "role": "actor"})
+        msg = await asyncio.wait_for(c.recv_checked(Direction.LEDGER_TO_PEER), 5)
+        c.close()
+        server.close()
+        return msg, c.refused
+
+    with caplog.at_level("WARNING", logger="aurora.runtime"):
+        msg, refused = run(main())
+    assert msg == {"op": "commit", "version": 2} and refused == 2
+    assert "assign.version: out of range" in caplog.text
+    assert "catch_up.deltas: missing field" in caplog.text

@@ -54,7 +54,7 @@ from aurora.runtime import hooks
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import EngineSide, Sampling, make_engine
 from aurora.runtime.job import digest_due
-from aurora.runtime.messages import task_index
+from aurora.runtime.messages import Direction, task_index
 from aurora.store import CheckpointStore
 from aurora.transport import Node, TransportConfig
 
@@ -192,7 +192,7 @@ class ActorProcess:
         while not self.stopping:
             assert self.channel is not None
             try:
-                msg = await self.channel.recv()
+                msg = await self.channel.recv_checked(Direction.LEDGER_TO_PEER)
             except ConnectionError:
                 if self.stopping:
                     return
@@ -577,7 +577,7 @@ class ActorProcess:
             raise ConnectionError(str(hooks.get("fail_at_start")))  # fault injection
         self.channel = await self._connect()
         while self.job is None:
-            msg = await self.channel.recv()
+            msg = await self.channel.recv_checked(Direction.LEDGER_TO_PEER)
             self._on_message(msg)
         job = self.job
         self.sampling = Sampling(

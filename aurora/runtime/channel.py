@@ -66,6 +66,7 @@ from typing import Any
 
 import msgpack
 
+from aurora.runtime import messages
 from aurora.transport import wire
 from aurora.transport.wire import AuthError, ProtocolError
 
@@ -199,6 +200,8 @@ class Channel:
         self._budget = budget
         self._limits = limits
         self._bucket = wire.TokenBucket(limits.rate, limits.burst) if limits else None
+        self.refused = 0
+        """Messages :meth:`recv_checked` dropped."""
 
     def _write(self, msg: dict[str, Any]) -> None:
         body = msgpack.packb(msg)
@@ -270,6 +273,20 @@ class Channel:
             if isinstance(exc, TimeoutError):
                 raise ChannelClosed(f"{self.peer}: a frame arrived too slowly") from None
             raise ChannelClosed(f"{self.peer} closed the connection") from None
+
+    async def recv_checked(self, direction: messages.Direction) -> dict[str, Any]:
+        """The next message that decodes in ``direction`` (:func:`aurora.runtime.messages.
+        decode`: every field within its bounds); one that does not is dropped with a log line
+        naming op, field and reason, never raised into the caller."""
+        while True:
+            msg = await self.recv()
+            try:
+                messages.decode(msg, direction)
+            except messages.MessageError as exc:
+                self.refused += 1
+                log.warning("dropped a message from %s: %s", self.peer, exc)
+                continue
+            return msg
 
     async def _read_body(self, length: int) -> bytes | mmap.mmap:
         budget, limits = self._budget, self._limits

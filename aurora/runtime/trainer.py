@@ -46,6 +46,7 @@ from aurora.runtime.messages import (
     MAX_ID,
     MAX_PAYLOAD,
     Blob,
+    Direction,
     Int,
     MessageError,
     ResultPayload,
@@ -392,7 +393,7 @@ class TrainerProcess:
     async def _read(self, ch: Channel) -> None:
         try:
             while True:
-                msg = await ch.recv()
+                msg = await ch.recv_checked(Direction.LEDGER_TO_TRAINER)
                 if msg.get("op") == "batch_done":
                     self.done_batches.add(int(msg["batch"]))
                     self._batch_event.set()
