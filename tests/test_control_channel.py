@@ -397,3 +397,39 @@ def test_a_message_out_of_bounds_is_dropped_with_a_line_and_the_next_one_is_read
     assert msg == {"op": "commit", "version": 2} and refused == 2
     assert "assign.version: out of range" in caplog.text
     assert "catch_up.deltas: missing field" in caplog.text
+
+
+def test_a_recv_cancelled_in_the_middle_of_a_frame_goes_on_with_that_frame():
+    """The launcher reads with ``wait_for(recv(), 0.2)``: a timeout after a frame's header was
+    read must not lose the header (the stream would no longer be at a frame boundary)."""
+
+    async def main():
+        async def handle(reader, writer):
+            hello, transcript = await wire.server_handshake_transcript(
+                lambda: wire.read_frame(reader, wire.HANDSHAKE_MAX_FRAME),
+                writer.write,
+                secret=SECRET,
+            )
+            _, s2c = wire.session_keys(SECRET, transcript)
+            body = msgpack.packb({"op": "commit", "version": 2})
+            sealed = ch._Sealer(s2c)
+            data = wire._HEAD.pack(ch.TAG_BYTES + len(body), wire.SEALED) + sealed.tag(body) + body
+            writer.write(data[:10])
+            await asyncio.sleep(0.4)
+            writer.write(data[10:])
+            await asyncio.sleep(1.0)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        c = await ch.connect(
+            "127.0.0.1", port, secret=SECRET, hello={"id": "o", "role": "observer"}
+        )
+        await asyncio.sleep(0.1)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(c.recv(), 0.1)
+        msg = await asyncio.wait_for(c.recv(), 5)
+        c.close()
+        server.close()
+        return msg
+
+    assert run(main()) == {"op": "commit", "version": 2}

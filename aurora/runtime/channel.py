@@ -202,6 +202,9 @@ class Channel:
         self._bucket = wire.TokenBucket(limits.rate, limits.burst) if limits else None
         self.refused = 0
         """Messages :meth:`recv_checked` dropped."""
+        self._head: bytes | None = None
+        """The header of a frame whose body a cancelled :meth:`recv` had not read yet (a
+        caller may wrap recv in ``wait_for``): the next recv goes on with that frame."""
 
     def _write(self, msg: dict[str, Any]) -> None:
         body = msgpack.packb(msg)
@@ -246,8 +249,9 @@ class Channel:
             while not self._bucket.take():  # a flooder is slowed to its rate, not read ahead
                 await asyncio.sleep(1.0 / self._bucket.rate)
         try:
-            head = await self.reader.readexactly(wire._HEAD.size)
-            length, kind = wire._HEAD.unpack(head)
+            if self._head is None:
+                self._head = await self.reader.readexactly(wire._HEAD.size)
+            length, kind = wire._HEAD.unpack(self._head)
             if kind != wire.SEALED:
                 raise ProtocolError(f"expected a sealed control frame, got type {kind}")
             if not TAG_BYTES <= length <= TAG_BYTES + self.max_message:
@@ -255,6 +259,7 @@ class Channel:
                     f"frame of {length} bytes outside the {self.max_message}-byte limit"
                 )
             body = await self._read_body(length)
+            self._head = None
             try:
                 with memoryview(body) as view, view[:TAG_BYTES] as tag, view[TAG_BYTES:] as msg:
                     if not hmac.compare_digest(tag, self._in.tag(msg)):
@@ -320,6 +325,8 @@ class Channel:
                     pos += len(chunk)
         except BaseException:
             buf.close()
+            # Bytes of this frame were consumed: the stream cannot resume at a frame boundary.
+            self.close()
             raise
         return buf
 
