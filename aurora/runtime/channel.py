@@ -84,6 +84,12 @@ STREAM_LIMIT = 64 << 10
 2 x this, so a connection waiting for the buffer budget holds at most 128 KiB in this process."""
 
 
+SMALL_BODY = 256 << 10
+"""Bodies up to this (bytes) are read whole by the stream reader (nearly every message: a
+result of a small model, a heartbeat); larger ones into their own mapping (one system call
+each, worth it only where a copy or a stuck heap block would cost more)."""
+
+
 class ChannelClosed(ConnectionError):
     """The other end closed the connection or sent something the protocol does not allow."""
 
@@ -299,9 +305,10 @@ class Channel:
             return await self.reader.readexactly(length)
         await budget.acquire(length)
         try:
-            return await asyncio.wait_for(
-                self._read_into(length), limits.timeout_s + length / limits.min_rate_bytes_s
+            read = (
+                self.reader.readexactly(length) if length <= SMALL_BODY else self._read_into(length)
             )
+            return await asyncio.wait_for(read, limits.timeout_s + length / limits.min_rate_bytes_s)
         finally:
             # The caller parses the body and closes it before it next awaits anything, so no
             # other connection's frame is read in between: the budget bounds what is held.
