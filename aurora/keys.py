@@ -25,6 +25,7 @@ Ed25519 comes from ``cryptography`` (OpenSSL), the same library that verifies.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import secrets
@@ -80,7 +81,9 @@ def fingerprint(public_key: bytes) -> str:
 
 
 def _write_new(path: Path, data: bytes, mode: int, force: bool) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+    # O_NOFOLLOW: with --force, a symbolic link planted where a key goes would otherwise be
+    # followed and the private key written (and the target truncated) wherever it points.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if force else os.O_EXCL)
     try:
         fd = os.open(path, flags, mode)
     except FileExistsError:
@@ -88,6 +91,10 @@ def _write_new(path: Path, data: bytes, mode: int, force: bool) -> None:
             f"{path}: exists already (keys are never overwritten; --force)"
         ) from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise KeyFileError(
+                f"{path}: is a symbolic link; refused (a key is never written through a link)"
+            ) from None
         raise KeyFileError(f"{path}: cannot write ({exc.strerror})") from None
     with os.fdopen(fd, "wb") as f:
         os.fchmod(f.fileno(), mode)  # also when the file existed (force) with a wider mode

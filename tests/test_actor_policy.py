@@ -83,3 +83,15 @@ def test_after_catch_up_keeps_newer_work_and_restages_deltas_above_the_target():
 
 def test_wait_when_there_is_nothing_to_do():
     assert next_action(active=3, staged=(), queue=[]) == Wait()
+
+
+def test_a_catch_up_is_taken_only_when_it_moves_the_actor_forwards():
+    """An injected (or confused) catch-up to v0 must not load the signed v0 snapshot over an
+    Actor's v2 (issue 26); a joiner with no weights takes any plan."""
+    from aurora.policy.actor import takes_catch_up
+
+    back = CatchUpPlan(target=0, snapshot=0, deltas=(), bytes=0)
+    same = CatchUpPlan(target=2, snapshot=None, deltas=(2,), bytes=0)
+    ahead = CatchUpPlan(target=3, snapshot=None, deltas=(3,), bytes=0)
+    assert not takes_catch_up(back, active=2) and not takes_catch_up(same, active=2)
+    assert takes_catch_up(ahead, active=2) and takes_catch_up(back, active=None)

@@ -399,6 +399,32 @@ def test_a_chain_that_fails_midway_is_rolled_back(step, monkeypatch):
     assert weights_hash(state) == h0
 
 
+def test_a_keyboard_interrupt_midway_through_a_chain_rolls_it_back(step, monkeypatch):
+    """SIGINT arrives as a KeyboardInterrupt (a BaseException, not a DeltaError) between two
+    writes: the weights must still be on the version they were on, never on none."""
+    v0, v1, h0 = step
+    v2 = stepped(v1, seed=2)
+    d1 = read_delta(encode_delta(v0, v1, model="m", version=1, base_hash=h0))
+    d2 = read_delta(encode_delta(v1, v2, model="m", version=2, base_hash=d1.weights_hash))
+    calls = []
+
+    def interrupted(real):
+        def store(self, parts):
+            calls.append(1)
+            if len(calls) == len(d1.tensors) + 2:  # D_1 written, one tensor of D_2 written
+                raise KeyboardInterrupt
+            return real(self, parts)
+
+        return store
+
+    for cls in CHANGE_CLASSES:
+        monkeypatch.setattr(cls, "store", interrupted(cls.store))
+    state = copy_state(v0)
+    with pytest.raises(KeyboardInterrupt):
+        apply_chain([d1, d2], state, active_version=0, active_hash=h0)
+    assert weights_hash(state) == h0
+
+
 def test_a_chain_with_a_bad_record_in_a_later_link_writes_nothing(step, monkeypatch):
     v0, v1, h0 = step
     v2 = stepped(v1, seed=2)

@@ -379,6 +379,53 @@ def test_on_tls_a_relayed_handshake_fails_because_proofs_are_bound_to_the_sessio
     assert_bit_exact(actor)
 
 
+def test_an_actor_whose_only_source_sends_a_bad_announcement_reconnects_with_backoff():
+    """The source authenticates, then sends an announcement that fails verification on every
+    connection. Leaving it is right; reconnecting at once was not (~160 connections a second):
+    a source left before anything verified arrived from it counts as a failed round, so the
+    Actor waits backoff_s, 2 x backoff_s, ... (at most max_backoff_s) between connections."""
+    bad_ann = sign(describe_parts(JOB, SEGS[0].data, SEGS[-1].data), bytes(32))
+    connections = []
+
+    async def handle(reader, writer):
+        with contextlib.suppress(Exception):
+            await wire.server_handshake(
+                lambda: wire.read_frame(reader, wire.HANDSHAKE_MAX_FRAME),
+                writer.write,
+                secret=SECRET,
+            )
+            connections.append(time.monotonic())
+            while True:  # until the Actor leaves
+                kind, body = await wire.read_frame(reader, wire.CONTROL_MAX_FRAME)
+                if wire.parse_control(body)["op"] == "subscribe":
+                    writer.write(wire.control({"op": "announce", "a": bad_ann}))
+
+    window = 2.0
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        actor = Node("actor", cfg(streams=1), sources=[("127.0.0.1", port)], active=(0, H0))
+        with contextlib.suppress(ConnectionError):
+            await actor.subscribe()
+        await asyncio.sleep(window)
+        await actor.close()
+        server.close()
+        return actor
+
+    actor = run(main())
+    c = cfg()
+    # Connections the backoff allows within the window: the first, then one after each wait of
+    # backoff_s, 2 x backoff_s, ... capped at max_backoff_s, for as long as the waits fit.
+    allowed, waited, delay = 1, 0.0, c.backoff_s
+    while waited + delay <= window:
+        waited += delay
+        allowed += 1
+        delay = min(2 * delay, c.max_backoff_s)
+    assert 2 <= len(connections) <= allowed, connections
+    assert actor.metrics.refused["announcement"] >= 2
+
+
 # ---- one frame must not wedge a version ----------------------------------------------------------
 
 

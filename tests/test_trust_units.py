@@ -130,6 +130,23 @@ def test_keys_new_writes_a_private_key_and_secret_only_the_owner_reads(tmp_path,
         new_job_keys(tmp_path / "keys")
 
 
+def test_keys_new_force_refuses_a_symbolic_link_planted_where_a_key_goes(tmp_path):
+    """``--force`` where someone planted ``trainer.key`` as a link: the private key must not be
+    written through it (the target is neither truncated nor replaced)."""
+    from aurora.keys import KeyFileError, new_job_keys
+
+    out = tmp_path / "keys"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"the attacker wants the key here")
+    victim.chmod(0o644)
+    (out / "trainer.key").symlink_to(victim)
+    with pytest.raises(KeyFileError, match="symbolic link"):
+        new_job_keys(out, force=True)
+    assert victim.read_bytes() == b"the attacker wants the key here"
+    assert (out / "trainer.key").is_symlink()
+
+
 def test_keys_load_from_an_environment_variable_never_the_command_line(tmp_path, monkeypatch):
     from aurora.keys import (
         ENV_PUBLIC_KEY,
@@ -371,3 +388,44 @@ def test_a_transport_config_needs_the_job_and_its_public_key_and_names_a_bad_fie
         TransportConfig(secret=b"s" * 16, job=JOB, public_key=PUB, progress_s=0)
     with pytest.raises(ValueError, match="signing key does not match"):
         Node("t", TransportConfig(secret=b"s" * 16, job=JOB, public_key=PUB), signing_key=bytes(32))
+
+
+# ---- job ids ---------------------------------------------------------------------------------
+
+
+def test_two_jobs_of_the_same_topology_strategy_and_seed_get_different_ids():
+    """Deterministic ids let one run's signed announcements verify in the next run that reuses
+    the keys; the nonce makes every job its own scope."""
+    from aurora.runtime.job import make_spec
+    from aurora.topology import load_topology
+
+    topo = load_topology("examples/geo.yaml")
+    ids = {
+        make_spec(topo, strategy="aurora", seed=0, steps=2, store="s", backend="standin")["job_id"]
+        for _ in range(2)
+    }
+    assert len(ids) == 2
+    signed = sign(VersionAnnouncement(**{**ANN.__dict__, "job": min(ids)}), KEY)
+    with pytest.raises(WrongJobError):
+        verify(signed, PUB, job=max(ids))
+
+
+def test_a_trainer_restarted_from_the_topology_keeps_its_job_id(tmp_path):
+    import argparse
+
+    from aurora.runtime.cli import _load_job
+
+    args = argparse.Namespace(
+        job=None,
+        topology="examples/geo.yaml",
+        strategy="aurora",
+        seed=0,
+        steps=2,
+        store=None,
+        backend="standin",
+        run_dir=str(tmp_path / "trainer"),
+    )
+    first = _load_job(argparse.Namespace(**vars(args)), keep=True)
+    again = _load_job(argparse.Namespace(**vars(args)), keep=True)
+    assert first["job_id"] == again["job_id"]
+    assert (tmp_path / "trainer" / "job.json").exists()

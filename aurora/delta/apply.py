@@ -28,7 +28,7 @@ import numpy as np
 
 from aurora.delta import codecs
 from aurora.delta.changes import Change, Materialized, Parts, check_numel
-from aurora.delta.errors import BaseMismatchError, CorruptError, DeltaError, LayoutError
+from aurora.delta.errors import BaseMismatchError, CorruptError, LayoutError
 from aurora.delta.extract import FusedTensor, fused_layout
 from aurora.delta.records import Delta, TensorDelta
 from aurora.delta.writer import part_label
@@ -186,8 +186,8 @@ def apply_chain(
     active_hash: str,
 ) -> str:
     """Apply ``D_{va+1..v}`` in order; every link and every record is checked first, and an
-    undo log restores the weights if a write fails, so the chain applies whole or not at all.
-    Returns h(v)."""
+    undo log restores the weights if anything raises while writing (``BaseException``: a
+    ``KeyboardInterrupt`` too), so the chain applies whole or not at all. Returns h(v)."""
     version, h = active_version, active_hash
     for d in deltas:
         if d.base != version or d.base_hash != h:
@@ -203,7 +203,10 @@ def apply_chain(
             for target, change in links:
                 undo.append((target, _undo_of(target, change, state)))
                 change.store(parts_of(target, state))
-    except DeltaError:
+    except BaseException:
+        # Any exception, not only a DeltaError: a KeyboardInterrupt (SIGINT), a MemoryError or a
+        # bug raised between two writes would otherwise leave the weights on no version at all.
+        # Each undo entry is appended before its write, so the log covers a write cut short.
         for target, old in reversed(undo):
             old.store(parts_of(target, state))
         raise

@@ -28,6 +28,10 @@ them the same way, so they live here and both call them:
 * :func:`after_catch_up` - once a plan is applied: the work that is still worth keeping (on the
   plan's target or newer) and the deltas staged above the target that must be reported staged
   again, since the Ledger forgets staged versions across a catch-up.
+* :func:`takes_catch_up` - whether a ``CatchUp`` plan may be taken at all: only one that moves
+  the Actor forwards. A plan to an older (or the same) version would load a signed but stale
+  snapshot over newer weights (an injected ``catch_up`` to v0 was loaded by an Actor at v2,
+  issue 26); ``Commit`` cannot move it backwards either, since only ``active + 1`` activates.
 
 Nothing here reads a clock or does I/O; versions are plain ints and work items plain tuples.
 """
@@ -156,3 +160,9 @@ def after_catch_up(
     keep = [w for w in queue if w.version >= plan.target]
     restage = sorted(v for v in staged if v > plan.target)
     return keep, restage
+
+
+def takes_catch_up(plan: CatchUpPlan, *, active: int | None) -> bool:
+    """Whether an Actor on ``active`` (None: no weights yet) takes ``plan``: only when its
+    target is ahead of the active version."""
+    return active is None or plan.target > active

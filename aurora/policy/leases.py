@@ -6,7 +6,28 @@ Theory of operation
 Work is a pool of prompts. Dispatch claims prompts from the pool as leases, one per prompt, for a
 given Actor and policy version ``v_j`` with expiry ``now + L``. ``L = k * median completion time``
 of recently settled leases (``k`` = 2.5, within the paper's 2-3x); before :attr:`LeaseConfig.
-min_samples` completions exist, ``L`` is :attr:`LeaseConfig.initial_s`. A lease ends exactly once:
+min_samples` completions exist, ``L`` is :attr:`LeaseConfig.initial_s`.
+
+**Leases that cannot livelock.** The median is over every Actor's completions, so a fast Actor
+can shrink ``L`` below what a slower one needs: when the fast one then leaves (or is preempted),
+every lease of the slow one expires before its result arrives, nothing is ever admitted, and
+the median never moves again (76 expiries and no admission in the attack of issue 26). So the
+length also adapts from expiries, per Actor (:meth:`LeaseBook.lease_length` with ``actor``):
+
+* an expired lease of length ``l`` makes its holder's next leases at least
+  ``expiry_growth * l`` long (a late result's measured time too), up to ``max_s`` (by default
+  the initial length): an Actor that needs ``T`` seconds gets an admitted result after at most
+  ``log2(T / L)`` rounds of expiry;
+* once an Actor has had a lease expire, its leases are never shorter than the longest completion
+  it was admitted with among its last ``own_window`` (what it has needed), so after the first
+  admission it is not starved again by the others' median.
+
+An Actor none of whose leases ever expired gets exactly ``L`` (the floor is not armed), so
+where no lease expires every decision is the one the plain median rule makes. The floor is per
+Actor, kept only for the Actor it describes, so a departed Actor's times never lengthen another
+Actor's leases (a prompt on a crashed fast Actor is not held for a slow one's time).
+
+A lease ends exactly once:
 
 * **settled** - a result ``r`` arrived and the acceptance predicate admitted it:
   ``t_r <= expiry_j and v_r == v_j and h_r == h(v_j)`` (:func:`admits`). This is the only
@@ -140,10 +161,30 @@ class LeaseConfig:
     expire before a round trip over a WAN."""
     window: int = 256
     """Number of most recent completion times the median is taken over."""
+    expiry_growth: float = 2.0
+    """An expired lease of length l makes its holder's next leases at least this x l long."""
+    own_window: int = 16
+    """Per Actor: how many of its most recent admitted completion times its floor is taken
+    over (the floor is their maximum, armed once one of its leases has expired)."""
+    max_s: float | None = None
+    """Upper bound (seconds) on the length an Actor's expiries grow its leases to; None:
+    ``initial_s``, the length trusted before anything is known (so a dead Actor's expiries never
+    make its leases, should it rejoin and die again, hold prompts longer than that). The plain
+    median rule is never cut by it."""
 
     def __post_init__(self) -> None:
         if not (2.0 <= self.k <= 3.0):
             raise ValueError(f"LeaseConfig.k must be within the paper's 2-3, got {self.k!r}")
+        if not (math.isfinite(self.expiry_growth) and self.expiry_growth > 1.0):
+            raise ValueError(
+                f"LeaseConfig.expiry_growth must be a finite factor > 1, got {self.expiry_growth!r}"
+            )
+        if self.own_window < 1:
+            raise ValueError(f"LeaseConfig.own_window must be >= 1, got {self.own_window!r}")
+        if self.max_s is not None and not (math.isfinite(self.max_s) and self.max_s > 0):
+            raise ValueError(
+                f"LeaseConfig.max_s must be None or positive seconds, got {self.max_s!r}"
+            )
         for name in ("initial_s", "min_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -180,6 +221,13 @@ class LeaseBook:
         self._length: float | None = None
         """lease_length() until _completions next changes (a batch's dispatch claims for every
         Actor in a row, and the median sorts up to ``window`` times)."""
+        # Per Actor (the livelock rule, module docstring): its recent admitted completion times,
+        # the length its expiries grew its leases to (0: none since its last admission), and
+        # whether one of its leases ever expired (which arms the floor).
+        self._max_s = self.config.initial_s if self.config.max_s is None else self.config.max_s
+        self._own: dict[str, deque[float]] = {}
+        self._grown: dict[str, float] = {}
+        self._armed: set[str] = set()
         self._next_lease = 0
         # Batch version -> its prompts, and the ids of their leases, still in the book: an index
         # so that forget_settled visits only the batches it forgets, not every lease of the book.
@@ -259,14 +307,41 @@ class LeaseBook:
         return out
 
     # -- lease length ---------------------------------------------------------------------
-    def lease_length(self) -> float:
-        """L in seconds: k x median of recent completion times, or the initial length."""
+    def lease_length(self, actor: str | None = None) -> float:
+        """L in seconds: k x median of recent completion times, or the initial length; for
+        ``actor``, at least its own floor once one of its leases has expired (module
+        docstring)."""
         if self._length is None:
             if len(self._completions) < self.config.min_samples:
                 self._length = self.config.initial_s
             else:
                 self._length = max(self.config.min_s, self.config.k * median(self._completions))
-        return self._length
+        if actor is None or actor not in self._armed:
+            return self._length
+        own = self._own.get(actor)
+        floor = max(self._grown.get(actor, 0.0), max(own) if own else 0.0)
+        return max(self._length, min(floor, self._max_s))
+
+    def _expired(self, lease: Lease, measured: float | None = None) -> None:
+        """``lease`` expired (``measured``: the late result's time since the claim, s): its
+        holder's next leases grow (the livelock rule)."""
+        length = lease.expiry - lease.claimed_at
+        grown = self.config.expiry_growth * length
+        if measured is not None:
+            grown = max(grown, measured)
+        actor = lease.actor
+        self._armed.add(actor)
+        self._grown[actor] = max(self._grown.get(actor, 0.0), min(grown, self._max_s))
+
+    def _admitted(self, actor: str, times: list[float]) -> None:
+        """``actor`` was admitted with these completion times (s): they become its floor, and
+        what its expiries grew is spent (it has shown what it needs)."""
+        own = self._own.get(actor)
+        if own is None:
+            own = self._own[actor] = deque(maxlen=self.config.own_window)
+        own.extend(times)
+        if self._grown:
+            self._grown.pop(actor, None)
 
     # -- transitions ----------------------------------------------------------------------
     def claim(
@@ -287,7 +362,7 @@ class LeaseBook:
         whole batch: the per-prompt work is done a list at a time)."""
         if count < 0:
             raise ValueError(f"lease count must be >= 0, got {count}")
-        expiry = now + self.lease_length()
+        expiry = now + self.lease_length(actor)
         size = self.pool_size
         if not count or not size:
             return [], [], expiry
@@ -332,6 +407,8 @@ class LeaseBook:
             self.done[lease.prompt] = lease_id
         else:
             self._push(lease.prompt)
+            if new is LeaseState.EXPIRED:
+                self._expired(lease)
         return lease
 
     def expire_due(self, now: float) -> list[Lease]:
@@ -381,6 +458,8 @@ class LeaseBook:
         refusal = admits(lease, t_r=now, v_r=version, h_r=weights_hash)
         if refusal is Refusal.LATE:
             self._end(lease_id, "expire")
+            # The late result measured what this Actor needed: its next leases are at least that.
+            self._expired(lease, measured=now - lease.claimed_at)
             return refusal, lease.prompt, True
         if refusal is not None:
             self._end(lease_id, "release")
@@ -392,8 +471,10 @@ class LeaseBook:
         del self.leased[prompt]
         self.by_actor[actor].discard(lease_id)
         self.done[prompt] = lease_id
-        self._completions.append(now - lease.claimed_at)
+        took = now - lease.claimed_at
+        self._completions.append(took)
         self._length = None
+        self._admitted(actor, [took])
         return None, prompt, False
 
     def settle_run(
@@ -440,8 +521,10 @@ class LeaseBook:
         if prompts:
             # A settled lease's holder had it in its set (claim put it there).
             self.by_actor[actor].difference_update(lease_ids[start:stop])
-            self._completions.extend([now - t for t in claimed_at])
+            took = [now - t for t in claimed_at]
+            self._completions.extend(took)
             self._length = None
+            self._admitted(actor, took)
         return prompts
 
     def forget_settled(self, before_version: int) -> int:
@@ -532,6 +615,9 @@ class LeaseBook:
             self.done,
             self.by_actor,
             list(self._completions),
+            {a: list(times) for a, times in self._own.items()},
+            self._grown,
+            self._armed,
             self._next_lease,
             self._arrivals,
         )

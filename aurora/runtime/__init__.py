@@ -18,6 +18,8 @@ hosts and ``aurora real`` starts them all on one (``docs/RUNTIME.md``):
   generates, and takes every choice at a safe point from :func:`aurora.policy.actor.next_action`.
 
 Roles talk over the control plane (:mod:`~aurora.runtime.channel`: the data plane's authenticated
-framing, msgpack messages both ways) and move weights over the data plane
+framing, every frame after the handshake sealed with a per-connection MAC, msgpack messages both
+ways, each with one typed, bounded decode in :mod:`~aurora.runtime.messages`) and move weights
+over the data plane
 (:mod:`aurora.transport`). No role makes a scheduling, lease or version decision of its own.
 """

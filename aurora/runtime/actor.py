@@ -46,6 +46,7 @@ from aurora.policy.actor import (
     Work,
     after_catch_up,
     next_action,
+    takes_catch_up,
     to_fetch,
 )
 from aurora.policy.membership import fetch_order
@@ -54,6 +55,7 @@ from aurora.runtime import hooks
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import EngineSide, Sampling, make_engine
 from aurora.runtime.job import digest_due, transport_config
+from aurora.runtime.messages import Direction, task_index
 from aurora.store import CheckpointStore
 from aurora.transport import Node
 
@@ -89,12 +91,6 @@ class ActorRun:
 KEY_CHECKS = 3
 """Announcements from the Ledger that must fail verification, with none verified, before an
 Actor concludes it was given the wrong job key (:meth:`ActorProcess._check_job_key`)."""
-
-
-def task_index(prompt: str, prompts_per_step: int) -> int:
-    """Index into the task's training prompts of prompt id ``b{k}-{i}``."""
-    k, i = prompt[1:].split("-")
-    return (int(k) - 1) * prompts_per_step + int(i)
 
 
 class ActorProcess:
@@ -197,7 +193,7 @@ class ActorProcess:
         while not self.stopping:
             assert self.channel is not None
             try:
-                msg = await self.channel.recv()
+                msg = await self.channel.recv_checked(Direction.LEDGER_TO_PEER)
             except ConnectionError:
                 if self.stopping:
                     return
@@ -238,12 +234,32 @@ class ActorProcess:
         elif op == "commit":
             self.pending_commit = int(msg["version"])
         elif op == "catch_up":
-            self.plan = CatchUpPlan(
+            plan = CatchUpPlan(
                 target=int(msg["target"]),
                 snapshot=msg.get("snapshot"),
                 deltas=tuple(int(v) for v in msg["deltas"]),
                 bytes=0,
             )
+            if not takes_catch_up(plan, active=self.active):
+                log.warning(
+                    "%s: ignored a catch-up to v%d: it is on v%s already (never backwards)",
+                    self.id,
+                    plan.target,
+                    self.active,
+                )
+                # Say where it is, so a Ledger that lost track stops waiting for the plan.
+                assert self.engine is not None
+                self.send(
+                    {
+                        "op": "caught_up",
+                        "version": self.engine.version,
+                        "weights_hash": self.engine.weights_hash,
+                        "digest": None,
+                        "pause_ms": 0.0,
+                    }
+                )
+                return
+            self.plan = plan
             if msg.get("snapshot") is not None:
                 self.snapshot_hashes[int(msg["snapshot"])] = (
                     str(msg["snapshot_hash"]),
@@ -554,7 +570,7 @@ class ActorProcess:
             raise ConnectionError(str(hooks.get("fail_at_start")))  # fault injection
         self.channel = await self._connect()
         while self.job is None:
-            msg = await self.channel.recv()
+            msg = await self.channel.recv_checked(Direction.LEDGER_TO_PEER)
             self._on_message(msg)
         job = self.job
         self.sampling = Sampling(

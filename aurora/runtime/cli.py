@@ -63,7 +63,13 @@ def _public_key(args: argparse.Namespace) -> bytes:
     return load_public_key(args.public_key)
 
 
-def _load_job(args: argparse.Namespace) -> dict[str, Any]:
+def _load_job(args: argparse.Namespace, *, keep: bool = False) -> dict[str, Any]:
+    """The job spec from ``--job``, or made from ``--topology``. With ``keep`` (the Trainer) a
+    spec made from the topology is written to ``RUN_DIR/job.json`` and read back on a restart:
+    the job id carries a random nonce, so deriving it again would name another job."""
+    kept = Path(args.run_dir) / "job.json" if keep and not args.job else None
+    if kept is not None and kept.exists():
+        args.job = str(kept)
     if args.job:
         try:
             return dict(json.loads(Path(args.job).read_text())["spec"])
@@ -76,7 +82,7 @@ def _load_job(args: argparse.Namespace) -> dict[str, Any]:
 
     topo = load_topology(args.topology)
     store = args.store or str(Path(args.run_dir) / "store")
-    return make_spec(
+    spec = make_spec(
         topo,
         strategy=args.strategy,
         seed=args.seed,
@@ -84,6 +90,12 @@ def _load_job(args: argparse.Namespace) -> dict[str, Any]:
         store=store,
         backend=args.backend,
     )
+    if kept is not None:
+        from aurora.store.files import write_atomic
+
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(str(kept), [json.dumps({"spec": spec}).encode()])
+    return spec
 
 
 # -- trainer ------------------------------------------------------------------------------------
@@ -95,7 +107,7 @@ def _trainer(args: argparse.Namespace) -> int:
         from aurora.runtime.trainer import TrainerProcess, TrainerRun
 
         run = TrainerRun(
-            spec=_load_job(args),
+            spec=_load_job(args, keep=True),
             run_dir=args.run_dir,
             secret=_secret(args),
             signing_key=load_signing_key(args.signing_key),

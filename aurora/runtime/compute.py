@@ -93,6 +93,8 @@ class TrainerSide(Protocol):
     """The version of the published weights (0 before the first step)."""
     max_new_tokens: int
     """The task's longest completion (tokens), used when the job does not set one."""
+    vocab_size: int | None
+    """Token ids a result may carry are below this (None: not known; not checked)."""
 
     def published(self) -> Mapping[str, np.ndarray]:
         """The last published bf16 weights (bit patterns): the base of the next delta."""

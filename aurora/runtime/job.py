@@ -23,8 +23,8 @@ link shaping (on loopback they are the same run).
 
 from __future__ import annotations
 
-import hashlib
 import math
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,10 +123,17 @@ def strategy_spec(name: str) -> dict[str, Any]:
     }
 
 
-def job_id(topology: Topology, strategy: str, seed: int) -> str:
-    """A stable id for one run's job (names its keys' scope in announcements)."""
-    raw = f"{topology.name}|{strategy}|{seed}".encode()
-    return f"{topology.name}-{strategy}-s{seed}-{hashlib.blake2b(raw, digest_size=4).hexdigest()}"
+JOB_NONCE_BYTES = 8
+"""Random bytes in every job id (64 bits: two jobs never share an id by chance)."""
+
+
+def job_id(topology: Topology, strategy: str, seed: int, *, nonce: str | None = None) -> str:
+    """One run's job id (the scope of its signed announcements): readable name, strategy and
+    seed, then a random nonce. Without the nonce the id was a function of (name, strategy,
+    seed), so with reused keys one run's signed announcements verified in the next. A role
+    that restarts keeps the id it was given (``job.json``), it never derives it again."""
+    nonce = secrets.token_hex(JOB_NONCE_BYTES) if nonce is None else nonce
+    return f"{topology.name}-{strategy}-s{seed}-{nonce}"
 
 
 def make_spec(

@@ -34,6 +34,7 @@ from aurora.provenance import git_sha
 from aurora.runtime.channel import connect
 from aurora.runtime.injector import Injector, SpotHazard
 from aurora.runtime.job import make_spec, plan_processes
+from aurora.runtime.messages import Direction
 from aurora.runtime.procs import Procs
 from aurora.topology import Topology
 
@@ -452,7 +453,9 @@ class Launcher:
             try:
                 while not self.finished.is_set():
                     try:
-                        msg = await asyncio.wait_for(ch.recv(), 0.2)
+                        msg = await asyncio.wait_for(
+                            ch.recv_checked(Direction.LEDGER_TO_OBSERVER), 0.2
+                        )
                     except TimeoutError:
                         continue
                     self._on_observed(msg)

@@ -21,6 +21,7 @@ from typing import Any
 from aurora.runtime import hooks
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.job import transport_config
+from aurora.runtime.messages import Direction
 from aurora.transport import Node
 
 log = logging.getLogger("aurora.runtime.relay")
@@ -74,7 +75,7 @@ class RelayProcess:
         channel = await self._connect()
         while True:
             try:
-                msg = await channel.recv()
+                msg = await channel.recv_checked(Direction.LEDGER_TO_PEER)
             except ConnectionError:
                 log.warning("%s: lost the Ledger; reconnecting", self.run.id)
                 channel = await self._connect()

@@ -183,6 +183,9 @@ class RLTrainer:
             dense=strat.get("payload") == "dense",
         )
         self.max_new_tokens = int(self.task.max_new_tokens)
+        self.vocab_size: int | None = int(model.config.vocab_size)
+        """Token ids a result may carry are below this (a larger one would index past the
+        embedding table and kill the step)."""
 
     @property
     def version(self) -> int:

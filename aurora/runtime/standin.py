@@ -77,6 +77,7 @@ class StandinTrainer:
         self.model = "standin"
         self.version = 0
         self.max_new_tokens = 5
+        self.vocab_size: int | None = VOCAB
         self.codec = spec["strategy"].get("codec") if "strategy" in spec else None
         self.dense = "strategy" in spec and spec["strategy"].get("payload") == "dense"
         self.segment_size = int(spec.get("segment_bytes", 4 << 20))

@@ -35,8 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgpack
-
 from aurora.delta import Segment
 from aurora.delta.announce import verify
 from aurora.runtime.channel import Channel, connect
@@ -44,6 +42,19 @@ from aurora.runtime.compute import TrainerSide, make_trainer
 from aurora.runtime.job import digest_due, transport_config
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
 from aurora.runtime.memprobe import MemoryProbe
+from aurora.runtime.messages import (
+    MAX_ID,
+    MAX_PAYLOAD,
+    Blob,
+    Direction,
+    Int,
+    MessageError,
+    ResultPayload,
+    Str,
+    Why,
+    decode_result_payload,
+    task_index,
+)
 from aurora.store import CheckpointStore
 from aurora.store.files import write_atomic
 from aurora.transport import Node
@@ -137,6 +148,8 @@ class TrainerProcess:
         self._batch_event = asyncio.Event()
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._batch_tokens = 0
+        self._batch_refused = 0
+        """Results of the batch the Trainer refused (a payload that fails its checks)."""
         """Messages from the Ledger other than ``batch_done`` (one queue per connection)."""
         self.probe = MemoryProbe("trainer")
         """Opt-in tracemalloc snapshots (``AURORA_TRACEMALLOC``; off by default)."""
@@ -373,7 +386,7 @@ class TrainerProcess:
     async def _read(self, ch: Channel) -> None:
         try:
             while True:
-                msg = await ch.recv()
+                msg = await ch.recv_checked(Direction.LEDGER_TO_TRAINER)
                 if msg.get("op") == "batch_done":
                     self.done_batches.add(int(msg["batch"]))
                     self._batch_event.set()
@@ -399,13 +412,56 @@ class TrainerProcess:
                 break
         out = []
         self._batch_tokens = 0
-        for r in msg["results"]:
-            body = msgpack.unpackb(r["payload"])
-            self._batch_tokens += sum(len(c["ids"]) for c in body["completions"])
-            out.append((int(body["index"]), bytes(r["payload"]), int(r["version"])))
+        self._batch_refused = 0
+        for r in msg.get("results") or ():
+            checked = self._check_result(r)
+            if checked is None:
+                self._batch_refused += 1
+                continue
+            payload, version = checked
+            self._batch_tokens += payload.tokens
+            out.append((payload.index, bytes(r["payload"]), version))
         # A deterministic order: the same batch trains to the same bytes after any restart.
         out.sort(key=lambda t: t[0])
         return out
+
+    def _check_result(self, r: object) -> tuple[ResultPayload, int] | None:
+        """One admitted result of a batch, decoded and checked against its lease (prompt and
+        task index) and the job (group size, tokens, vocabulary); None, with one log line,
+        when it is refused. Before, the Trainer unpacked payloads unchecked: one admitted
+        result with the payload ``{"index": 0}`` raised KeyError and killed the Trainer (and
+        the Ledger inside it), and again after every restart, since it fetched the same
+        batch. A refused result is left out of the step: the rest of the batch trains."""
+        assert self.compute is not None
+        spec = self.spec
+        try:
+            if not isinstance(r, dict):
+                raise MessageError(Why.NOT_A_MAP, "batch.results[]", type(r).__name__)
+            prompt = Str(MAX_ID).check(r.get("prompt"), "batch.results[].prompt")
+            version = Int().check(r.get("version"), "batch.results[].version")
+            body = Blob(MAX_PAYLOAD).check(r.get("payload"), "batch.results[].payload")
+            try:
+                index = task_index(prompt, int(spec["prompts_per_step"]))
+            except ValueError:
+                raise MessageError(Why.WRONG_TYPE, "batch.results[].prompt", prompt) from None
+            payload = decode_result_payload(
+                body,
+                prompt=prompt,
+                index=index,
+                group_size=int(spec["group_size"]) if spec.get("group_size") else None,
+                max_new_tokens=int(spec["max_new_tokens"]) if spec.get("max_new_tokens") else None,
+                vocab_size=getattr(self.compute, "vocab_size", None),
+            )
+        except MessageError as exc:
+            who = r.get("actor") if isinstance(r, dict) else None
+            log.warning(
+                "trainer: refused a result from %s (lease %s): %s",
+                str(who)[:MAX_ID],
+                str(r.get("lease") if isinstance(r, dict) else None)[:MAX_ID],
+                exc,
+            )
+            return None
+        return payload, version
 
     async def _step(self, k: int, results: list[tuple[int, bytes, int]], meta: dict) -> int:
         assert self.compute is not None and self.node is not None
@@ -457,6 +513,7 @@ class TrainerProcess:
             "batch_versions": sorted({r[2] for r in results}),
             "results": len(results),
             "tokens": self._batch_tokens,
+            "refused_results": self._batch_refused,
             "time": t2,
         }
         meta["version"] = k

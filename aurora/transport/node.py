@@ -1149,7 +1149,7 @@ class Node:
         source = live[0].source
         self.metrics.source_switches += 1
         self._log.warning(f"switch:{source}", "%s: leaving %s: %s", self.id, live[0].where, why)
-        self._choice.left(source, self._waiting(), why)
+        self._choice.left(source, self._waiting(), why, now=time.monotonic())
         for s in live:
             s.abort()
         self._upstream = []
@@ -1578,7 +1578,9 @@ class Node:
         if not live:
             if self._upstream:
                 self._log.warning("lost", "%s: lost every stream to its source", self.id)
-                self._choice.left(self._upstream[0].source, self._waiting(), "connection lost")
+                self._choice.left(
+                    self._upstream[0].source, self._waiting(), "connection lost", now=now
+                )
                 self._upstream = []
                 self.metrics.source_switches += 1
             if self._choice.ready(now) and not self._reconnecting:

@@ -22,7 +22,11 @@ why a version cannot be completed anywhere once no source is usable: the node re
 instead of waiting forever.
 Between rounds that found no source at all, :meth:`SourceChoice.delay` backs off exponentially
 (``backoff_s``, doubled per failed round, at most ``max_backoff_s``); verified progress resets
-it. Nothing here does I/O or reads a clock: the node passes ``now``.
+it. A round fails when every source in turn either could not be reached or was left before
+anything verified arrived from it (:meth:`SourceChoice.left` with ``now``): a source that answers
+the handshake and then sends an announcement that fails verification is a failure too, or a node
+whose only source does that reconnects in a tight loop (~160 times a second, issue 26).
+Nothing here does I/O or reads a clock: the node passes ``now``.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ class SourceChoice:
         self._versions: dict[int, _VersionSources] = {}
         self._failed_rounds = 0
         self._failed_in_round = 0
+        """Sources that failed in a row (unreachable, or left with nothing verified) since
+        verified bytes last arrived."""
+        self._progress_since_connect = False
         self._retry_at = 0.0
 
     def _check(self, source: int) -> None:
@@ -76,9 +83,14 @@ class SourceChoice:
         self.strikes[source] += 1
         return True
 
-    def left(self, source: int, versions: list[int], reason: str) -> None:
-        """The node left ``source`` while ``versions`` were incomplete: one try each."""
+    def left(self, source: int, versions: list[int], reason: str, now: float | None = None) -> None:
+        """The node left ``source`` while ``versions`` were incomplete: one try each. With
+        ``now`` (the node left a source it had connected to), leaving it before anything
+        verified arrived from it also counts as a failure towards the backoff, as an
+        unreachable source does."""
         self._check(source)
+        if now is not None and not self._progress_since_connect:
+            self._fail(now)
         if versions:
             self.strikes[source] += 1
         for v in versions:
@@ -91,6 +103,9 @@ class SourceChoice:
         failure towards a backoff once every source failed in a row."""
         self._check(source)
         self.left(source, versions, reason)
+        self._fail(now)
+
+    def _fail(self, now: float) -> None:
         self._failed_in_round += 1
         if self._failed_in_round >= len(self.names):
             self._failed_in_round = 0
@@ -98,14 +113,16 @@ class SourceChoice:
             self._retry_at = now + self.delay()
 
     def connected(self, source: int) -> None:
+        """A connection to ``source`` answered (not yet a success: that is verified bytes)."""
         self._check(source)
         self.current = source
-        self._failed_in_round = 0
+        self._progress_since_connect = False
 
     def progressed(self) -> None:
         """Verified bytes arrived: backoff starts again from zero."""
         self._failed_rounds = 0
         self._failed_in_round = 0
+        self._progress_since_connect = True
         self._retry_at = 0.0
 
     def done(self, version: int, source: int | None = None) -> None:

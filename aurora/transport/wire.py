@@ -18,6 +18,12 @@ inside both proofs. ``b`` is the TLS channel binding (``tls-unique``) on TLS and
 TCP: on TLS, a handshake relayed between two sessions fails. On plain TCP a man in the middle
 can still relay a live handshake, which is why nothing but admission rests on the secret: the
 integrity of every delta rests on the Trainer's signature (``docs/TRANSPORT.md``, "Trust").
+
+The control plane goes one step further (:mod:`aurora.runtime.channel`): both ends derive a key
+per connection and direction from the handshake's transcript (:func:`session_keys`: HKDF over
+the secret, the server's nonce, the HELLO with the client's nonce) and seal every later frame
+with it (``SEALED`` frames), so that a party on the path without the secret cannot change what
+a handshake admitted.
 """
 
 from __future__ import annotations
@@ -32,15 +38,20 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+from cryptography.hazmat.primitives.hashes import SHA256
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from aurora.delta import Segment
 
 log = logging.getLogger("aurora.transport")
 
-HELLO, CHALLENGE, AUTH, OK, CONTROL, SEGMENT = 1, 2, 3, 4, 5, 6
+HELLO, CHALLENGE, AUTH, OK, CONTROL, SEGMENT, SEALED = 1, 2, 3, 4, 5, 6, 7
+"""Frame types. ``SEALED``: a control message with a MAC under the session key (the control
+plane after its handshake, :mod:`aurora.runtime.channel`)."""
 MAX_FRAME = 256 << 20
 """Largest frame accepted from an authenticated source (bytes): a segment is a few MiB; anything
 larger is an attack or a bug."""
@@ -189,10 +200,38 @@ def _hello_bytes(hello: dict) -> bytes:  # type: ignore[type-arg]
     return msgpack.packb(hello)
 
 
+@dataclass(frozen=True)
+class Transcript:
+    """What both ends of a completed handshake share: the HELLO as proved (its canonical bytes,
+    the client's nonce inside) and the server's nonce. Keys for the session are derived from
+    it (:func:`session_keys`)."""
+
+    hello: bytes
+    nonce_s: bytes
+    binding: bytes
+
+
+SESSION_INFO = b"aurora control session v1"
+"""HKDF info label of the control plane's per-session keys (a new label for a new use)."""
+
+
+def session_keys(secret: bytes, transcript: Transcript) -> tuple[bytes, bytes]:
+    """(client-to-server key, server-to-client key), 32 bytes each: HKDF-SHA256 over the job
+    secret, salted with the server's nonce, bound to the HELLO (the client's nonce, its id) and
+    the TLS binding. Fresh per connection since both nonces are; one key per direction, so a
+    frame reflected back to its sender never verifies."""
+    info = SESSION_INFO + b"".join(
+        struct.pack("<I", len(p)) + p for p in (transcript.binding, transcript.hello)
+    )
+    okm = HKDF(algorithm=SHA256(), length=64, salt=transcript.nonce_s, info=info).derive(secret)
+    return okm[:32], okm[32:]
+
+
 async def client_handshake(
     recv: Recv, send: Send, *, secret: bytes, hello: dict, binding: bytes = b""
-) -> None:
-    """Prove we know ``secret``, then check that the server does too.
+) -> Transcript:
+    """Prove we know ``secret``, then check that the server does too; returns the transcript
+    (for :func:`session_keys`).
 
     The connecting side proves itself first, so the server is never an oracle: it answers
     with its own proof only to a peer that has already proved it knows the secret, for this
@@ -219,10 +258,19 @@ async def client_handshake(
         body, _mac(secret, b"server", binding, nonce_s, _hello_bytes(hello))
     ):
         raise AuthError("the server does not know the job's secret")
+    return Transcript(hello=_hello_bytes(hello), nonce_s=nonce_s, binding=binding)
 
 
 async def server_handshake(recv: Recv, send: Send, *, secret: bytes, binding: bytes = b"") -> dict:  # type: ignore[type-arg]
     """Check that the client knows ``secret``, then prove we do too; return its HELLO."""
+    hello, _ = await server_handshake_transcript(recv, send, secret=secret, binding=binding)
+    return hello
+
+
+async def server_handshake_transcript(
+    recv: Recv, send: Send, *, secret: bytes, binding: bytes = b""
+) -> tuple[dict, Transcript]:  # type: ignore[type-arg]
+    """:func:`server_handshake`, also returning the transcript (for :func:`session_keys`)."""
     kind, body = await recv()
     if kind != HELLO:
         raise AuthError(f"expected HELLO, got frame type {kind}")
@@ -235,7 +283,7 @@ async def server_handshake(recv: Recv, send: Send, *, secret: bytes, binding: by
     if kind != AUTH or not hmac.compare_digest(body, want):
         raise AuthError(f"peer {peer!r} failed authentication (wrong secret)")
     send(frame(OK, _mac(secret, b"server", binding, nonce_s, _hello_bytes(hello))))
-    return dict(hello)
+    return dict(hello), Transcript(hello=_hello_bytes(hello), nonce_s=nonce_s, binding=binding)
 
 
 class TokenBucket:
