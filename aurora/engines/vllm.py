@@ -596,6 +596,13 @@ class VLLMEngine:
             eos_ids=generation_eos_ids(path),
         )
 
+    def close(self) -> None:
+        """Stop vLLM's engine-core and worker processes (an ``LLM`` has no method of its own
+        for it; they also stop when it is garbage-collected)."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
+
     # -- weights -------------------------------------------------------------------------------
 
     def _update(self, info: dict[str, Any], version: int) -> None:
