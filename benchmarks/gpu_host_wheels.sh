@@ -13,8 +13,9 @@ cd "$(dirname "$0")/.."
 dest="${1:-wheels/gpu-host}"
 mkdir -p "$dest"
 PY="${PYTHON:-python3}"
+pyver="${GPU_HOST_PYTHON:-3.12}"  # the GPU host's python (another, to dry-run this elsewhere)
 "$PY" -m pip download --quiet --disable-pip-version-check \
-  --only-binary=:all: --implementation cp --python-version 3.12 --abi cp312 --abi abi3 \
+  --only-binary=:all: --implementation cp --python-version "$pyver" --abi "cp${pyver//./}" --abi abi3 \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
   -d "$dest" "zstandard==0.25.0" "blake3==1.0.11" "cryptography==48.0.0"
