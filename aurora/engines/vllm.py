@@ -423,15 +423,19 @@ def delta_bytes(delta: Delta) -> bytes:
     )
 
 
-def rank_state_message(receiver: DeltaReceiver) -> dict[str, Any]:
-    """What a worker returns to :meth:`VLLMEngine.weights_digest` (plain types for vLLM's RPC)."""
+def rank_state_message(receiver: DeltaReceiver, *, text: bool = False) -> dict[str, Any]:
+    """What a worker returns to :meth:`VLLMEngine.weights_digest` (plain types for vLLM's RPC;
+    ``text``: the tensors' bytes as base64, for ``vllm serve``'s JSON ``/collective_rpc``)."""
     st = receiver.local_state()
     return {
         "rank": receiver.rank,
         "size": receiver.size,
         "version": receiver.version,
         "weights_hash": receiver.weights_hash,
-        "tensors": {k: (list(v.shape), v.tobytes()) for k, v in st.items()},
+        "tensors": {
+            k: (list(v.shape), base64.b64encode(v.tobytes()).decode() if text else v.tobytes())
+            for k, v in st.items()
+        },
     }
 
 
@@ -440,7 +444,7 @@ def ranks_from_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str,
     by_rank: dict[int, dict[str, np.ndarray]] = {}
     for m in messages:
         st = {
-            k: np.frombuffer(bytes(b), dtype=np.uint16).reshape(shape)
+            k: np.frombuffer(_bytes_of(b, "tensors"), dtype=np.uint16).reshape(shape)
             for k, (shape, b) in m["tensors"].items()
         }
         by_rank[int(m["rank"])] = st
@@ -783,30 +787,55 @@ class HTTPWeightClient:
         )
         self.version, self.weights_hash = version, weights_hash
 
-    def apply(self, delta: Delta) -> str:
-        """Apply the verified ``D_{v+1}`` between requests: pause (letting running requests
-        finish), update, resume."""
-        if self.version is None or self.weights_hash is None:
-            raise EngineError("call init() with the served weights' version and hash first")
-        check_base(delta, self.version, self.weights_hash)
-        data = base64.b64encode(delta_bytes(delta)).decode()
+    def _update(self, info: Mapping[str, Any], version: int) -> None:
+        """One update between requests: pause (letting running requests finish), update,
+        reset the prefix cache, resume."""
         self._post("/pause?mode=wait")
         try:
             self._post("/start_weight_update")
-            self._post(
-                "/update_weights",
-                {"update_info": {"delta": data, "expected_hash": delta.weights_hash}},
-            )
-            self._post("/finish_weight_update", {"weight_version": str(delta.version)})
-            self.version, self.weights_hash = delta.version, delta.weights_hash
+            self._post("/update_weights", {"update_info": dict(info)})
+            self._post("/finish_weight_update", {"weight_version": str(version)})
+            self._updated(info, version)
             # no KV computed under the old weights may serve a request after /resume (see
             # VLLMEngine._drop_stale_kv); paused, no request holds a block, so it succeeds
             reset = self._post("/reset_prefix_cache")
             if not (isinstance(reset, Mapping) and reset.get("success") is True):
                 raise EngineError(
                     f"{self.base_url}: vllm serve refused to reset its prefix cache after the "
-                    f"update to v{delta.version} ({reset!r}): KV of the old weights may remain"
+                    f"update to v{version} ({reset!r}): KV of the old weights may remain"
                 )
         finally:
             self._post("/resume")
+
+    def _updated(self, info: Mapping[str, Any], version: int) -> None:
+        self.version = version
+        self.weights_hash = str(info.get("expected_hash") or info.get("weights_hash"))
+
+    def apply(self, delta: Delta) -> str:
+        """Apply the verified ``D_{v+1}`` between requests."""
+        if self.version is None or self.weights_hash is None:
+            raise EngineError("call init() with the served weights' version and hash first")
+        check_base(delta, self.version, self.weights_hash)
+        data = base64.b64encode(delta_bytes(delta)).decode()
+        self._update({"delta": data, "expected_hash": delta.weights_hash}, delta.version)
         return delta.weights_hash
+
+    def load(self, state: Mapping[str, np.ndarray], *, version: int, weights_hash: str) -> None:
+        """Replace every served weight with a snapshot (split bf16 bits) of ``version``."""
+        data = base64.b64encode(snapshot_bytes(state)).decode()
+        self._update({"snapshot": data, "version": version, "weights_hash": weights_hash}, version)
+
+    def rank_states(self) -> list[dict[str, np.ndarray]]:
+        """Every rank's weights, read back through ``/collective_rpc`` (the worker extension's
+        ``aurora_rank_state_text``), in rank order."""
+        got = self._post("/collective_rpc", {"method": "aurora_rank_state_text"})
+        messages = got.get("results") if isinstance(got, Mapping) else None
+        if not messages:
+            raise EngineError(f"{self.base_url}: /collective_rpc returned no rank state")
+        for m in messages:
+            if m["weights_hash"] != self.weights_hash:
+                raise EngineError(
+                    f"{self.base_url}: rank {m['rank']} is at h={str(m['weights_hash'])[:16]}.., "
+                    f"the client at h={str(self.weights_hash)[:16]}.."
+                )
+        return ranks_from_messages(messages)

@@ -131,6 +131,16 @@ class AuroraWorkerExtension:
             )
         return rank_state_message(engine.receiver)
 
+    def aurora_rank_state_text(self) -> dict[str, Any]:
+        """The same with the tensors as base64 text: ``vllm serve``'s ``/collective_rpc``
+        answers in JSON (:meth:`aurora.engines.vllm.HTTPWeightClient.rank_states`)."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, AuroraDeltaWeightTransferEngine):
+            raise RuntimeError(
+                f"aurora_rank_state_text needs weight_transfer_config backend {BACKEND!r}"
+            )
+        return rank_state_message(engine.receiver, text=True)
+
 
 def keep_cpu_weights_resident() -> bool:
     """On vLLM's CPU platform, make every 2-D linear (and the tied LM head) compute from its
