@@ -368,7 +368,32 @@ def _vllm_engine(spec: Mapping[str, Any]) -> RLEngine:
     return RLEngine(spec, engine, _task(spec))
 
 
-def make_rl_engine(spec: Mapping[str, Any], *, engine: str | None = None) -> RLEngine:
+def _served_engine(spec: Mapping[str, Any], url: str) -> RLEngine:
+    """An Actor's engine on a running ``vllm serve`` (:mod:`aurora.engines.vllm_server`): the
+    job's model gives the tokenizer and the tensor layout, the server does the rest."""
+    from aurora.engines.vllm_server import VLLMServerEngine
+
+    name = str(spec.get("model", "tiny"))
+    if name == "tiny":
+        from aurora.rl.model import TinyQwen3Config, arithmetic_tokenizer
+
+        config, tokenizer = TinyQwen3Config().hf_config(), arithmetic_tokenizer()
+    else:
+        from transformers import AutoConfig, AutoTokenizer
+
+        config, tokenizer = AutoConfig.from_pretrained(name), AutoTokenizer.from_pretrained(name)
+    eos = config.eos_token_id
+    eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    return RLEngine(
+        spec, VLLMServerEngine.connect(url, config, tokenizer, eos_ids=eos_ids), _task(spec)
+    )
+
+
+def make_rl_engine(
+    spec: Mapping[str, Any], *, engine: str | None = None, engine_url: str | None = None
+) -> RLEngine:
+    if engine_url:
+        return _served_engine(spec, engine_url)
     kind = engine or spec.get("engine", "transformers")
     if kind not in ("transformers", "vllm"):
         raise ValueError(f"unknown engine {kind!r} (expected transformers or vllm)")
