@@ -43,7 +43,13 @@ if [ -n "$missing" ]; then
   site="${TMPDIR:-/tmp}/aurora-gpu-site"
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086  # $missing is a list of names
-  "$PY" -m pip install --quiet --no-index --find-links "$wheels" --target "$site" $missing
+  if ! PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install --quiet --disable-pip-version-check \
+    --no-index --find-links "$wheels" --target "$site" $missing; then
+    # no usable pip there: a wheel is a zip of its installed files, so unpack them all
+    echo "gpu_check.sh: pip could not install from $wheels; unpacking the wheels into $site"
+    mkdir -p "$site"
+    for w in "$wheels"/*.whl; do "$PY" -m zipfile -e "$w" "$site"; done
+  fi
   export PYTHONPATH="$PYTHONPATH:$site"
   echo "gpu_check.sh: installed $missing from $wheels in" \
     "$("$PY" -c "import time; print(round(time.time() - $t0, 1))") s"
