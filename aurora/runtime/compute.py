@@ -146,6 +146,8 @@ def make_engine(
     if backend == "standin":
         from aurora.runtime.standin import StandinEngine
 
+        if engine_url:
+            raise ValueError("--engine-url: a job on the standin backend has no model to serve")
         return StandinEngine(spec)
     if backend == "rl":
         from aurora.runtime.rlbackend import make_rl_engine
