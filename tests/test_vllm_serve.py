@@ -192,7 +192,8 @@ def test_aurora_actor_joins_a_running_job_with_a_stock_vllm_serve_as_its_engine(
     """``aurora actor --join HOST:PORT --engine-url URL``: an Actor whose engine is the server
     joins a running job, catches up (snapshot load, deltas), settles leases, activates deltas
     in place with its h(v) and content digest checked against the Trainer's, and leaves when
-    the job ends."""
+    the job ends. (A first version let the two Actors race: under load the served one was
+    still catching up when the other had done all 12 steps.)"""
     url = served[0]
     topo = tmp_path / "s.yaml"
     topo.write_text(TOPOLOGY)
@@ -201,8 +202,13 @@ def test_aurora_actor_joins_a_running_job_with_a_stock_vllm_serve_as_its_engine(
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
+    # The job's own Actor leaves after step 3 (gracefully): from then on every lease is the
+    # served Actor's, whatever the machine's load makes of the race between the two.
     job = subprocess.Popen(
-        [sys.executable, "-m", "aurora.cli", "real", "--topology", str(topo), "--out", str(out)],
+        [
+            *[sys.executable, "-m", "aurora.cli", "real", "--topology", str(topo)],
+            *["--out", str(out), "--fault", "leave:ca-a100-0@step=3"],
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
