@@ -271,6 +271,10 @@ def save_pretrained(
         tensors.update(given)
     config = copy.deepcopy(model.config)
     config.dtype = torch.bfloat16
+    # The class that holds the head, as transformers' own save_pretrained writes it: without it
+    # vLLM resolves the bare backbone (Qwen3Model), serves it as a pooling model and refuses
+    # LLM.generate / `vllm serve` completions ("only supported for generative models").
+    config.architectures = [type(model).__name__]
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         config.save_pretrained(tmp)

@@ -1,8 +1,21 @@
 """The GPU check of issue 20, in one run: vLLM applies the Trainer's real deltas in place, and
 the device apply and extraction throughput against the device's own memcpy.
 
-What it does (``python benchmarks/gpu_check.py``; ``benchmarks/gpu_check.sh`` installs vLLM
-first):
+Three modes (``benchmarks/gpu_check.sh`` wraps it; docs/GPU.md):
+
+* default: on a CUDA GPU with vLLM installed. vLLM runs the chain once, with torch.compile and
+  CUDA graphs on as production runs it (``--eager`` turns them off). If vLLM cannot be imported
+  the check fails at once: it never passes without the thing it was asked to check
+  (``summary["vllm_ran"]``).
+* ``--no-vllm``: the torch parts on the device, for a host without vLLM (the project's H200
+  image): the device apply, the device extraction and the Trainer on CUDA, with the chain's
+  Actor being vLLM's worker-side apply (below).
+* ``--dry-run``: all of ``--no-vllm`` on the CPU at small sizes (the test suite runs it).
+
+``--device cpu`` without ``--dry-run`` runs the chain on vLLM's CPU build when that is
+installed (``--eager`` then; compile on CPU is not what production runs).
+
+What it does:
 
 1. **memcpy reference**: a device-to-device copy of ``--memcpy-mb`` MB, best of 5; every
    throughput below is also printed as a ratio to it (GB/s of payload over GB/s of memcpy,
@@ -33,8 +46,9 @@ first):
    publish of the layer (with encoding on the host).
 
 Exit status 0 when every check passed; the summary is printed and written as JSON
-(``--json``). ``--dry-run`` runs every part that needs no GPU on the CPU at small sizes (the
-test suite runs it: ``tests/test_rl_device.py``).
+(``--json``). Nothing outside the standard library and numpy is imported at module level, and
+on the ``--no-vllm`` path nothing the GPU host lacks beyond the three wheels
+``benchmarks/gpu_host_wheels.sh`` carries there (zstandard, blake3, cryptography).
 """
 
 from __future__ import annotations
@@ -161,7 +175,13 @@ def _varied(prompt: str, completion: str) -> float:
 
 
 def run_chain(
-    device: str, deltas: int, dry_run: bool, use_vllm: bool, prompts: int = 8, n: int = 4
+    device: str,
+    deltas: int,
+    dry_run: bool,
+    use_vllm: bool,
+    prompts: int = 8,
+    n: int = 4,
+    eager: bool = False,
 ) -> dict[str, Any]:
     from aurora.delta import read_delta
     from aurora.engines import Sampling
@@ -183,16 +203,26 @@ def run_chain(
 
         d = Path(tempfile.mkdtemp(prefix="aurora-gpu-check-")) / "m"
         save_pretrained(model, tok, d, state=trainer.published)
+        t0 = time.perf_counter()
+        # as production runs it: torch.compile and CUDA graphs on, unless --eager; the in-place
+        # apply must reach the weights the captured graphs read
         actor: Any = VLLMEngine.launch(
             d,
             weights_hash=trainer.weights_hash,
             seed=0,
             gpu_memory_utilization=0.3,
-            enforce_eager=True,
+            enforce_eager=eager,
         )
+        start_s = time.perf_counter() - t0
     else:
         actor = _WorkerActor(model, tok, trainer.published, trainer.weights_hash, device)
-    out: dict[str, Any] = {"actor": type(actor).__name__, "steps": []}
+        start_s = 0.0
+    out: dict[str, Any] = {
+        "actor": type(actor).__name__,
+        "vllm_eager": eager if use_vllm else None,
+        "start_s": round(start_s, 1),
+        "steps": [],
+    }
     ok = actor.weights_digest() == trainer.published_digest()
     out["v0_digest_equal"] = ok
     for k in range(deltas):
@@ -234,6 +264,8 @@ def run_chain(
         print(f"  v{pub.version}: {step}", flush=True)
         ok = ok and hash_ok and digest_ok and worst <= LOGPROB_TOL and pub.changed > 0
     out["ok"] = bool(ok) and len(out["steps"]) == deltas
+    if use_vllm:
+        actor.close()
     return out
 
 
@@ -360,6 +392,15 @@ def run_extract(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--dry-run", action="store_true", help="CPU, small sizes, no vLLM")
+    p.add_argument(
+        "--no-vllm",
+        action="store_true",
+        help="the torch parts only (a host without vLLM): the chain's Actor is vLLM's "
+        "worker-side apply on vLLM-shaped parameters",
+    )
+    p.add_argument(
+        "--eager", action="store_true", help="vLLM without torch.compile and CUDA graphs"
+    )
     p.add_argument("--device", default=None, help="default: cuda (cpu with --dry-run)")
     p.add_argument("--deltas", type=int, default=5, help="consecutive deltas applied (>= 5)")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step of the chain")
@@ -381,21 +422,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     scale = args.scale or (16 if args.dry_run else 1)
     max_layers = args.max_layers or (2 if args.dry_run else 36)
-    use_vllm = False
+    # vLLM runs unless told otherwise, and then it must run: a check that asked for vLLM and
+    # passed without it would certify nothing about it
+    use_vllm = not (args.dry_run or args.no_vllm)
     vllm_version = None
-    if not args.dry_run:
+    if use_vllm:
         try:
             import vllm
 
             vllm_version = str(vllm.__version__)
-            use_vllm = device.startswith("cuda")
-        except ImportError:
-            print("gpu_check: vllm is not installed: the chain runs vLLM's worker-side apply only")
+        except Exception as exc:  # ImportError, or a broken dependency's RuntimeError
+            print(
+                f"gpu_check: FAIL: vLLM was asked for but cannot be imported ({type(exc).__name__}:"
+                f" {str(exc)[:160]}); pass --no-vllm to run the torch parts only",
+                file=sys.stderr,
+            )
+            return 1
     torch.manual_seed(0)
     summary: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "vllm": vllm_version,
+        "mode": "dry-run" if args.dry_run else ("vllm" if use_vllm else "no-vllm"),
         "dry_run": args.dry_run,
     }
     t_all = time.perf_counter()
@@ -405,7 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chain: {args.deltas} deltas", flush=True)
     t0 = time.perf_counter()
     summary["chain"] = run_chain(
-        device, args.deltas, args.dry_run, use_vllm, args.prompts, args.group
+        device, args.deltas, args.dry_run, use_vllm, args.prompts, args.group, args.eager
+    )
+    # True only when vLLM itself generated and applied every delta of the chain
+    summary["vllm_ran"] = (
+        summary["chain"]["actor"] == "VLLMEngine" and len(summary["chain"]["steps"]) == args.deltas
     )
     summary["chain"]["seconds"] = round(time.perf_counter() - t0, 1)
     t0 = time.perf_counter()
@@ -418,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["seconds"] = round(time.perf_counter() - t_all, 1)
     ok = (
         summary["chain"]["ok"]
+        and (summary["vllm_ran"] or not use_vllm)
         and summary["apply"]["bit_exact"]
         and summary["extract"]["bytes_equal_host"]
         and args.deltas >= 5

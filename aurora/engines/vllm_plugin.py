@@ -10,9 +10,16 @@ first created). Importing this module registers it, and every vLLM worker import
 loads its model when it is the ``worker_extension_cls`` (:class:`AuroraWorkerExtension`, which
 :meth:`aurora.engines.vllm.VLLMEngine.launch` sets), so a stock ``vllm serve
 --worker-extension-cls aurora.engines.vllm_plugin.AuroraWorkerExtension
---weight-transfer-config '{"backend": "aurora_delta"}'`` finds it too. (A
-``vllm.general_plugins`` entry point calling :func:`register` would make the second flag
-unnecessary; the package does not declare one yet.)
+--weight-transfer-config '{"backend": "aurora_delta"}'`` finds it too (and so does any vLLM
+process where AuroraRL is installed: ``pyproject.toml`` declares a ``vllm.general_plugins``
+entry point calling :func:`register`). ``vllm serve`` mounts the RL routes that drive it only
+with ``VLLM_SERVER_DEV_MODE=1`` in its environment (:class:`aurora.engines.vllm.HTTPWeightClient`).
+
+The base class is vLLM 0.32-0.34's (``vllm/distributed/weight_transfer/base.py``): five
+abstract methods (``init_transfer_engine``, ``start_weight_update``, ``finish_weight_update``,
+``receive_weights``, ``shutdown``); the sending side is a separate class there
+(``TrainerWeightTransferEngine``), which AuroraRL does not need: its deltas reach Actors over the
+data plane and each Actor applies them itself.
 
 :class:`AuroraDeltaWeightTransferEngine` is a thin adapter: vLLM parses ``init_info`` and
 ``update_info`` into :class:`AuroraInitInfo` and :class:`AuroraUpdateInfo` (unknown keys are
@@ -30,7 +37,6 @@ This module imports vLLM; nothing else in the package does at import time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -41,7 +47,6 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from aurora.delta import Delta, read_delta
 from aurora.engines.vllm import BACKEND, DeltaReceiver, ModelShape, rank_state_message
 
 
@@ -114,18 +119,6 @@ class AuroraDeltaWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, Auror
     def shutdown(self) -> None:
         """No connection to close: updates arrive inside the RPC."""
 
-    @staticmethod
-    def trainer_send_weights(iterator: Iterator[Any], trainer_args: Any) -> None:
-        """The sending side, as vLLM's interface has it: each item of ``iterator`` is a delta
-        (a :class:`aurora.delta.Delta` or its file bytes), sent in order through
-        ``trainer_args["client"]`` (anything with ``apply(delta)``: a :class:`VLLMEngine`, an
-        initialised :class:`HTTPWeightClient`). AuroraRL's Trainer does not call this: its
-        deltas reach Actors over the data plane, and each Actor applies them itself."""
-        args = trainer_args if isinstance(trainer_args, Mapping) else vars(trainer_args)
-        client = args["client"]
-        for item in iterator:
-            client.apply(item if isinstance(item, Delta) else read_delta(bytes(item)))
-
 
 class AuroraWorkerExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``): reads this rank's weights."""
@@ -138,10 +131,59 @@ class AuroraWorkerExtension:
             )
         return rank_state_message(engine.receiver)
 
+    def aurora_rank_state_text(self) -> dict[str, Any]:
+        """The same with the tensors as base64 text: ``vllm serve``'s ``/collective_rpc``
+        answers in JSON (:meth:`aurora.engines.vllm.HTTPWeightClient.rank_states`)."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, AuroraDeltaWeightTransferEngine):
+            raise RuntimeError(
+                f"aurora_rank_state_text needs weight_transfer_config backend {BACKEND!r}"
+            )
+        return rank_state_message(engine.receiver, text=True)
+
+
+def keep_cpu_weights_resident() -> bool:
+    """On vLLM's CPU platform, make every 2-D linear (and the tied LM head) compute from its
+    resident ``weight`` parameter; returns whether it changed anything (nothing off CPU).
+
+    vLLM's CPU build prepares each unquantized linear after loading
+    (``dispatch_cpu_unquantized_gemm`` in ``vllm/model_executor/layers/utils.py``): where oneDNN
+    (or AMX, or zentorch) is available it packs the weight into an opaque kernel handle and,
+    for linears, replaces the parameter with an empty one; the LM head keeps its parameter but
+    computes from the packed copy. A weight written in place afterwards is then either gone
+    (the apply refuses: the parameter has 0 elements) or, for the LM head, silently not used.
+    This selects vLLM's own fallback of that same function (``torch.nn.functional.linear`` on
+    the parameter at every call) for 2-D weights, so the bits :class:`DeltaReceiver` writes are
+    the bits the forward uses. It must run before the worker loads its model: vLLM imports this
+    module first (``vllm.general_plugins`` entry point and ``worker_extension_cls``). The cost
+    is the packed GEMM's speed on CPU (docs/VLLM.md); CUDA is untouched."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    import torch
+    from vllm.model_executor.layers import utils
+
+    original = utils.dispatch_cpu_unquantized_gemm
+    if getattr(original, "aurora_resident", False):
+        return True
+
+    def dispatch(layer: Any, remove_weight: bool) -> None:
+        if layer.weight.is_meta or layer.weight.ndim != 2:
+            original(layer, remove_weight)  # conv and MoE weights: vLLM's own handling
+            return
+        layer.cpu_linear = torch.nn.functional.linear
+
+    dispatch.aurora_resident = True  # type: ignore[attr-defined]
+    utils.dispatch_cpu_unquantized_gemm = dispatch
+    return True
+
 
 def register() -> None:
     """Register ``aurora_delta`` in vLLM's weight-transfer factory (idempotent: vLLM may load
-    plugins more than once per process)."""
+    plugins more than once per process), and on CPU keep the weights it writes resident
+    (:func:`keep_cpu_weights_resident`)."""
+    keep_cpu_weights_resident()
     try:
         WeightTransferEngineFactory.register_engine(
             BACKEND, __name__, "AuroraDeltaWeightTransferEngine"

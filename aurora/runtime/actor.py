@@ -80,6 +80,8 @@ class ActorRun:
     """Address its data-plane node listens on (other Actors fetch from it when it relays)."""
     engine: str | None = None
     """Engine override (None: the job's engine)."""
+    engine_url: str | None = None
+    """A running ``vllm serve`` to drive as the engine (:mod:`aurora.engines.vllm_server`)."""
     advertise: str | None = None
     """Address peers reach its data-plane node at (None: ``host``)."""
     notice_s: float = 30.0
@@ -582,7 +584,9 @@ class ActorProcess:
         self.store = CheckpointStore(
             job["store"], job=job["job_id"], public_key=self.run.public_key
         )
-        self.engine = await asyncio.to_thread(make_engine, job, engine=self.run.engine)
+        self.engine = await asyncio.to_thread(
+            make_engine, job, engine=self.run.engine, engine_url=self.run.engine_url
+        )
         await self._start_node()
         pump = asyncio.create_task(self._pump())
         try:

@@ -216,6 +216,7 @@ def _actor(args: argparse.Namespace) -> int:
             host=args.host,
             advertise=args.advertise,
             engine=args.engine,
+            engine_url=args.engine_url,
             notice_s=args.notice_s,
         )
         return await ActorProcess(run).main()
@@ -378,6 +379,11 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--region", required=True, help="region it runs in")
     p.add_argument("--host", default="127.0.0.1", help="address its data-plane node listens on")
     p.add_argument("--engine", default=None, help="engine override (transformers, vllm, standin)")
+    p.add_argument(
+        "--engine-url",
+        default=None,
+        help="drive a running `vllm serve` at this URL as the engine (docs/VLLM.md)",
+    )
     p.add_argument("--advertise", default=None, help="address others reach it at (default --host)")
     p.add_argument("--notice-s", type=float, default=30.0, help="drain time on SIGTERM (s)")
     _secret_arg(p)

@@ -139,15 +139,20 @@ def make_trainer(spec: Mapping[str, Any], *, workdir: str) -> TrainerSide:
     raise ValueError(f"unknown compute backend {backend!r} (expected rl or standin)")
 
 
-def make_engine(spec: Mapping[str, Any], *, engine: str | None = None) -> EngineSide:
-    """The engine side of the backend named in the job spec (``engine`` overrides its kind)."""
+def make_engine(
+    spec: Mapping[str, Any], *, engine: str | None = None, engine_url: str | None = None
+) -> EngineSide:
+    """The engine side of the backend named in the job spec (``engine`` overrides its kind;
+    ``engine_url`` drives a running ``vllm serve`` instead of starting an engine)."""
     backend = spec.get("backend", "rl")
     if backend == "standin":
         from aurora.runtime.standin import StandinEngine
 
+        if engine_url:
+            raise ValueError("--engine-url: a job on the standin backend has no model to serve")
         return StandinEngine(spec)
     if backend == "rl":
         from aurora.runtime.rlbackend import make_rl_engine
 
-        return make_rl_engine(spec, engine=engine)
+        return make_rl_engine(spec, engine=engine, engine_url=engine_url)
     raise ValueError(f"unknown compute backend {backend!r} (expected rl or standin)")

