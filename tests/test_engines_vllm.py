@@ -848,7 +848,7 @@ def test_an_exported_model_names_its_generative_architecture_and_loads_in_stock_
     from transformers import AutoModelForCausalLM
 
     from aurora.delta.hf import bf16_views
-    from aurora.rl.model import save_pretrained
+    from aurora.models import save_pretrained
 
     model, tok = build_default(CFG)
     d = save_pretrained(model, tok, tmp_path / "m")

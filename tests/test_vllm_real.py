@@ -3,7 +3,7 @@ there is no GPU: ``.ci/run``), the same engine core, scheduler, sampler, ``colle
 ``vllm.distributed.weight_transfer`` as the CUDA build.
 
 One ``LLM`` serves the whole module (starting one takes 30-110 s on 2 cores): the tiny Qwen3 of
-``aurora real``, written by :func:`aurora.rl.model.save_pretrained` (so the directory an export
+``aurora real``, written by :func:`aurora.models.save_pretrained` (so the directory an export
 writes is what vLLM loads), prefix caching on with 32-token KV blocks (the CPU backend's smallest;
 its default of 128 exceeds the model's 64 positions and would hide the stale-KV hazard), bf16,
 eager. Each test first loads the snapshot it starts from, so none depends on another's weights.
@@ -33,7 +33,7 @@ from aurora.delta.hf import bf16_views  # noqa: E402
 from aurora.engines import Sampling, weights_digest_of  # noqa: E402
 from aurora.engines.transformers import TransformersEngine  # noqa: E402
 from aurora.engines.vllm import VLLMEngine  # noqa: E402
-from aurora.rl.model import TinyQwen3Config, build_default, save_pretrained  # noqa: E402
+from aurora.models import TinyQwen3Config, build_default, save_pretrained  # noqa: E402
 from aurora.rl.trainer import Group, GRPOConfig, Trainer  # noqa: E402
 
 CFG = TinyQwen3Config()
@@ -109,7 +109,7 @@ def reference(model, tok, state):
 def teacher_forced_all(model, state, prompt_ids, token_ids):
     """log p of every vocabulary entry at each of ``token_ids``' positions after
     ``prompt_ids`` under ``state`` (fp32): a ``(len(token_ids), vocab)`` tensor."""
-    from aurora.rl.model import load_state
+    from aurora.models import load_state
 
     m = copy.deepcopy(model).float()
     load_state(m, state)

@@ -30,7 +30,7 @@ from aurora.delta.errors import BaseMismatchError  # noqa: E402
 from aurora.delta.hf import bf16_views  # noqa: E402
 from aurora.engines import Sampling, weights_digest_of  # noqa: E402
 from aurora.engines.vllm_server import UNKNOWN_HASH, VLLMServerEngine, serve_command  # noqa: E402
-from aurora.rl.model import TinyQwen3Config, build_default, save_pretrained  # noqa: E402
+from aurora.models import TinyQwen3Config, build_default, save_pretrained  # noqa: E402
 from aurora.rl.trainer import Group, GRPOConfig, Trainer  # noqa: E402
 
 

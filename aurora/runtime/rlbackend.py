@@ -378,7 +378,7 @@ def _served_engine(spec: Mapping[str, Any], url: str) -> RLEngine:
 
     name = str(spec.get("model", "tiny"))
     if name == "tiny":
-        from aurora.rl.model import TinyQwen3Config, arithmetic_tokenizer
+        from aurora.models import TinyQwen3Config, arithmetic_tokenizer
 
         config, tokenizer = TinyQwen3Config().hf_config(), arithmetic_tokenizer()
     else:
