@@ -27,7 +27,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 import numpy as np
 
 from aurora.delta import codecs
-from aurora.delta.changes import Change, Materialized, Parts, check_numel
+from aurora.delta.changes import Change, CheckedAsStored, Materialized, Parts, check_numel
 from aurora.delta.errors import BaseMismatchError, CorruptError, DeltaError, LayoutError
 from aurora.delta.extract import FusedTensor, fused_layout
 from aurora.delta.records import Delta, TensorDelta
@@ -56,7 +56,9 @@ def warm_up() -> None:
         td = TensorDelta("warm-up", old.shape, old.size, idx.size, name, tuple(streams))
         change = parse_record(td, fast=True)
         change.materialize()
-        change.store([(old.copy(), 0, old.size)])
+        parts = [(old.copy(), 0, old.size)]
+        change.store(parts)
+        change.unstore(parts)  # type: ignore[attr-defined]
 
 
 def match_target(td: TensorDelta, target: FusedTensor | None) -> FusedTensor:
@@ -148,8 +150,28 @@ def check_base(delta: Delta, version: int, h: str) -> None:
 
 
 def store_prepared(prepared: Prepared, state: MutableMapping[str, np.ndarray]) -> None:
+    """Store every parsed record, all or nothing. The compiled changes check their indices as
+    they store and keep the old bits (``undo``), so they go first: if one refuses its stream,
+    it and the ones before are restored and nothing else has been written. The rest were
+    checked whole when parsed and cannot fail."""
+    first: list[tuple[FusedTensor, CheckedAsStored]] = [
+        (t, c) for t, c in prepared if isinstance(c, CheckedAsStored)
+    ]
+    done: list[tuple[FusedTensor, CheckedAsStored]] = []
+    try:
+        for target, checked in first:
+            checked.store(parts_of(target, state))  # on a bad stream: restores itself, raises
+            done.append((target, checked))
+    except DeltaError:
+        for target, checked in reversed(done):
+            checked.unstore(parts_of(target, state))
+        raise
+    finally:
+        for _, checked in done:
+            checked.release()
     for target, change in prepared:
-        change.store(parts_of(target, state))
+        if not isinstance(change, CheckedAsStored):
+            change.store(parts_of(target, state))
 
 
 def apply_delta(

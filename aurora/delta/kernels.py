@@ -53,6 +53,11 @@ SPLIT, ULP = 0, 1
 LOOKAHEAD = 128
 """Changes between the one stored and the one whose line is prefetched: at 2% density ~190
 lines, ~12 KB ahead, enough to cover a DRAM round trip at one change per ~5 ns."""
+RING = 256
+"""Indices the lookahead keeps for the store (a power of two > LOOKAHEAD; 2 KB, in L1)."""
+RING_MASK = RING - 1
+STATE = 6
+"""Length of the ``st`` state array of the ``apply_*`` loops."""
 MAX_NUMEL = 1 << 62
 """Largest tensor the kernels accept: below it, index + gap never overflows int64."""
 VERSION = numba.__version__
@@ -131,60 +136,93 @@ def _ulp_add(old, z):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def store_small_gaps(out, base, end, st, lo, hi, esc, va, vb, vesc, vmode):  # type: ignore[no-untyped-def]
-    """Store the changes of a checked ``aurora`` stream whose fused index is below ``end`` into
-    ``out[index - base]``. ``st`` = [change, escape, value escape, last index, lookahead change,
-    lookahead escape, lookahead index] is read and updated in place."""
+def apply_small_gaps(out, base, end, st, ring, undo, lo, hi, esc, va, vb, vesc, vmode, numel):  # type: ignore[no-untyped-def]
+    """Check and store an ``aurora`` change in one pass: every change whose fused index is below
+    ``end`` goes to ``out[index - base]``, its old bits to ``undo[change]``. ``st`` = [changes
+    stored, value escape, lookahead change, lookahead escape, lookahead index, status] and
+    ``ring`` (the lookahead's indices, :data:`RING`) carry the state from one part to the next.
+
+    The lookahead cursor decodes and checks each gap ``LOOKAHEAD`` changes before the store
+    reaches it (the checks of ``check_small_gaps``, one gap at a time), puts its index in the
+    ring and prefetches its line; the store only reads the ring. A bad stream sets ``st[5]`` to
+    its status and stops: the caller restores ``undo[:st[0]]``. The arithmetic stays in int64
+    (gaps below 2^16, escapes compared as uint64 first): numba computes uint64-with-int64
+    expressions in float64, which made this loop 8x slower."""
     n = lo.size
-    wide = hi.size == n and n > 0
-    i, j, k, cur, ia, ja, ca = st[0], st[1], st[2], st[3], st[4], st[5], st[6]
-    while ia < n and ia < i + LOOKAHEAD:
-        g = _small_gap(lo, hi, ia, wide)
-        if g == 0:
-            g = np.int64(esc[ja])
-            ja += 1
-        ca += g
-        ia += 1
-    while i < n:
-        g = _small_gap(lo, hi, i, wide)
-        jj = j
-        if g == 0:
-            g = np.int64(esc[j])
-            jj = j + 1
-        nxt = cur + g
-        if nxt >= end:
-            break
-        if ia < n:
-            ga = _small_gap(lo, hi, ia, wide)
-            if ga == 0:
-                ga = np.int64(esc[ja])
+    wide = hi.size == n
+    n_esc = esc.size
+    lim = np.uint64(numel)
+    i, k, ia, ja, ca, status = st[0], st[1], st[2], st[3], st[4], st[5]
+    while status == OK:
+        while ia < n and ia < i + LOOKAHEAD:  # the whole window at first, then one step
+            g = np.int64(lo[ia])
+            if wide:
+                g |= np.int64(hi[ia]) << 8
+            if g == 0:
+                if ja >= n_esc:
+                    status = ESCAPES
+                    break
+                e = esc[ja]
                 ja += 1
-            ca += ga
-            ia += 1
+                if e >= lim:
+                    status = OUT_OF_RANGE
+                    break
+                g = np.int64(e)
+                if g == 0 and ia > 0:
+                    status = NOT_INCREASING
+                    break
+            ca += g  # both < 2^62: no wrap
+            if ca >= numel:
+                status = OUT_OF_RANGE
+                break
+            ring[ia & RING_MASK] = ca
             if ca < end:
                 _prefetch(out, ca - base)
+            ia += 1
+            if ia == n and ja != n_esc:
+                status = ESCAPES
+                break
+        if status != OK or i >= n:
+            break
+        idx = ring[i & RING_MASK]
+        if idx >= end:
+            break
+        p = idx - base
+        old = out[p]
+        undo[i] = old
         if vmode == SPLIT:
-            out[nxt - base] = (np.uint16(va[i]) << np.uint16(8)) | np.uint16(vb[i])
+            out[p] = (np.uint16(va[i]) << np.uint16(8)) | np.uint16(vb[i])
         else:
             z = np.uint16(va[i])
             if z == 0:
+                if k >= vesc.size:
+                    status = ESCAPES
+                    break
                 z = vesc[k]
                 k += 1
-            out[nxt - base] = _ulp_add(out[nxt - base], z)
-        cur = nxt
-        j = jj
+            out[p] = _ulp_add(old, z)
         i += 1
-    st[0], st[1], st[2], st[3], st[4], st[5], st[6] = i, j, k, cur, ia, ja, ca
+        if vmode != SPLIT and i == n and k != vesc.size:
+            status = ESCAPES  # value escapes left over; the caller restores what was stored
+    st[0], st[1], st[2], st[3], st[4], st[5] = i, k, ia, ja, ca, status
+
+
+@_jit
+def restore(out, base, idx, undo):  # type: ignore[no-untyped-def]
+    """Write ``undo`` back at ``idx - base`` (a rolled-back store)."""
+    for i in range(idx.size):
+        out[idx[i] - base] = undo[i]
 
 
 @_jit
 def expand_small_gaps(lo, hi, esc, idx):  # type: ignore[no-untyped-def]
-    """The indices of a checked ``aurora`` stream into ``idx`` (int64, one per change)."""
+    """The indices of the first ``idx.size`` changes of a checked ``aurora`` stream into ``idx``
+    (int64)."""
     n = lo.size
     wide = hi.size == n and n > 0
     cur = np.int64(0)
     j = 0
-    for i in range(n):
+    for i in range(idx.size):
         g = _small_gap(lo, hi, i, wide)
         if g == 0:
             g = np.int64(esc[j])
@@ -244,36 +282,79 @@ def _leb_next(buf, pos):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def store_leb128(out, base, end, st, buf, vals):  # type: ignore[no-untyped-def]
-    """:func:`store_small_gaps` for a checked LEB128 stream and raw uint16 values; ``st`` =
-    [change, byte position, last index, lookahead change, lookahead position, lookahead index]."""
+def apply_leb128(out, base, end, st, ring, undo, buf, vals, numel):  # type: ignore[no-untyped-def]
+    """:func:`apply_small_gaps` for a LEB128 stream and raw uint16 values; ``st`` = [changes
+    stored, unused, lookahead change, lookahead byte position, lookahead index, status]. The
+    lookahead decodes each value with the checks of ``check_leb128``; a 1-byte value (most gaps
+    at 1-3% changed) skips the continuation loop."""
     n = vals.size
-    i, pos, cur, ia, pa, ca = st[0], st[1], st[2], st[3], st[4], st[5]
-    while ia < n and ia < i + LOOKAHEAD:
-        g, pa = _leb_next(buf, pa)
-        ca += g
-        ia += 1
-    while i < n:
-        g, p2 = _leb_next(buf, pos)
-        nxt = cur + g
-        if nxt >= end:
-            break
-        if ia < n:
-            ga, pa = _leb_next(buf, pa)
-            ca += ga
-            ia += 1
+    nb = buf.size
+    lim = np.uint64(numel)
+    i, ia, pa, ca, status = st[0], st[2], st[3], st[4], st[5]
+    while status == OK:
+        while ia < n and ia < i + LOOKAHEAD:
+            if pa >= nb:
+                status = TRUNCATED
+                break
+            b = np.int64(buf[pa])
+            pa += 1
+            if b < 0x80:
+                g = b
+            else:
+                v = np.uint64(b & 0x7F)
+                shift = 7
+                while True:
+                    if pa >= nb:
+                        status = TRUNCATED
+                        break
+                    b = np.int64(buf[pa])
+                    pa += 1
+                    if shift == 63 and b > 1:  # the 10th byte carries bit 63 only
+                        status = TOO_LONG
+                        break
+                    v |= np.uint64(b & 0x7F) << np.uint64(shift)
+                    if b < 0x80:
+                        break
+                    shift += 7
+                    if shift > 63:
+                        status = TOO_LONG
+                        break
+                if status != OK:
+                    break
+                if v >= lim:
+                    status = OUT_OF_RANGE
+                    break
+                g = np.int64(v)
+            if g == 0 and ia > 0:
+                status = NOT_INCREASING
+                break
+            ca += g  # both < 2^62: no wrap
+            if ca >= numel:
+                status = OUT_OF_RANGE
+                break
+            ring[ia & RING_MASK] = ca
             if ca < end:
                 _prefetch(out, ca - base)
-        out[nxt - base] = vals[i]
-        cur = nxt
-        pos = p2
+            ia += 1
+            if ia == n and pa != nb:
+                status = LEFTOVER
+                break
+        if status != OK or i >= n:
+            break
+        idx = ring[i & RING_MASK]
+        if idx >= end:
+            break
+        p = idx - base
+        undo[i] = out[p]
+        out[p] = vals[i]
         i += 1
-    st[0], st[1], st[2], st[3], st[4], st[5] = i, pos, cur, ia, pa, ca
+    st[0], st[2], st[3], st[4], st[5] = i, ia, pa, ca, status
 
 
 @_jit
 def expand_leb128(buf, idx):  # type: ignore[no-untyped-def]
-    """The indices of a checked LEB128 stream into ``idx`` (int64, one per change)."""
+    """The indices of the first ``idx.size`` changes of a checked LEB128 stream into ``idx``
+    (int64)."""
     pos = 0
     cur = np.int64(0)
     for i in range(idx.size):
