@@ -25,8 +25,11 @@ def tiny(monkeypatch):
 
 @pytest.mark.parametrize(
     ("model", "params", "down"),
-    [("qwen3-0.6b-shapes", 596_049_920, (1024, 3072)), ("qwen3-1.7b-shapes", 1_720_574_976, (2048, 6144))],
-)  # fmt: skip
+    [
+        ("qwen3-0.6b-shapes", 596_049_920, (1024, 3072)),
+        ("qwen3-1.7b-shapes", 1_720_574_976, (2048, 6144)),
+    ],
+)
 def test_the_shapes_models_have_the_published_checkpoints_tensors(model, params, down):
     s = shapes.model_shapes(model)
     assert sum(int(np.prod(v)) for v in s.values()) == params  # 0.6B / 1.7B as published
