@@ -29,11 +29,19 @@ import numpy as np
 import pytest
 
 from aurora.codec_bench import shapes_for
-from aurora.delta import apply_delta, encode_delta, kernels, read_delta, synthetic, weights_hash
+from aurora.delta import (
+    apply_delta,
+    codecs,
+    encode_delta,
+    kernels,
+    read_delta,
+    synthetic,
+    weights_hash,
+)
 from aurora.delta.apply import parts_of, prepare_delta, store_prepared
 
 PARAMS = float(os.environ.get("AURORA_BENCH_PARAMS", "193e6"))
-ROUNDS = int(os.environ.get("AURORA_BENCH_ROUNDS", "7"))
+ROUNDS = int(os.environ.get("AURORA_BENCH_ROUNDS", "15"))
 DENSITY = 0.02
 LINE = 64
 CODECS = ("aurora", "leb128", "aurora-base")
@@ -95,6 +103,19 @@ def test_every_codec_against_the_store_loop_alone_and_the_cache_line_bound(bench
     for hint in (False, True):  # compile
         _bare_store(work[0][0], work[0][1][:1], work[0][2][:1], hint)
     prepared: dict = {}
+    frames = {  # every zstd frame of each delta, with its decompressed size
+        c: [
+            (t.streams[i], t.nnz * (t.streams[0][0] // 8 if i == 1 else 1))
+            for t in d.tensors
+            if t.codec in ("aurora", "aurora-base")
+            for i in (1, 3)
+        ]
+        for c, d in deltas.items()
+    }
+
+    def unzstd(c):  # type: ignore[no-untyped-def]
+        for data, size in frames[c]:
+            codecs.zd(data, size, "bench")
 
     def reset():  # type: ignore[no-untyped-def]
         for k in state:
@@ -104,13 +125,17 @@ def test_every_codec_against_the_store_loop_alone_and_the_cache_line_bound(bench
         for arr, idx, vals in work:
             _bare_store(arr, idx, vals, hint)
 
+    per_round: list[dict[str, float]] = []
+
     def run():  # type: ignore[no-untyped-def]
         best: dict[str, float] = {}
 
         def note(name, seconds):  # type: ignore[no-untyped-def]
             best[name] = min(best.get(name, float("inf")), seconds)
+            per_round[-1][name] = seconds
 
         for _ in range(ROUNDS):  # interleaved: a burst of load hits every measurement alike
+            per_round.append({})
             note("memcpy", timed(lambda: np.copyto(dst, big)))
             note("bare", timed(lambda: bare(False)))
             note("bare+hint", timed(lambda: bare(True)))
@@ -121,6 +146,7 @@ def test_every_codec_against_the_store_loop_alone_and_the_cache_line_bound(bench
                 t = timed(lambda c=c, d=d: prepared.__setitem__(c, prepare_delta(d, state)))
                 note(c + " parse", t)
                 note(c + " store", timed(lambda c=c: store_prepared(prepared[c], state)))
+                note(c + " zstd", timed(lambda c=c: unzstd(c)))
         return best
 
     best = benchmark.pedantic(run, rounds=1, iterations=1)
@@ -143,12 +169,26 @@ def test_every_codec_against_the_store_loop_alone_and_the_cache_line_bound(bench
         f"the store loop alone = {alone * 1e3:.2f} ms ({t_lines / alone:.2f} x bound)"
     )
     print(f"{'codec':<12} {'apply ms':>8} {'x bound':>8} {'x alone':>8} {'parse ms':>8}"
-          f" {'store ms':>8}")  # fmt: skip
-    ratios = {}
+          f" {'store ms':>8} {'zstd ms':>8}  x alone per round: median [quartiles];"
+          " one-core ceiling alone / (alone + zstd)")  # fmt: skip
     for c in deltas:
-        ratios[c] = alone / best[c]
-        benchmark.extra_info[c] = {"x bound": t_lines / best[c], "x store alone": ratios[c]}
+        # the same ratio within each round (a burst of load on a shared machine hits both)
+        each = [min(r["bare"], r["bare+hint"]) / r[c] for r in per_round]
+        q1, med, q3 = np.percentile(each, [25, 50, 75])
+        # zstd runs on the same core as the stores: even a free check and a store at the
+        # store-alone speed leave apply >= alone + zstd
+        ceil = [
+            min(r["bare"], r["bare+hint"]) / (min(r["bare"], r["bare+hint"]) + r[c + " zstd"])
+            for r in per_round
+        ]
+        benchmark.extra_info[c] = {
+            "x bound": t_lines / best[c],
+            "x store alone (best)": alone / best[c],
+            "x store alone (median of rounds)": med,
+        }
         print(
-            f"{c:<12} {best[c] * 1e3:>8.2f} {t_lines / best[c]:>8.2f} {ratios[c]:>8.2f} "
-            f"{best[c + ' parse'] * 1e3:>8.2f} {best[c + ' store'] * 1e3:>8.2f}"
+            f"{c:<12} {best[c] * 1e3:>8.2f} {t_lines / best[c]:>8.2f} {alone / best[c]:>8.2f} "
+            f"{best[c + ' parse'] * 1e3:>8.2f} {best[c + ' store'] * 1e3:>8.2f} "
+            f"{best[c + ' zstd'] * 1e3:>8.2f}  {med:.2f} [{q1:.2f}-{q3:.2f}]; "
+            f"{float(np.median(ceil)):.2f}"
         )
