@@ -24,8 +24,8 @@ Metrics, each defined the same way on both sides where the simulator has it:
 
 * ``extract_s``: the Trainer's extraction time per version (steps.csv; the simulator's
   ``extract`` span);
-* ``delta_mb``: bytes per version as shipped (``aurora``), and the same step encoded as the
-  paper's LEB128 (:func:`offline`);
+* ``delta_mb``: bytes per version as shipped (``aurora``), and the same changes re-encoded as
+  the paper's LEB128 and as naive int32 + bf16 (:func:`codec_bytes`);
 * ``transfer_s``: from a version's extraction starting to the Ledger counting its last Actor
   staged (``experiments.sim_vs_real.real_transfers``/``sim_transfers``); behind the relay vs
   direct, it is the last Actor's arrival;
@@ -130,27 +130,27 @@ def paper_scaled(model: str) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------
 
 
-def offline(model: str, seed: int = 0) -> dict[str, Any]:
-    """One step of the shapes Trainer encoded as ``aurora`` and as ``leb128``: bytes and
-    extraction seconds of each (in this process; the machine is shared)."""
-    from aurora.delta import encode_delta
-    from aurora.runtime.shapes import ShapesTrainer
+def codec_bytes(folder: Path) -> dict[str, float]:
+    """MB per version of the deltas the run shipped (``aurora``, as written) and of the same
+    changes re-encoded as the paper's LEB128 and as naive int32 + bf16: the stream bytes of
+    every tensor (a file adds ~100 bytes of header per tensor and the trailer's segment hashes
+    to either)."""
+    from aurora.delta import codecs, read_delta
 
-    tr = ShapesTrainer({"model": model, "seed": seed})
-    old = dict(tr.published())
-    tr.train([])
-    new = tr._next
-    assert new is not None
-    out: dict[str, Any] = {"changed": 0}
-    for codec in ("aurora", "leb128"):
-        t = time.perf_counter()
-        data = encode_delta(old, new, model=model, version=1, base_hash=tr.weights_hash,
-                            codec=codec)  # fmt: skip
-        out[f"{codec}_extract_s"] = time.perf_counter() - t
-        out[f"{codec}_mb"] = len(data) / 1e6
-    total = sum(a.size for a in old.values())
-    out["density"] = sum(int((old[k] != new[k]).sum()) for k in old) / total
-    return out
+    sums: dict[str, list[float]] = {"aurora_file": [], "aurora": [], "leb128": [], "naive": []}
+    for path in sorted((folder / "store" / "deltas").glob("v*.delta")):
+        d = read_delta(path.read_bytes())
+        sums["aurora_file"].append(path.stat().st_size / 1e6)
+        per = dict.fromkeys(("aurora", "leb128", "naive"), 0)
+        for t in d.tensors:
+            m = codecs.get(t.codec).parse(list(t.streams), t.nnz, t.numel, t.name).materialize()
+            assert m.op == "set" and m.idx is not None
+            per["aurora"] += sum(len(x) for x in t.streams)
+            for c in ("leb128", "naive"):
+                per[c] += sum(len(x) for x in codecs.get(c).encode(m.idx, m.vals, None, t.numel))
+        for c, n in per.items():
+            sums[c].append(n / 1e6)
+    return {f"{k}_mb": _mean(v) for k, v in sums.items()}
 
 
 # ------------------------------------------------------------------------------------------
@@ -452,17 +452,12 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         choices=["predict", "validate", "all"],
         help="predict: the calibration run and the predictions only; validate: the others",
     )
-    p.add_argument("--offline", action="store_true", help="also encode one step as leb128")
     args = p.parse_args(argv)
     root = RESULTS / NAME
     root.mkdir(parents=True, exist_ok=True)
     nets = ["loopback", "emulated"] if args.network == "both" else [args.network]
     paper = paper_scaled(args.model)
     print(f"{NAME}: {args.model}, paper scaled by {paper['scale']:.4f}: {paper}", flush=True)
-    if args.offline:
-        off = offline(args.model)
-        (root / "offline.json").write_text(json.dumps(off, indent=2) + "\n")
-        print(f"offline (one step, this process, shared machine): {off}", flush=True)
     rows: list[dict[str, Any]] = []
     for net in nets:
         calib = run_real(CONFIGS[0], network=net, model=args.model, steps=args.steps, root=root)
@@ -479,6 +474,10 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
             folder = run_real(cfg, network=net, model=args.model, steps=args.steps, root=root)
             real[cfg.name] = real_metrics(folder)
         rows += rows_for(net, real, pred, paper)
+        for codec, mb in codec_bytes(calib).items():
+            scaled = paper["delta_mb_leb128"] if codec == "leb128_mb" else math.nan
+            rows.append({"network": net, "config": CONFIGS[0].name, "metric": f"bytes:{codec}",
+                         "real": mb, "paper_scaled": scaled})  # fmt: skip
     df = pd.DataFrame(rows)
     if len(df):
         df["git_sha"] = git_sha()
