@@ -4,7 +4,7 @@ transfer regime, real deltas applied bit-exactly by the stand-in engine's side."
 import numpy as np
 import pytest
 
-from aurora.delta import read_delta
+from aurora.delta import read_delta, synthetic
 from aurora.runtime import shapes
 from aurora.runtime.cli import backend_for
 from aurora.runtime.compute import make_engine, make_trainer
@@ -76,3 +76,11 @@ def test_a_shapes_model_in_the_topology_runs_the_shapes_backend(tmp_path):
     assert backend_for(load_topology(path), "rl") == "shapes"
     path.write_text(path.read_text().replace("qwen3-0.6b-shapes", "tiny"))
     assert backend_for(load_topology(path), "rl") == "rl"
+
+
+def test_torchs_bf16_conversion_gives_the_bits_of_the_synthetic_rounding():
+    r = np.random.default_rng(0)
+    x = (r.standard_normal(100_000) * 0.02).astype(np.float32)
+    ties = (r.integers(0, 2**16, 1000, dtype=np.uint32) << 16) | 0x8000  # exactly half an ulp
+    x = np.concatenate([x, ties.view(np.float32)[np.isfinite(ties.view(np.float32))]])
+    assert np.array_equal(shapes.bf16_bits(x), synthetic.to_bf16_bits(x))

@@ -105,7 +105,7 @@ def dense_bytes(model: str) -> int:
 
 def _master(shapes: Mapping[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
     """fp32 master weights N(0, 0.02), norms 1 + N(0, 0.02), from torch's seeded generator
-    (numpy's normals took 36 s for 0.6G elements here, torch's a few)."""
+    (numpy's normals took 36 s for 0.6G elements on this loaded machine, torch's 17 s)."""
     import torch
 
     gen = torch.Generator().manual_seed(_seed("shapes-weights", seed) % (1 << 63))
@@ -153,9 +153,9 @@ class ShapesTrainer(StandinTrainer):
     def _advance(self, step: int) -> dict[str, np.ndarray]:
         """The master after step ``step`` (in place) and its bf16 bits. Each block of
         :data:`NOISE_BLOCK` elements takes its N(0, 1) noise from the job's noise pool at an
-        offset drawn per step: every element's update is N(0, 1) as in
-        ``synthetic.step``, at a tenth of its cost (drawing 0.6G normals per step took 13 s here,
-        more than everything else in a step together)."""
+        offset drawn per step: every element's update is N(0, 1) as in ``synthetic.step``
+        (drawing 0.6G fresh normals per step took 13 s on this loaded machine, more than the
+        rest of a step together)."""
         import torch
 
         rng = np.random.default_rng(_seed("shapes-step", self.seed, step))
