@@ -431,7 +431,12 @@ def figure(rows: pd.DataFrame, path: Path) -> None:
         labels = [f"{c}\n{m}" for c, m in zip(g["config"], g["metric"], strict=True)]
         x = range(len(g))
         ax.bar([i - 0.2 for i in x], g["real"], 0.4, label="real")
-        ax.bar([i + 0.2 for i in x], g["sim"], 0.4, label="simulator (predicted before)")
+        ax.bar(
+            [i + 0.2 for i in x],
+            g["sim"],
+            0.4,
+            label="simulator (s4-relay: fit; others predicted before the runs)",
+        )
         ax.set_xticks(list(x), labels, rotation=90, fontsize=6)
         ax.set_ylabel("seconds")
         ax.set_title(f"{MODEL} ({net}; machine shared with other jobs)", fontsize=8)
@@ -481,7 +486,11 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     if len(df):
         df["git_sha"] = git_sha()
-        df.to_csv(root / "rows.csv", index=False)
+        path = root / "rows.csv"
+        if path.exists():  # keep the other network's rows from an earlier invocation
+            old = pd.read_csv(path)
+            df = pd.concat([old[~old["network"].isin(nets)], df], ignore_index=True)
+        df.to_csv(path, index=False)
         figure(df, root / f"{NAME}.png")
         with pd.option_context("display.width", 200, "display.max_rows", 200):
             print(df.drop(columns=["git_sha"]).to_string(index=False))
