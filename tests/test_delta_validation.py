@@ -288,7 +288,7 @@ def test_warm_up_loads_every_compiled_loop_an_apply_uses():
     from aurora.delta import kernels, warm_up
 
     warm_up()
-    loops = ("check_small_gaps", "apply_small_gaps", "expand_small_gaps", "restore")
+    loops = ("check_small_gaps", "store_small_gaps", "expand_small_gaps", "restore")
     loops += ("check_leb128", "apply_leb128", "expand_leb128")
     assert all(getattr(kernels, k).signatures for k in loops)
 

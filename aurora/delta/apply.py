@@ -60,7 +60,8 @@ def warm_up() -> None:
         change.materialize()
         parts = [(old.copy(), 0, old.size)]
         change.store(parts)
-        change.unstore(parts)  # type: ignore[attr-defined]
+        if isinstance(change, CheckedAsStored):
+            change.unstore(parts)  # the rollback's loop too
 
 
 def match_target(td: TensorDelta, target: FusedTensor | None) -> FusedTensor:

@@ -202,10 +202,11 @@ class CheckedAsStored:
 
 
 @dataclass
-class SmallGapChange(CheckedAsStored):
+class SmallGapChange:
     """An ``aurora``/``aurora-base`` change: uint8/uint16 gaps with escapes, and either split
     values (``va`` high bytes, ``vb`` low bytes) or ULP differences (``va``, escapes ``vesc``).
-    Its index stream is checked as it is stored (:class:`CheckedAsStored`)."""
+    Its streams are checked whole when parsed (``check_small_gaps``: vectorised sums and counts,
+    cheaper than an undo log) and stored by ``store_small_gaps`` without checks or log."""
 
     lo: np.ndarray
     hi: np.ndarray
@@ -217,43 +218,29 @@ class SmallGapChange(CheckedAsStored):
     numel: int
     nnz: int
     what: str = "tensor"
-    checked: bool = False
-    undo: np.ndarray | None = None
-    stored: int = 0
 
     def __post_init__(self) -> None:
         for f in ("lo", "hi", "esc", "va", "vb", "vesc"):
             setattr(self, f, readonly(getattr(self, f)))
 
-    def _check(self) -> None:
-        if not self.checked:
-            check_status(compiled().check_small_gaps(self.lo, self.hi, self.esc, self.numel),
-                         self.what)  # fmt: skip
-            self.checked = True
-
-    def _run(self, k: Any, arr: np.ndarray, off: int, n: int, st: np.ndarray, ring: np.ndarray,
-             undo: np.ndarray) -> None:  # fmt: skip
-        k.apply_small_gaps(
-            arr, off, off + n, st, ring, undo, self.lo, self.hi, self.esc, self.va, self.vb,
-            self.vesc, self.vmode, self.numel,
-        )  # fmt: skip
-
-    def _prefix(self, count: int) -> np.ndarray:
-        idx = np.empty(count, dtype=np.int64)
-        compiled().expand_small_gaps(self.lo, self.hi, self.esc, idx)
-        return idx
+    def store(self, parts: Parts) -> None:
+        st = np.zeros(7, dtype=np.int64)
+        for arr, off, n in parts:
+            compiled().store_small_gaps(
+                arr, off, off + n, st, self.lo, self.hi, self.esc, self.va, self.vb,
+                self.vesc, self.vmode,
+            )  # fmt: skip
+        if st[0] != self.nnz:  # checked streams always end inside the tensor
+            raise CorruptError(f"{self.what}: stored {st[0]} of {self.nnz} changes")
 
     def materialize(self) -> Materialized:
-        self._check()
-        idx = self._prefix(self.nnz)
+        idx = np.empty(self.nnz, dtype=np.int64)
+        compiled().expand_small_gaps(self.lo, self.hi, self.esc, idx)
         if self.vmode == SPLIT:
             vals = (self.va.astype(np.uint16) << 8) | self.vb
             return Materialized(idx, vals, "set", self.numel, self.nnz)
         zz = self.va.astype(np.uint16)
-        zero = zz == 0
-        if int(np.count_nonzero(zero)) != self.vesc.size:
-            raise CorruptError(f"{self.what}: {compiled().MESSAGES[compiled().ESCAPES]}")
-        zz[zero] = self.vesc
+        zz[zz == 0] = self.vesc
         return Materialized(idx, zz, "ulp", self.numel, self.nnz)
 
 

@@ -53,7 +53,9 @@ from aurora.delta.changes import (
     Materialized,
     SmallGapChange,
     check_numel,
+    check_status,
     checked_indices,
+    compiled,
     indices_from_gaps,
     readonly,
     ulp_diff,
@@ -127,8 +129,8 @@ def encode_index(idx: np.ndarray) -> list[bytes]:
 
 
 def parse_index(streams: list, nnz: int, numel: int, what: str, fast: bool):  # type: ignore[no-untyped-def,type-arg]
-    """(lo, hi, escapes) of aurora index streams for the compiled loops (``fast``), which check
-    them as they store or materialise them, or the checked int64 indices (numpy)."""
+    """(lo, hi, escapes) of aurora index streams checked as increasing inside the tensor by the
+    compiled check (``fast``), or the checked int64 indices (numpy)."""
     meta, packed, escapes = streams
     if len(meta) != 2 or meta[0] not in (8, 16) or meta[1] not in (4, 8):
         raise CorruptError(f"{what}: bad index stream header {bytes(meta)!r}")
@@ -145,7 +147,8 @@ def parse_index(streams: list, nnz: int, numel: int, what: str, fast: bool):  # 
             raise CorruptError(f"{what}: the escape count does not match the escape side array")
         gaps[zero] = esc
         return indices_from_gaps(gaps, numel, what)
-    return lo, hi, esc  # checked as stored (changes.SmallGapChange) or materialised
+    check_status(compiled().check_small_gaps(lo, hi, esc, numel), what)
+    return lo, hi, esc
 
 
 def encode_split_values(new: np.ndarray) -> list[bytes]:
@@ -240,11 +243,10 @@ def _enc_aurora_base(idx, new, old, numel, full_old=None):  # type: ignore[no-un
 def _parse_aurora_base(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
     index = parse_index(streams[:3], nnz, numel, what, fast)
     va = zd(streams[3], nnz, what)
-    if fast:  # the compiled loops count the value escapes as they use them
-        vesc = arr(streams[4], np.uint16, len(streams[4]) // 2, what)
-        return SmallGapChange(*index, va, _NO_U8, vesc, ULP, numel, nnz, what)
     n_esc = int(nnz - np.count_nonzero(va))
     vesc = arr(streams[4], np.uint16, n_esc, what)
+    if fast:
+        return SmallGapChange(*index, va, _NO_U8, vesc, ULP, numel, nnz, what)
     zz = va.astype(np.uint16)
     zz[zz == 0] = vesc
     return Materialized(index, zz, "ulp", numel, nnz)

@@ -139,75 +139,52 @@ def _ulp_add(old, z):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def apply_small_gaps(out, base, end, st, ring, undo, lo, hi, esc, va, vb, vesc, vmode, numel):  # type: ignore[no-untyped-def]
-    """Check and store an ``aurora`` change in one pass: every change whose fused index is below
-    ``end`` goes to ``out[index - base]``, its old bits to ``undo[change]``. ``st`` = [changes
-    stored, value escape, lookahead change, lookahead escape, lookahead index, status] and
-    ``ring`` (the lookahead's indices, :data:`RING`) carry the state from one part to the next.
-
-    The lookahead cursor decodes and checks each gap ``LOOKAHEAD`` changes before the store
-    reaches it (the checks of ``check_small_gaps``, one gap at a time), puts its index in the
-    ring and prefetches its line; the store only reads the ring. A bad stream sets ``st[5]`` to
-    its status and stops: the caller restores ``undo[:st[0]]``. The arithmetic stays in int64
-    (gaps below 2^16, escapes compared as uint64 first): numba computes uint64-with-int64
-    expressions in float64, which made this loop 8x slower."""
+def store_small_gaps(out, base, end, st, lo, hi, esc, va, vb, vesc, vmode):  # type: ignore[no-untyped-def]
+    """Store the changes of an ``aurora`` stream already checked whole (``check_small_gaps``)
+    whose fused index is below ``end`` into ``out[index - base]``: no checks, no log; the
+    lookahead decodes each gap a second time for its prefetch (a ring of indices and in-loop
+    checks made it slower: docs/DELTA.md). ``st`` = [change, escape, value escape, last index,
+    lookahead change, lookahead escape, lookahead index] is read and updated in place."""
     n = lo.size
-    wide = hi.size == n
-    n_esc = esc.size
-    lim = np.uint64(numel)
-    i, k, ia, ja, ca, status = st[0], st[1], st[2], st[3], st[4], st[5]
-    while status == OK:
-        while ia < n and ia < i + LOOKAHEAD:  # the whole window at first, then one step
-            g = np.int64(lo[ia])
-            if wide:
-                g |= np.int64(hi[ia]) << 8
-            if g == 0:
-                if ja >= n_esc:
-                    status = ESCAPES
-                    break
-                e = esc[ja]
+    wide = hi.size == n and n > 0
+    i, j, k, cur, ia, ja, ca = st[0], st[1], st[2], st[3], st[4], st[5], st[6]
+    while ia < n and ia < i + LOOKAHEAD:
+        g = _small_gap(lo, hi, ia, wide)
+        if g == 0:
+            g = np.int64(esc[ja])
+            ja += 1
+        ca += g
+        ia += 1
+    while i < n:
+        g = _small_gap(lo, hi, i, wide)
+        jj = j
+        if g == 0:
+            g = np.int64(esc[j])
+            jj = j + 1
+        nxt = cur + g
+        if nxt >= end:
+            break
+        if ia < n:
+            ga = _small_gap(lo, hi, ia, wide)
+            if ga == 0:
+                ga = np.int64(esc[ja])
                 ja += 1
-                if e >= lim:
-                    status = OUT_OF_RANGE
-                    break
-                g = np.int64(e)
-                if g == 0 and ia > 0:
-                    status = NOT_INCREASING
-                    break
-            ca += g  # both < 2^62: no wrap
-            if ca >= numel:
-                status = OUT_OF_RANGE
-                break
-            ring[ia & RING_MASK] = ca
+            ca += ga
+            ia += 1
             if ca < end:
                 _prefetch(out, ca - base)
-            ia += 1
-            if ia == n and ja != n_esc:
-                status = ESCAPES
-                break
-        if status != OK or i >= n:
-            break
-        idx = ring[i & RING_MASK]
-        if idx >= end:
-            break
-        p = idx - base
-        old = out[p]
-        undo[i] = old
         if vmode == SPLIT:
-            out[p] = (np.uint16(va[i]) << np.uint16(8)) | np.uint16(vb[i])
+            out[nxt - base] = (np.uint16(va[i]) << np.uint16(8)) | np.uint16(vb[i])
         else:
             z = np.uint16(va[i])
             if z == 0:
-                if k >= vesc.size:
-                    status = ESCAPES
-                    break
                 z = vesc[k]
                 k += 1
-            out[p] = _ulp_add(old, z)
+            out[nxt - base] = _ulp_add(out[nxt - base], z)
+        cur = nxt
+        j = jj
         i += 1
-        if vmode != SPLIT and i == n and k != vesc.size:
-            status = ESCAPES  # value escapes left over; the caller restores what was stored
-    st[0], st[1], st[2], st[3], st[4], st[5] = i, k, ia, ja, ca, status
+    st[0], st[1], st[2], st[3], st[4], st[5], st[6] = i, j, k, cur, ia, ja, ca
 
 
 @_jit
@@ -286,10 +263,18 @@ def _leb_next(buf, pos):  # type: ignore[no-untyped-def]
 
 @_jit
 def apply_leb128(out, base, end, st, ring, undo, buf, vals, numel):  # type: ignore[no-untyped-def]
-    """:func:`apply_small_gaps` for a LEB128 stream and raw uint16 values; ``st`` = [changes
-    stored, unused, lookahead change, lookahead byte position, lookahead index, status]. The
-    lookahead decodes each value with the checks of ``check_leb128``; a 1-byte value (most gaps
-    at 1-3% changed) skips the continuation loop."""
+    """Check and store a ``leb128`` change in one pass: every change whose fused index is below
+    ``end`` goes to ``out[index - base]``, its old bits to ``undo[change]``. ``st`` = [changes
+    stored, unused, lookahead change, lookahead byte position, lookahead index, status] and
+    ``ring`` (the lookahead's indices, :data:`RING`) carry the state from one part to the next.
+
+    The lookahead cursor decodes each value ``LOOKAHEAD`` changes before the store reaches it,
+    with the checks of ``check_leb128`` (a 1-byte value, most gaps at 1-3% changed, skips the
+    continuation loop), puts its index in the ring and prefetches its line; the store only reads
+    the ring. A bad stream sets ``st[5]`` to its status and stops before the bad change is
+    written: the caller restores ``undo[:st[0]]`` (:func:`restore`). The arithmetic stays in
+    int64 (values compared as uint64 against ``numel`` first): numba computes uint64-with-int64
+    expressions in float64, which made a first version of these loops 8x slower."""
     n = vals.size
     nb = buf.size
     lim = np.uint64(numel)
