@@ -3,12 +3,11 @@
 Apply is all or nothing. :func:`prepare_delta` matches every record against the target (name,
 shape, 16-bit storage, and for a fused tensor the names and row counts of its parts, since q/k/v
 split 64/16/16 and 48/24/24 have the same fused shape) and parses it: decompresses its streams
-and checks their lengths and headers; numpy-path records are checked whole here (indices strictly
-increasing inside the tensor, :mod:`aurora.delta.changes`). Only then does :func:`apply_delta`
-write. The compiled loops of :mod:`aurora.delta.kernels` (``aurora``, ``aurora-base``,
-``leb128``) check each index just before storing it and keep the old bits they overwrite, so a
-stream refused part-way is rolled back with the records stored before it
-(:func:`store_prepared`); a separate check pass cost as much as a third of the apply.
+and checks them whole (indices strictly increasing inside the tensor, :mod:`aurora.delta.changes`)
+-- except the compiled ``leb128`` path, whose loop (:mod:`aurora.delta.kernels`) checks each index
+just before storing it and keeps the old bits it overwrites, so a stream refused part-way is
+rolled back with the records stored before it (:func:`store_prepared`; its separate check pass
+cost half the store). Only then does :func:`apply_delta` write.
 
 Deltas of fewer than :data:`COMPILED_MIN_CHANGES` changes are checked and stored with numpy
 instead (the same checks, :func:`aurora.delta.changes.indices_from_gaps`): the compiled loops cost

@@ -1,10 +1,10 @@
 """A tensor's change once its streams are decompressed and checked: ready to store, twice over.
 
 A codec's ``parse`` (:mod:`aurora.delta.codecs`, :mod:`aurora.delta.dense`) turns a record's byte
-streams into one of these, after checking what can be checked without decoding the indices
-(lengths, headers) and, on the numpy path, the indices too (strictly increasing inside the
-tensor). Nothing is written yet: apply parses every record of a delta first. The compiled changes
-(:class:`CheckedAsStored`) check their indices as they store them and keep an undo log, so a bad
+streams into one of these, after checking its lengths and headers and, except for the compiled
+``leb128`` change, its indices (strictly increasing inside the tensor). Nothing is written yet:
+apply parses every record of a delta first. The compiled ``leb128`` change
+(:class:`CheckedAsStored`) checks its indices as it stores them and keeps an undo log, so a bad
 record still leaves the weights as they were. Each change is stored in one of two ways:
 
 * :meth:`store` into numpy ``uint16`` arrays (the CPU path, the transformers model's own storage

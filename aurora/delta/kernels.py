@@ -1,4 +1,4 @@
-"""Compiled loops of the decode and apply path (numba): decode, check and store in one pass.
+"""Compiled loops of the decode and apply path (numba): check index streams and store them.
 
 Applying a sparse delta is bound by memory, not arithmetic: at 2% density a 64-byte line of bf16
 weights holds a change with probability 1 - 0.98^32 = 48%, so the store touches about half the
@@ -6,22 +6,23 @@ lines of the tensor wherever the indices come from (``benchmarks/test_apply_boun
 numpy temporaries (gaps to int64, cumulative sum, scatter) writes and re-reads 10+ bytes per change
 on top of that; the loops here read each stream once and keep the running index in a register:
 
-* ``apply_*`` is the apply: one fused loop that decodes each gap, checks it, keeps the running
-  index in a register and stores, stopping at the end of one part of a fused tensor (q, k, v are
-  separate arrays on the transformers side) and resuming from the state it left in ``st``. Its
-  lookahead cursor runs ``LOOKAHEAD`` changes ahead of the store: it decodes and checks each gap
-  (every gap after the first >= 1, so strictly increasing; no gap and no running sum reaching
-  ``numel``, so no int64 overflow: both stay below ``numel < 2**62``; a LEB128 value of at most
-  10 bytes and below 2^64; escape counts that match), puts the index in a small ring the store
-  reads, and prefetches its line: the hardware prefetchers follow sequential streams, not this
-  ascending but irregular one. A bad stream stops the loop before the bad change is written;
-  the old bits of every element written are kept in ``undo``, and the caller restores them
-  (:func:`restore`) and those of the records stored before, so a delta applies whole or not at
-  all without a separate check pass (``changes.CheckedAsStored``; measured in
-  ``benchmarks/test_apply_bound.py`` and docs/DELTA.md).
 * ``check_*`` walks an index stream once without writing and returns a status code (``OK`` or
-  the first violation), for the paths that need the whole stream checked before use: the torch
-  path and the tensor-parallel remap (``materialize``), the chain's undo log.
+  the first violation): every gap after the first >= 1 (strictly increasing, no duplicates), no
+  gap and no running sum reaching ``numel`` (so no int64 overflow: both stay below
+  ``numel < 2**62``), a LEB128 value of at most 10 bytes and below 2^64, escape counts that
+  match. ``aurora`` and ``aurora-base`` streams are checked this way when parsed (vectorisable
+  sums and counts, ~0.6 ms a layer), before the first byte of the weights is written.
+* ``store_small_gaps`` is the fused decode-gap, prefix-sum and store loop for such a checked
+  stream. It stops at the end of one part of a fused tensor (q, k, v are separate arrays on the
+  transformers side) and resumes from the state it left in ``st``. It prefetches the line of the
+  change ``LOOKAHEAD`` changes ahead: the hardware prefetchers follow sequential streams, not
+  this ascending but irregular one.
+* ``apply_leb128`` checks and stores a LEB128 stream in one pass (its separate check, a
+  byte-by-byte walk, cost 5.7-6.7 ms a layer, half the store): the lookahead decodes and checks
+  each value before the store reaches it and the store keeps the old bits in an undo log, which
+  the caller restores (:func:`restore`), with the records stored before, if the stream is
+  refused part-way (``changes.CheckedAsStored``; ``benchmarks/test_apply_bound.py``,
+  docs/DELTA.md).
 * ``expand_*`` writes the int64 indices of a checked stream, for the torch path (``index_copy_``
   needs an index tensor), the tensor-parallel remap and a rollback.
 
