@@ -467,8 +467,11 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     for net in nets:
         calib = run_real(CONFIGS[0], network=net, model=args.model, steps=args.steps, root=root)
         pred_path = PREDICTIONS / f"{NAME}-{net}.json"
-        pred = json.loads(pred_path.read_text()) if pred_path.exists() else None
-        if pred is None or args.phase == "predict":
+        if args.phase == "validate":  # the predictions committed before these runs
+            if not pred_path.exists():
+                raise SystemExit(f"{pred_path}: no predictions; run --phase predict first")
+            pred = json.loads(pred_path.read_text())
+        else:  # from this calibration run, written before any other run starts
             pred = predict(calib, net, root)
             print(f"predictions written to {pred_path} before the other runs", flush=True)
         if args.phase == "predict":
