@@ -159,7 +159,9 @@ class RealSpec:
 
     model: str = "tiny"
     """``tiny`` (a built-in tiny Qwen3 warm-started on the task), a local Hugging Face model
-    directory, or a hub id (loaded with ``from_pretrained``)."""
+    directory, a hub id (loaded with ``from_pretrained``), or ``qwen3-0.6b-shapes`` /
+    ``qwen3-1.7b-shapes``: that model's exact tensors with synthetic AdamW-like steps and the
+    stand-in's timed generation (:mod:`aurora.runtime.shapes`; the data path at a real size)."""
     engine: str = "transformers"
     """Default inference engine of the Actors (one of ``transformers``, ``vllm``, ``standin``)."""
     device: str = "cpu"

@@ -1,19 +1,26 @@
-"""The memory-traffic ceiling of applying a sparse delta on one CPU core (docs/DELTA.md).
+"""The memory-traffic ceiling of applying a sparse delta on one CPU core, and every codec against
+it (docs/DELTA.md, "Measured").
 
 At density d, a 64-byte line of bf16 weights holds a change with probability 1 - (1 - d)^32;
-every such line is read and written whatever the codec. The bound is the time that line traffic
-(read + write) takes at the core's memcpy rate (read + write), both measured in the same run; a
-codec's bound in GB/s of payload is its payload over that time. This file measures, against it,
-a bare store loop (no decompression, no checks, no hint) and the store kernel of
-:mod:`aurora.delta.kernels` with and without its prefetch hint; ``test_delta_speed.py`` measures
-the whole decode + apply.
+every such line is read and written whatever the codec. The *cache-line bound* is the time that
+line traffic (read + write) takes at the core's memcpy rate (read + write). The *store loop
+alone* is the fastest a loop that only stores can go: the change's indices and values already
+decoded in memory, no decompression, no checks (best of a bare loop and the same with the
+prefetch hint of :mod:`aurora.delta.kernels`). Against both, in the same interleaved rounds:
+each codec's whole decode + apply (``apply_delta`` on a parsed file of one Qwen3-8B layer at 2%
+changed: zstd, every check, the fused store with its undo log), and its parse (zstd, structure)
+and store parts. Target (issue 28): decode + apply >= 0.85 of the store loop alone.
 
     taskset -c 0 python -m pytest benchmarks/test_apply_bound.py --benchmark-enable -s
+    AURORA_BENCH_PARAMS=50e6 ...   # a smaller layer (default 193M weights)
+
+The machine is shared: absolute rates vary ~2x between runs; the ratios are measured within one
+run, best of ``ROUNDS`` interleaved rounds each.
 """
 
 from __future__ import annotations
 
-import inspect
+import os
 import time
 from collections.abc import Iterable
 
@@ -21,12 +28,24 @@ import numba
 import numpy as np
 import pytest
 
-from aurora.delta import kernels
+from aurora.codec_bench import shapes_for
+from aurora.delta import (
+    apply_delta,
+    codecs,
+    encode_delta,
+    kernels,
+    read_delta,
+    synthetic,
+    weights_hash,
+)
+from aurora.delta.apply import parts_of, prepare_delta, store_prepared
 
-N = 193_000_000  # one Qwen3-8B layer of bf16 weights
+PARAMS = float(os.environ.get("AURORA_BENCH_PARAMS", "193e6"))
+ROUNDS = int(os.environ.get("AURORA_BENCH_ROUNDS", "15"))
 DENSITY = 0.02
 LINE = 64
-ROUNDS = 7
+CODECS = ("aurora", "leb128", "aurora-base")
+TARGET = 0.85
 
 
 def lines_touched(arrays_and_indices: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
@@ -46,75 +65,130 @@ def timed(fn) -> float:  # type: ignore[no-untyped-def]
 
 
 @numba.njit(nogil=True, cache=False)
-def _bare_store(w, gaps8, escapes, hi, lo):  # type: ignore[no-untyped-def]
-    cur = 0
-    j = 0
-    for i in range(gaps8.size):
-        g = np.int64(gaps8[i])
-        if g == 0:
-            g = escapes[j]
-            j += 1
-        cur += g
-        w[cur] = (np.uint16(hi[i]) << 8) | np.uint16(lo[i])
-    return cur
+def _bare_store(w, idx, vals, hint):  # type: ignore[no-untyped-def]
+    """Store ``vals`` at ``idx`` (decoded int64 indices); ``hint``: prefetch the line of the
+    change ``kernels.LOOKAHEAD`` ahead, as the kernels do."""
+    n = idx.size
+    for i in range(n):
+        if hint and i + kernels.LOOKAHEAD < n:
+            kernels._prefetch(w, idx[i + kernels.LOOKAHEAD])
+        w[idx[i]] = vals[i]
 
 
-def _without_hint():  # type: ignore[no-untyped-def]
-    """``kernels.store_small_gaps`` compiled with its prefetch hint removed, for comparison."""
-    src = inspect.getsource(kernels.store_small_gaps.py_func)
-    src = src.replace("_prefetch(out, ca - base)", "pass").replace("@_jit\n", "")
-    ns = dict(vars(kernels))
-    exec(src, ns)  # the kernel's own source, one call removed
-    return numba.njit(nogil=True)(ns["store_small_gaps"])
+@pytest.fixture(scope="module")
+def step():
+    shapes = shapes_for(PARAMS)
+    return synthetic.make_step(shapes, lr=synthetic.lr_for_density(DENSITY), seed=0)
 
 
 @pytest.mark.benchmark(group="apply-bound")
-def test_the_cpu_apply_ceiling_at_two_percent(benchmark):
-    rng = np.random.default_rng(0)
-    w = np.ones(N, dtype=np.uint16)
-    dst = np.empty_like(w)
-    idx = np.sort(rng.choice(N, int(N * DENSITY), replace=False))
-    gaps = np.diff(idx, prepend=0)
-    gaps8 = np.where((gaps > 0) & (gaps < 256), gaps, 0).astype(np.uint8)
-    escapes = gaps[gaps8 == 0].astype(np.int64)
-    vals = rng.integers(0, 2**16, idx.size, dtype=np.uint16)
-    hi, lo = (vals >> 8).astype(np.uint8), (vals & 0xFF).astype(np.uint8)
-    esc = escapes.astype(np.uint64)
-    assert kernels.check_small_gaps(gaps8, gaps8[:0], esc, N) == kernels.OK
-
-    no_hint = _without_hint()
-
-    def kernel(fn):  # type: ignore[no-untyped-def]
-        st = np.zeros(7, dtype=np.int64)
-        fn(w, 0, N, st, gaps8, gaps8[:0], esc, hi, lo, vals[:0], kernels.SPLIT)
-
-    _bare_store(w, gaps8, escapes, hi, lo)  # compile
-    kernel(kernels.store_small_gaps)
-    kernel(no_hint)
-    runs = {
-        "memcpy": lambda: np.copyto(dst, w),
-        "bare": lambda: _bare_store(w, gaps8, escapes, hi, lo),
-        "prefetch": lambda: kernel(kernels.store_small_gaps),
-        "no hint": lambda: kernel(no_hint),
+def test_every_codec_against_the_store_loop_alone_and_the_cache_line_bound(benchmark, step):
+    old, new = step
+    h0 = weights_hash(old)
+    deltas = {
+        c: read_delta(encode_delta(old, new, model="m", version=1, base_hash=h0, codec=c))
+        for c in CODECS
+    }
+    state = {k: v.copy() for k, v in old.items()}
+    # the store loop alone writes the same changes, per part array, from decoded int64 indices
+    work = []
+    for target, change in prepare_delta(deltas["aurora"], state, fast=True):
+        m = change.materialize()
+        for arr, off, n in parts_of(target, state):
+            sel = (m.idx >= off) & (m.idx < off + n)
+            work.append((arr, m.idx[sel] - off, m.vals[sel]))
+    lines = lines_touched((arr, idx) for arr, idx, _ in work)
+    big = np.concatenate([v.reshape(-1) for v in old.values()])
+    dst = np.empty_like(big)
+    for hint in (False, True):  # compile
+        _bare_store(work[0][0], work[0][1][:1], work[0][2][:1], hint)
+    prepared: dict = {}
+    frames = {  # every zstd frame of each delta, with its decompressed size
+        c: [
+            (t.streams[i], t.nnz * (t.streams[0][0] // 8 if i == 1 else 1))
+            for t in d.tensors
+            if t.codec in ("aurora", "aurora-base")
+            for i in (1, 3)
+        ]
+        for c, d in deltas.items()
     }
 
-    def run():
-        best = dict.fromkeys(runs, 1e9)
-        for _ in range(ROUNDS):  # interleaved: a burst of load hits them all alike
-            for name, fn in runs.items():
-                best[name] = min(best[name], timed(fn))
+    def unzstd(c):  # type: ignore[no-untyped-def]
+        for data, size in frames[c]:
+            codecs.zd(data, size, "bench")
+
+    def reset():  # type: ignore[no-untyped-def]
+        for k in state:
+            np.copyto(state[k], old[k])
+
+    def bare(hint):  # type: ignore[no-untyped-def]
+        for arr, idx, vals in work:
+            _bare_store(arr, idx, vals, hint)
+
+    per_round: list[dict[str, float]] = []
+
+    def run():  # type: ignore[no-untyped-def]
+        best: dict[str, float] = {}
+
+        def note(name, seconds):  # type: ignore[no-untyped-def]
+            best[name] = min(best.get(name, float("inf")), seconds)
+            per_round[-1][name] = seconds
+
+        for _ in range(ROUNDS):  # interleaved: a burst of load hits every measurement alike
+            per_round.append({})
+            note("memcpy", timed(lambda: np.copyto(dst, big)))
+            note("bare", timed(lambda: bare(False)))
+            note("bare+hint", timed(lambda: bare(True)))
+            for c, d in deltas.items():
+                reset()
+                note(c, timed(lambda d=d: apply_delta(d, state, active_version=0, active_hash=h0)))
+                reset()
+                t = timed(lambda c=c, d=d: prepared.__setitem__(c, prepare_delta(d, state)))
+                note(c + " parse", t)
+                note(c + " store", timed(lambda c=c: store_prepared(prepared[c], state)))
+                note(c + " zstd", timed(lambda c=c: unzstd(c)))
         return best
 
     best = benchmark.pedantic(run, rounds=1, iterations=1)
-    memcpy = 2 * w.nbytes / best["memcpy"]  # bytes moved per second
-    lines = lines_touched([(w, idx)])
+    for c, d in deltas.items():  # bit-exact
+        reset()
+        apply_delta(d, state, active_version=0, active_hash=h0)
+        assert all(np.array_equal(state[k], new[k]) for k in new), c
+    memcpy = 2 * big.nbytes / best["memcpy"]  # bytes moved (read + write) per second
     t_lines = 2 * lines * LINE / memcpy
+    alone = min(best["bare"], best["bare+hint"])
+    n = big.size
+    nnz = sum(t.nnz for t in deltas["aurora"].tensors)
     print(
-        f"\nlines touched {lines * 32 / N:.1%} of the layer ({2 * lines * LINE / 1e6:.0f} MB of "
-        f"traffic); memcpy {memcpy / 1e9:.1f} GB/s -> the lines take {t_lines * 1e3:.1f} ms; "
-        f"bare store loop {best['bare'] * 1e3:.1f} ms ({t_lines / best['bare']:.2f} x bound); "
-        f"kernels.store_small_gaps {best['prefetch'] * 1e3:.1f} ms "
-        f"({t_lines / best['prefetch']:.2f} x bound), the same without its prefetch hint "
-        f"{best['no hint'] * 1e3:.1f} ms ({t_lines / best['no hint']:.2f} x bound)"
+        f"\n{n / 1e6:.0f}M weights, {nnz / n:.2%} changed; lines touched {lines * 32 / n:.1%} "
+        f"({2 * lines * LINE / 1e6:.0f} MB of traffic); memcpy {memcpy / 1e9:.1f} GB/s -> the "
+        f"lines take {t_lines * 1e3:.2f} ms; best of {ROUNDS} interleaved rounds, numba "
+        f"{kernels.VERSION}\nbare store loop {best['bare'] * 1e3:.2f} ms "
+        f"({t_lines / best['bare']:.2f} x bound), with the prefetch hint "
+        f"{best['bare+hint'] * 1e3:.2f} ms ({t_lines / best['bare+hint']:.2f} x bound): "
+        f"the store loop alone = {alone * 1e3:.2f} ms ({t_lines / alone:.2f} x bound)"
     )
-    assert np.array_equal(w[idx], vals)
+    print(f"{'codec':<12} {'apply ms':>8} {'x bound':>8} {'x alone':>8} {'parse ms':>8}"
+          f" {'store ms':>8} {'zstd ms':>8}  x alone per round: median [quartiles];"
+          " one-core ceiling alone / (alone + zstd)")  # fmt: skip
+    for c in deltas:
+        # the same ratio within each round (a burst of load on a shared machine hits both)
+        each = [min(r["bare"], r["bare+hint"]) / r[c] for r in per_round]
+        q1, med, q3 = np.percentile(each, [25, 50, 75])
+        # zstd runs on the same core as the stores: even a free check and a store at the
+        # store-alone speed leave apply >= alone + zstd
+        ceil = [
+            min(r["bare"], r["bare+hint"]) / (min(r["bare"], r["bare+hint"]) + r[c + " zstd"])
+            for r in per_round
+        ]
+        benchmark.extra_info[c] = {
+            "x bound": t_lines / best[c],
+            "x store alone (best)": alone / best[c],
+            "x store alone (median of rounds)": med,
+        }
+        print(
+            f"{c:<12} {best[c] * 1e3:>8.2f} {t_lines / best[c]:>8.2f} {alone / best[c]:>8.2f} "
+            f"{best[c + ' parse'] * 1e3:>8.2f} {best[c + ' store'] * 1e3:>8.2f} "
+            f"{best[c + ' zstd'] * 1e3:>8.2f}  {med:.2f} [{q1:.2f}-{q3:.2f}]; "
+            f"{float(np.median(ceil)):.2f}"
+        )

@@ -125,7 +125,7 @@ def test_decode_and_apply_against_the_cache_line_bound(benchmark, step):
     nnz = sum(t.nnz for t in deltas["aurora"].tensors)
     n = sum(v.size for v in old.values())
     path = (
-        f"numba {kernels.VERSION} (compiled check, then fused gap/prefix-sum/store with prefetch)"
+        f"numba {kernels.VERSION} (fused gap/prefix-sum/check/store with prefetch and undo log)"
         if use_compiled([deltas["aurora"]])
         else f"numpy (fewer than {COMPILED_MIN_CHANGES:,} changes)"
     )

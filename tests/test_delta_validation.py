@@ -288,8 +288,8 @@ def test_warm_up_loads_every_compiled_loop_an_apply_uses():
     from aurora.delta import kernels, warm_up
 
     warm_up()
-    loops = ("check_small_gaps", "store_small_gaps", "expand_small_gaps")
-    loops += ("check_leb128", "store_leb128", "expand_leb128")
+    loops = ("check_small_gaps", "store_small_gaps", "expand_small_gaps", "restore")
+    loops += ("check_leb128", "apply_leb128", "expand_leb128")
     assert all(getattr(kernels, k).signatures for k in loops)
 
 
@@ -300,3 +300,36 @@ def test_small_deltas_take_numpy_and_large_ones_the_compiled_loops():
     d = read_delta(data)
     assert not use_compiled([d])
     assert use_compiled([d] * (COMPILED_MIN_CHANGES // sum(t.nnz for t in d.tensors) + 1))
+
+
+@pytest.mark.parametrize("codec", ["leb128", "aurora", "aurora-base"])
+@pytest.mark.parametrize("bad", ["duplicate", "past the end", "escape left over"])
+def test_a_stream_refused_after_hundreds_of_stores_restores_every_written_element(codec, bad):
+    """The compiled loops check each index just before storing it, so a violation deep in a
+    stream is found after earlier changes are written: they must be restored, as must the
+    records stored before it."""
+    n = 20_000
+    r = np.random.default_rng(1)
+    old = {
+        "a": r.integers(0, 2**16, n, dtype=np.uint16),
+        "b": r.integers(0, 2**16, n, dtype=np.uint16),
+    }
+    h0 = weights_hash(old)
+    gaps = [3] * 2000  # stores start LOOKAHEAD changes before the lookahead reaches the end
+    if bad == "duplicate":
+        gaps[1500] = 0
+    elif bad == "past the end":
+        gaps[-1] = n
+    idx = np.cumsum(np.array(gaps, dtype=np.int64))
+    vals = (old["b"][np.minimum(idx, n - 1)] + 5).astype(np.uint16)
+    streams = hostile_streams(codec, gaps, vals, old["b"][np.minimum(idx, n - 1)])
+    if bad == "escape left over":
+        streams[2 if codec != "leb128" else 0] += b"\x00" * (8 if codec != "leb128" else 1)
+    t = FusedTensor("a", (n,), (Part("a", 0, n, (n,)),))
+    good = encode_tensor(t, np.arange(0, n, 7), old["a"][::7] ^ 1, old["a"][::7], codec)
+    rec = TensorDelta("b", (n,), n, len(gaps), codec, tuple(streams))
+    d = read_delta(encode_records([good, rec], model="m", version=1, base_hash=h0))
+    state = copy(old)
+    with path(True), pytest.raises(CorruptError):
+        apply_delta(d, state, active_version=0, active_hash=h0)
+    assert weights_hash(state) == h0

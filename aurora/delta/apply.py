@@ -1,12 +1,13 @@
 """Applying deltas to weights: transactional, onto the declared base only.
 
-Apply checks, then writes. :func:`prepare_delta` matches every record against the target (name,
+Apply is all or nothing. :func:`prepare_delta` matches every record against the target (name,
 shape, 16-bit storage, and for a fused tensor the names and row counts of its parts, since q/k/v
 split 64/16/16 and 48/24/24 have the same fused shape) and parses it: decompresses its streams
-and checks its indices strictly increasing inside the tensor (:mod:`aurora.delta.changes`).
-Only when every record has passed does :func:`apply_delta` write, so a delta applies whole or not
-at all even without an undo log. The writes run the fused compiled loops of
-:mod:`aurora.delta.kernels` (``aurora``, ``aurora-base``, ``leb128``) or numpy (the rest).
+and checks them whole (indices strictly increasing inside the tensor, :mod:`aurora.delta.changes`)
+-- except the compiled ``leb128`` path, whose loop (:mod:`aurora.delta.kernels`) checks each index
+just before storing it and keeps the old bits it overwrites, so a stream refused part-way is
+rolled back with the records stored before it (:func:`store_prepared`; its separate check pass
+cost half the store). Only then does :func:`apply_delta` write.
 
 Deltas of fewer than :data:`COMPILED_MIN_CHANGES` changes are checked and stored with numpy
 instead (the same checks, :func:`aurora.delta.changes.indices_from_gaps`): the compiled loops cost
@@ -27,8 +28,8 @@ from collections.abc import Mapping, MutableMapping, Sequence
 import numpy as np
 
 from aurora.delta import codecs
-from aurora.delta.changes import Change, Materialized, Parts, check_numel
-from aurora.delta.errors import BaseMismatchError, CorruptError, LayoutError
+from aurora.delta.changes import Change, CheckedAsStored, Materialized, Parts, check_numel
+from aurora.delta.errors import BaseMismatchError, CorruptError, DeltaError, LayoutError
 from aurora.delta.extract import FusedTensor, fused_layout
 from aurora.delta.records import Delta, TensorDelta
 from aurora.delta.writer import part_label
@@ -56,7 +57,10 @@ def warm_up() -> None:
         td = TensorDelta("warm-up", old.shape, old.size, idx.size, name, tuple(streams))
         change = parse_record(td, fast=True)
         change.materialize()
-        change.store([(old.copy(), 0, old.size)])
+        parts = [(old.copy(), 0, old.size)]
+        change.store(parts)
+        if isinstance(change, CheckedAsStored):
+            change.unstore(parts)  # the rollback's loop too
 
 
 def match_target(td: TensorDelta, target: FusedTensor | None) -> FusedTensor:
@@ -148,8 +152,28 @@ def check_base(delta: Delta, version: int, h: str) -> None:
 
 
 def store_prepared(prepared: Prepared, state: MutableMapping[str, np.ndarray]) -> None:
+    """Store every parsed record, all or nothing. The compiled changes check their indices as
+    they store and keep the old bits (``undo``), so they go first: if one refuses its stream,
+    it and the ones before are restored and nothing else has been written. The rest were
+    checked whole when parsed and cannot fail."""
+    first: list[tuple[FusedTensor, CheckedAsStored]] = [
+        (t, c) for t, c in prepared if isinstance(c, CheckedAsStored)
+    ]
+    done: list[tuple[FusedTensor, CheckedAsStored]] = []
+    try:
+        for target, checked in first:
+            checked.store(parts_of(target, state))  # on a bad stream: restores itself, raises
+            done.append((target, checked))
+    except DeltaError:
+        for target, checked in reversed(done):
+            checked.unstore(parts_of(target, state))
+        raise
+    finally:
+        for _, checked in done:
+            checked.release()
     for target, change in prepared:
-        change.store(parts_of(target, state))
+        if not isinstance(change, CheckedAsStored):
+            change.store(parts_of(target, state))
 
 
 def apply_delta(

@@ -1,10 +1,11 @@
 """A tensor's change once its streams are decompressed and checked: ready to store, twice over.
 
 A codec's ``parse`` (:mod:`aurora.delta.codecs`, :mod:`aurora.delta.dense`) turns a record's byte
-streams into one of these, after checking everything that can be wrong with them (lengths,
-escape counts, indices strictly increasing inside the tensor). Nothing is written yet: apply
-parses every record of a delta first, so a bad record refuses the whole delta before the first
-byte of the weights changes. Then each change is stored in one of two ways:
+streams into one of these, after checking its lengths and headers and, except for the compiled
+``leb128`` change, its indices (strictly increasing inside the tensor). Nothing is written yet:
+apply parses every record of a delta first. The compiled ``leb128`` change
+(:class:`CheckedAsStored`) checks its indices as it stores them and keeps an undo log, so a bad
+record still leaves the weights as they were. Each change is stored in one of two ways:
 
 * :meth:`store` into numpy ``uint16`` arrays (the CPU path, the transformers model's own storage
   through zero-copy views): the ``aurora``, ``aurora-base`` and ``leb128`` changes of a large
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -140,10 +141,72 @@ class Materialized:
         return self
 
 
+class CheckedAsStored:
+    """Store by a fused compiled loop that checks each index just before writing it, keeping
+    the old bits of every element it writes (``undo``): a bad stream is refused part-way, and
+    the writes made until then are restored (:meth:`unstore`) before the CorruptError is raised.
+    :meth:`materialize` (the torch path, the TP remap, the chain's undo log) checks the whole
+    stream first, with the separate ``check_*`` loop."""
+
+    nnz: int
+    numel: int
+    what: str
+    checked: bool
+    undo: np.ndarray | None
+    stored: int
+
+    def _check(self) -> None:  # the whole stream, before any use of materialize
+        raise NotImplementedError
+
+    def _run(self, k: Any, arr: np.ndarray, off: int, n: int, st: np.ndarray, ring: np.ndarray,
+             undo: np.ndarray) -> None:  # fmt: skip
+        raise NotImplementedError
+
+    def _prefix(self, count: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def store(self, parts: Parts) -> None:
+        k = compiled()
+        st = np.zeros(k.STATE, dtype=np.int64)
+        ring = np.empty(k.RING, dtype=np.int64)
+        self.undo = undo = np.empty(self.nnz, dtype=np.uint16)
+        for arr, off, n in parts:
+            self._run(k, arr, off, n, st, ring, undo)
+            if st[5] != k.OK:
+                break
+        self.stored = int(st[0])
+        if st[5] != k.OK:
+            self.unstore(parts)
+            check_status(int(st[5]), self.what)
+        if self.stored != self.nnz:  # a checked stream always ends inside the tensor
+            self.unstore(parts)
+            raise CorruptError(f"{self.what}: stored {self.stored} of {self.nnz} changes")
+        self.checked = True
+
+    def unstore(self, parts: Parts) -> None:
+        """Restore the bits the last :meth:`store` overwrote (its checked prefix)."""
+        if self.undo is None or self.stored == 0:
+            return
+        idx = self._prefix(self.stored)
+        undo = self.undo[: self.stored]
+        cuts = np.searchsorted(idx, [off for _, off, _ in parts[1:]])
+        bounds = [0, *cuts.tolist(), idx.size]
+        for (arr, off, _), a, b in zip(parts, bounds[:-1], bounds[1:], strict=True):
+            compiled().restore(arr, off, idx[a:b], undo[a:b])
+        self.stored = 0
+        self.undo = None
+
+    def release(self) -> None:
+        """Drop the undo log once the whole delta has been stored."""
+        self.undo = None
+
+
 @dataclass
 class SmallGapChange:
     """An ``aurora``/``aurora-base`` change: uint8/uint16 gaps with escapes, and either split
-    values (``va`` high bytes, ``vb`` low bytes) or ULP differences (``va``, escapes ``vesc``)."""
+    values (``va`` high bytes, ``vb`` low bytes) or ULP differences (``va``, escapes ``vesc``).
+    Its streams are checked whole when parsed (``check_small_gaps``: vectorised sums and counts,
+    cheaper than an undo log) and stored by ``store_small_gaps`` without checks or log."""
 
     lo: np.ndarray
     hi: np.ndarray
@@ -154,6 +217,7 @@ class SmallGapChange:
     vmode: int
     numel: int
     nnz: int
+    what: str = "tensor"
 
     def __post_init__(self) -> None:
         for f in ("lo", "hi", "esc", "va", "vb", "vesc"):
@@ -167,7 +231,7 @@ class SmallGapChange:
                 self.vesc, self.vmode,
             )  # fmt: skip
         if st[0] != self.nnz:  # checked streams always end inside the tensor
-            raise CorruptError(f"stored {st[0]} of {self.nnz} changes")
+            raise CorruptError(f"{self.what}: stored {st[0]} of {self.nnz} changes")
 
     def materialize(self) -> Materialized:
         idx = np.empty(self.nnz, dtype=np.int64)
@@ -181,28 +245,38 @@ class SmallGapChange:
 
 
 @dataclass
-class LebChange:
-    """A ``leb128`` change: LEB128 gaps and raw uint16 values."""
+class LebChange(CheckedAsStored):
+    """A ``leb128`` change: LEB128 gaps and raw uint16 values, checked as stored."""
 
     buf: np.ndarray
     vals: np.ndarray
     numel: int
     nnz: int
+    what: str = "tensor"
+    checked: bool = False
+    undo: np.ndarray | None = None
+    stored: int = 0
 
     def __post_init__(self) -> None:
         self.buf, self.vals = readonly(self.buf), readonly(self.vals)
 
-    def store(self, parts: Parts) -> None:
-        st = np.zeros(6, dtype=np.int64)
-        for arr, off, n in parts:
-            compiled().store_leb128(arr, off, off + n, st, self.buf, self.vals)
-        if st[0] != self.nnz:
-            raise CorruptError(f"stored {st[0]} of {self.nnz} changes")
+    def _check(self) -> None:
+        if not self.checked:
+            check_status(compiled().check_leb128(self.buf, self.nnz, self.numel), self.what)
+            self.checked = True
+
+    def _run(self, k: Any, arr: np.ndarray, off: int, n: int, st: np.ndarray, ring: np.ndarray,
+             undo: np.ndarray) -> None:  # fmt: skip
+        k.apply_leb128(arr, off, off + n, st, ring, undo, self.buf, self.vals, self.numel)
+
+    def _prefix(self, count: int) -> np.ndarray:
+        idx = np.empty(count, dtype=np.int64)
+        compiled().expand_leb128(self.buf, idx)
+        return idx
 
     def materialize(self) -> Materialized:
-        idx = np.empty(self.nnz, dtype=np.int64)
-        compiled().expand_leb128(self.buf, idx)
-        return Materialized(idx, self.vals, "set", self.numel, self.nnz)
+        self._check()
+        return Materialized(self._prefix(self.nnz), self.vals, "set", self.numel, self.nnz)
 
 
 def check_status(code: int, what: str) -> None:

@@ -220,8 +220,7 @@ def _parse_leb128(streams, nnz, numel, what, fast=True):  # type: ignore[no-unty
         except (TruncatedError, CorruptError) as exc:
             raise type(exc)(f"{what}: {exc}") from None
         return Materialized(indices_from_gaps(gaps, numel, what), vals, "set", numel, nnz)
-    check_status(compiled().check_leb128(buf, nnz, numel), what)
-    return LebChange(buf, vals, numel, nnz)
+    return LebChange(buf, vals, numel, nnz, what)
 
 
 def _enc_aurora(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
@@ -234,7 +233,7 @@ def _parse_aurora(streams, nnz, numel, what, fast=True):  # type: ignore[no-unty
     vb = arr(streams[4], np.uint8, nnz, what)
     if not fast:
         return Materialized(index, (va.astype(np.uint16) << 8) | vb, "set", numel, nnz)
-    return SmallGapChange(*index, va, vb, _NO_U16, SPLIT, numel, nnz)
+    return SmallGapChange(*index, va, vb, _NO_U16, SPLIT, numel, nnz, what)
 
 
 def _enc_aurora_base(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
@@ -246,11 +245,11 @@ def _parse_aurora_base(streams, nnz, numel, what, fast=True):  # type: ignore[no
     va = zd(streams[3], nnz, what)
     n_esc = int(nnz - np.count_nonzero(va))
     vesc = arr(streams[4], np.uint16, n_esc, what)
-    if not fast:
-        zz = va.astype(np.uint16)
-        zz[zz == 0] = vesc
-        return Materialized(index, zz, "ulp", numel, nnz)
-    return SmallGapChange(*index, va, _NO_U8, vesc, ULP, numel, nnz)
+    if fast:
+        return SmallGapChange(*index, va, _NO_U8, vesc, ULP, numel, nnz, what)
+    zz = va.astype(np.uint16)
+    zz[zz == 0] = vesc
+    return Materialized(index, zz, "ulp", numel, nnz)
 
 
 def _enc_naive(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]

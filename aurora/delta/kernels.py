@@ -1,4 +1,4 @@
-"""Compiled loops of the decode and apply path (numba): check an index stream, then store it.
+"""Compiled loops of the decode and apply path (numba): check index streams and store them.
 
 Applying a sparse delta is bound by memory, not arithmetic: at 2% density a 64-byte line of bf16
 weights holds a change with probability 1 - 0.98^32 = 48%, so the store touches about half the
@@ -6,21 +6,25 @@ lines of the tensor wherever the indices come from (``benchmarks/test_apply_boun
 numpy temporaries (gaps to int64, cumulative sum, scatter) writes and re-reads 10+ bytes per change
 on top of that; the loops here read each stream once and keep the running index in a register:
 
-* ``check_*`` walks an index stream once, without writing anything, and returns a status code
-  (``OK`` or the first violation): every gap after the first is >= 1 (strictly increasing, no
-  duplicates), no gap and no running sum reaches ``numel`` (so no int64 overflow is possible: both
-  stay below ``numel < 2**62``), a LEB128 value has at most 10 bytes and is below 2^64, the
-  escape count matches. :mod:`aurora.delta.apply` checks every record of a delta this way before
-  the first byte of the weights is written (all-or-nothing without an undo log).
-* ``store_*`` is the fused decode-gap, prefix-sum and store loop for a stream already checked. It
-  stops at the end of one part of a fused tensor (q, k, v are separate arrays on the transformers
-  side) and resumes from the state it left in ``st``. It prefetches the line of the change
-  ``LOOKAHEAD`` changes ahead: the hardware prefetchers follow sequential streams, not this
-  ascending but irregular one, and without the hint the core waits on few missing lines at a time
-  (``benchmarks/test_apply_bound.py``, one core: 0.38-0.48 of the cache-line bound without the
-  hint, 0.51-0.63 with it).
+* ``check_*`` walks an index stream once without writing and returns a status code (``OK`` or
+  the first violation): every gap after the first >= 1 (strictly increasing, no duplicates), no
+  gap and no running sum reaching ``numel`` (so no int64 overflow: both stay below
+  ``numel < 2**62``), a LEB128 value of at most 10 bytes and below 2^64, escape counts that
+  match. ``aurora`` and ``aurora-base`` streams are checked this way when parsed (vectorisable
+  sums and counts, ~0.6 ms a layer), before the first byte of the weights is written.
+* ``store_small_gaps`` is the fused decode-gap, prefix-sum and store loop for such a checked
+  stream. It stops at the end of one part of a fused tensor (q, k, v are separate arrays on the
+  transformers side) and resumes from the state it left in ``st``. It prefetches the line of the
+  change ``LOOKAHEAD`` changes ahead: the hardware prefetchers follow sequential streams, not
+  this ascending but irregular one.
+* ``apply_leb128`` checks and stores a LEB128 stream in one pass (its separate check, a
+  byte-by-byte walk, cost 5.7-6.7 ms a layer, half the store): the lookahead decodes and checks
+  each value before the store reaches it and the store keeps the old bits in an undo log, which
+  the caller restores (:func:`restore`), with the records stored before, if the stream is
+  refused part-way (``changes.CheckedAsStored``; ``benchmarks/test_apply_bound.py``,
+  docs/DELTA.md).
 * ``expand_*`` writes the int64 indices of a checked stream, for the torch path (``index_copy_``
-  needs an index tensor) and the tensor-parallel remap.
+  needs an index tensor), the tensor-parallel remap and a rollback.
 
 Value streams: ``SPLIT`` values are a high-byte and a low-byte plane (``aurora``); ``ULP`` values
 are zigzagged differences of the order-preserving bf16 key from the old value, uint8 with 0 as
@@ -53,6 +57,11 @@ SPLIT, ULP = 0, 1
 LOOKAHEAD = 128
 """Changes between the one stored and the one whose line is prefetched: at 2% density ~190
 lines, ~12 KB ahead, enough to cover a DRAM round trip at one change per ~5 ns."""
+RING = 256
+"""Indices the lookahead keeps for the store (a power of two > LOOKAHEAD; 2 KB, in L1)."""
+RING_MASK = RING - 1
+STATE = 6
+"""Length of the ``st`` state array of the ``apply_*`` loops."""
 MAX_NUMEL = 1 << 62
 """Largest tensor the kernels accept: below it, index + gap never overflows int64."""
 VERSION = numba.__version__
@@ -132,9 +141,11 @@ def _ulp_add(old, z):  # type: ignore[no-untyped-def]
 
 @_jit
 def store_small_gaps(out, base, end, st, lo, hi, esc, va, vb, vesc, vmode):  # type: ignore[no-untyped-def]
-    """Store the changes of a checked ``aurora`` stream whose fused index is below ``end`` into
-    ``out[index - base]``. ``st`` = [change, escape, value escape, last index, lookahead change,
-    lookahead escape, lookahead index] is read and updated in place."""
+    """Store the changes of an ``aurora`` stream already checked whole (``check_small_gaps``)
+    whose fused index is below ``end`` into ``out[index - base]``: no checks, no log; the
+    lookahead decodes each gap a second time for its prefetch (a ring of indices and in-loop
+    checks made it slower: docs/DELTA.md). ``st`` = [change, escape, value escape, last index,
+    lookahead change, lookahead escape, lookahead index] is read and updated in place."""
     n = lo.size
     wide = hi.size == n and n > 0
     i, j, k, cur, ia, ja, ca = st[0], st[1], st[2], st[3], st[4], st[5], st[6]
@@ -178,13 +189,21 @@ def store_small_gaps(out, base, end, st, lo, hi, esc, va, vb, vesc, vmode):  # t
 
 
 @_jit
+def restore(out, base, idx, undo):  # type: ignore[no-untyped-def]
+    """Write ``undo`` back at ``idx - base`` (a rolled-back store)."""
+    for i in range(idx.size):
+        out[idx[i] - base] = undo[i]
+
+
+@_jit
 def expand_small_gaps(lo, hi, esc, idx):  # type: ignore[no-untyped-def]
-    """The indices of a checked ``aurora`` stream into ``idx`` (int64, one per change)."""
+    """The indices of the first ``idx.size`` changes of a checked ``aurora`` stream into ``idx``
+    (int64)."""
     n = lo.size
     wide = hi.size == n and n > 0
     cur = np.int64(0)
     j = 0
-    for i in range(n):
+    for i in range(idx.size):
         g = _small_gap(lo, hi, i, wide)
         if g == 0:
             g = np.int64(esc[j])
@@ -244,36 +263,87 @@ def _leb_next(buf, pos):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def store_leb128(out, base, end, st, buf, vals):  # type: ignore[no-untyped-def]
-    """:func:`store_small_gaps` for a checked LEB128 stream and raw uint16 values; ``st`` =
-    [change, byte position, last index, lookahead change, lookahead position, lookahead index]."""
+def apply_leb128(out, base, end, st, ring, undo, buf, vals, numel):  # type: ignore[no-untyped-def]
+    """Check and store a ``leb128`` change in one pass: every change whose fused index is below
+    ``end`` goes to ``out[index - base]``, its old bits to ``undo[change]``. ``st`` = [changes
+    stored, unused, lookahead change, lookahead byte position, lookahead index, status] and
+    ``ring`` (the lookahead's indices, :data:`RING`) carry the state from one part to the next.
+
+    The lookahead cursor decodes each value ``LOOKAHEAD`` changes before the store reaches it,
+    with the checks of ``check_leb128`` (a 1-byte value, most gaps at 1-3% changed, skips the
+    continuation loop), puts its index in the ring and prefetches its line; the store only reads
+    the ring. A bad stream sets ``st[5]`` to its status and stops before the bad change is
+    written: the caller restores ``undo[:st[0]]`` (:func:`restore`). The arithmetic stays in
+    int64 (values compared as uint64 against ``numel`` first): numba computes uint64-with-int64
+    expressions in float64, which made a first version of these loops 8x slower."""
     n = vals.size
-    i, pos, cur, ia, pa, ca = st[0], st[1], st[2], st[3], st[4], st[5]
-    while ia < n and ia < i + LOOKAHEAD:
-        g, pa = _leb_next(buf, pa)
-        ca += g
-        ia += 1
-    while i < n:
-        g, p2 = _leb_next(buf, pos)
-        nxt = cur + g
-        if nxt >= end:
-            break
-        if ia < n:
-            ga, pa = _leb_next(buf, pa)
-            ca += ga
-            ia += 1
+    nb = buf.size
+    lim = np.uint64(numel)
+    i, ia, pa, ca, status = st[0], st[2], st[3], st[4], st[5]
+    while status == OK:
+        while ia < n and ia < i + LOOKAHEAD:
+            if pa >= nb:
+                status = TRUNCATED
+                break
+            b = np.int64(buf[pa])
+            pa += 1
+            if b < 0x80:
+                g = b
+            else:
+                v = np.uint64(b & 0x7F)
+                shift = 7
+                while True:
+                    if pa >= nb:
+                        status = TRUNCATED
+                        break
+                    b = np.int64(buf[pa])
+                    pa += 1
+                    if shift == 63 and b > 1:  # the 10th byte carries bit 63 only
+                        status = TOO_LONG
+                        break
+                    v |= np.uint64(b & 0x7F) << np.uint64(shift)
+                    if b < 0x80:
+                        break
+                    shift += 7
+                    if shift > 63:
+                        status = TOO_LONG
+                        break
+                if status != OK:
+                    break
+                if v >= lim:
+                    status = OUT_OF_RANGE
+                    break
+                g = np.int64(v)
+            if g == 0 and ia > 0:
+                status = NOT_INCREASING
+                break
+            ca += g  # both < 2^62: no wrap
+            if ca >= numel:
+                status = OUT_OF_RANGE
+                break
+            ring[ia & RING_MASK] = ca
             if ca < end:
                 _prefetch(out, ca - base)
-        out[nxt - base] = vals[i]
-        cur = nxt
-        pos = p2
+            ia += 1
+            if ia == n and pa != nb:
+                status = LEFTOVER
+                break
+        if status != OK or i >= n:
+            break
+        idx = ring[i & RING_MASK]
+        if idx >= end:
+            break
+        p = idx - base
+        undo[i] = out[p]
+        out[p] = vals[i]
         i += 1
-    st[0], st[1], st[2], st[3], st[4], st[5] = i, pos, cur, ia, pa, ca
+    st[0], st[2], st[3], st[4], st[5] = i, ia, pa, ca, status
 
 
 @_jit
 def expand_leb128(buf, idx):  # type: ignore[no-untyped-def]
-    """The indices of a checked LEB128 stream into ``idx`` (int64, one per change)."""
+    """The indices of the first ``idx.size`` changes of a checked LEB128 stream into ``idx``
+    (int64)."""
     pos = 0
     cur = np.int64(0)
     for i in range(idx.size):

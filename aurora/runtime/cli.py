@@ -88,7 +88,7 @@ def _load_job(args: argparse.Namespace, *, keep: bool = False) -> dict[str, Any]
         seed=args.seed,
         steps=args.steps,
         store=store,
-        backend=args.backend,
+        backend=backend_for(topo, args.backend),
     )
     if kept is not None:
         from aurora.store.files import write_atomic
@@ -96,6 +96,13 @@ def _load_job(args: argparse.Namespace, *, keep: bool = False) -> dict[str, Any]
         kept.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(str(kept), [json.dumps({"spec": spec}).encode()])
     return spec
+
+
+def backend_for(topology: Any, asked: str) -> str:
+    """``shapes`` when the topology's ``real.model`` is one of its models, else ``asked``."""
+    from aurora.runtime.shapes import MODELS
+
+    return "shapes" if topology.real.model in MODELS else asked
 
 
 # -- trainer ------------------------------------------------------------------------------------
@@ -131,7 +138,9 @@ def _job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="training steps (default real.steps)")
     p.add_argument("--store", default=None, help="Checkpoint Store URL (default RUN_DIR/store)")
-    p.add_argument("--backend", default="rl", choices=["rl", "standin"], help=argparse.SUPPRESS)
+    p.add_argument(
+        "--backend", default="rl", choices=["rl", "standin", "shapes"], help=argparse.SUPPRESS
+    )
 
 
 def _secret_arg(p: argparse.ArgumentParser, *, public_key: bool = True) -> None:
@@ -261,7 +270,7 @@ def _real(args: argparse.Namespace) -> int:
             spot_notice_s=args.spot_notice,
             spot_return_s=args.spot_return,
             actors=args.actors,
-            backend=args.backend,
+            backend=backend_for(topology, args.backend),
             extra=extra,
             progress=not args.quiet,
             emulate=args.emulate,
@@ -309,8 +318,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument(
         "--backend",
         default="rl",
-        choices=["rl", "standin"],
-        help="compute: rl (real models) or standin (labelled stand-in for load/fault tests)",
+        choices=["rl", "standin", "shapes"],
+        help="compute: rl (real models), standin (labelled stand-in for load/fault tests) or "
+        "shapes (a published model's tensors, synthetic steps; implied by real.model "
+        "qwen3-*-shapes)",
     )
     p.add_argument(
         "--emulate",

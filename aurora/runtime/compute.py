@@ -9,7 +9,10 @@ model. They call the compute through the two small interfaces below, which a *ba
   :mod:`aurora.engines` (the transformers engine; vLLM behind the same protocol);
 * ``standin``: :mod:`aurora.runtime.standin`, a labelled stand-in for load and fault tests that
   still moves real weights and real deltas (every hash and apply is real) but samples random
-  tokens and takes a random sparse optimizer step; nothing it reports is a learning result.
+  tokens and takes a random sparse optimizer step; nothing it reports is a learning result;
+* ``shapes``: :mod:`aurora.runtime.shapes`, a published model's exact tensor names and shapes
+  (Qwen3-0.6B, 1.7B) with a synthetic AdamW-like step and the stand-in's timed generation: the
+  real data path at a real model's size.
 
 Weights cross this boundary as bf16 bit patterns (``uint16`` numpy arrays under the
 transformers names), deltas as :class:`aurora.delta.Delta`, results as msgpack bytes (the
@@ -132,11 +135,15 @@ def make_trainer(spec: Mapping[str, Any], *, workdir: str) -> TrainerSide:
         from aurora.runtime.standin import StandinTrainer
 
         return StandinTrainer(spec)
+    if backend == "shapes":
+        from aurora.runtime.shapes import ShapesTrainer
+
+        return ShapesTrainer(spec)
     if backend == "rl":
         from aurora.runtime.rlbackend import RLTrainer
 
         return RLTrainer(spec, workdir=workdir)
-    raise ValueError(f"unknown compute backend {backend!r} (expected rl or standin)")
+    raise ValueError(f"unknown compute backend {backend!r} (expected rl, standin or shapes)")
 
 
 def make_engine(
@@ -151,8 +158,12 @@ def make_engine(
         if engine_url:
             raise ValueError("--engine-url: a job on the standin backend has no model to serve")
         return StandinEngine(spec)
+    if backend == "shapes":
+        from aurora.runtime.shapes import ShapesEngine
+
+        return ShapesEngine(spec)
     if backend == "rl":
         from aurora.runtime.rlbackend import make_rl_engine
 
         return make_rl_engine(spec, engine=engine, engine_url=engine_url)
-    raise ValueError(f"unknown compute backend {backend!r} (expected rl or standin)")
+    raise ValueError(f"unknown compute backend {backend!r} (expected rl, standin or shapes)")

@@ -198,6 +198,10 @@ def dense_bytes(spec: dict[str, Any]) -> int:
 
         shapes = standin_shapes(int(spec.get("standin_hidden", 64)))
         return sum(2 * math.prod(s) for s in shapes.values())
+    if spec["backend"] == "shapes":
+        from aurora.runtime.shapes import dense_bytes as shapes_dense_bytes
+
+        return shapes_dense_bytes(spec["model"])
     from aurora.runtime.rlbackend import model_dense_bytes
 
     return model_dense_bytes(spec)

@@ -208,7 +208,11 @@ class Launcher:
             if self.plan.scaled_from != len(self.plan.actors)
             else "as in the topology"
         )
-        model = self.real.model if self.run.backend == "rl" else "stand-in compute (standin)"
+        model = {
+            "rl": self.real.model,
+            "shapes": f"{self.real.model} (real tensor shapes, synthetic AdamW-like steps, "
+            f"stand-in generation at {self.spec.get('standin_tokens_per_s', 0)} tokens/s)",
+        }.get(self.run.backend, "stand-in compute (standin)")
         return (
             f"{self.topo.name}: {len(self.plan.actors)} Actors ({where}; {scaled}), relays: "
             f"{relays}; Trainer in {self.topo.trainer.region}; model {model} on "
@@ -636,7 +640,7 @@ class Launcher:
             "topology_file": self.run.topology_path,
             "mode": "real",
             "backend": self.run.backend,
-            "model": self.spec["model"] if self.run.backend == "rl" else "standin",
+            "model": self.spec["model"] if self.run.backend in ("rl", "shapes") else "standin",
             "strategy": self.run.strategy,
             "regime": self.spec["regime"],
             "actors": len(self.plan.actors),
