@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 from tqdm import tqdm
@@ -131,6 +131,7 @@ def gain_claim(
         low=paper_pct,
         high=paper_pct,
         ours=100 * (a / b - 1),
+        kind="mechanism",
     )
 
 
@@ -234,6 +235,10 @@ def _write(rows: pd.DataFrame, path: Path) -> None:
     os.replace(tmp, path)
 
 
+Kind = Literal["mechanism", "arithmetic", "input"]
+KINDS: tuple[Kind, ...] = ("mechanism", "arithmetic", "input")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Claim:
     """One number the paper states, and ours."""
@@ -250,6 +255,15 @@ class Claim:
     """The high end of the paper's range (= ``low`` for a single value)."""
     ours: float | None
     """Our value (None: not simulable; ``note`` says why)."""
+    kind: Kind
+    """What our value rests on: ``mechanism`` (modelled behaviour: queues, streams, leases,
+    overlap), ``arithmetic`` (stated inputs combined by a formula: bytes / rate, prices) or
+    ``input`` (a stated input that comes back out). Only a ``mechanism`` row can count as
+    reproduced: an arithmetic or input row agrees or disagrees by construction of its inputs."""
+    steady: bool = True
+    """False when a run behind the value did not reach steady state (the warm-up detection,
+    :func:`warmup_steps`, found no stationary tail in the steps run): the row says so and does
+    not count. True also for one-shot measurements (a single transfer), which have no warm-up."""
     note: str = ""
     """Why a claim is not simulable, or what an open-ended range means."""
 
@@ -264,14 +278,38 @@ class Claim:
         return f"{self.low:.3g}-{self.high:.3g}"
 
     @property
+    def within(self) -> bool:
+        """Whether our value is inside the paper's range (a single value: within 20%)."""
+        if self.ours is None or self.low is None or not math.isfinite(self.ours):
+            return False
+        high = self.low if self.high is None else self.high
+        tol = 0.0 if high != self.low else 0.2  # a single value: within 20%
+        return self.low * (1 - tol) <= self.ours <= high * (1 + tol)
+
+    @property
+    def reproduced(self) -> bool:
+        """Counts as reproduced: a steady ``mechanism`` row within the paper's value."""
+        return self.kind == "mechanism" and self.steady and self.within
+
+    @property
     def verdict(self) -> str:
+        v = self._comparison
+        if self.ours is None or v == "-":
+            return v
+        if not self.steady:
+            return f"{v}; NOT STEADY (run too short), not counted"
+        if self.kind != "mechanism":
+            return f"{v}; {self.kind}, not counted"
+        return v
+
+    @property
+    def _comparison(self) -> str:
         if self.ours is None:
             return "not simulable"
         if self.low is None or not math.isfinite(self.ours):
             return "-"
         high = self.low if self.high is None else self.high
-        tol = 0.0 if high != self.low else 0.2  # a single value: within 20%
-        if self.low * (1 - tol) <= self.ours <= high * (1 + tol):
+        if self.within:
             return "within" if high != self.low else f"within 20% ({self.ours / self.low:.2f}x)"
         edge = self.low if self.ours < self.low else high
         side = "below" if self.ours < self.low else "above"
@@ -279,13 +317,33 @@ class Claim:
 
 
 def claims_table(claims: Sequence[Claim]) -> str:
-    """A table of claims: where, what, paper, ours, verdict."""
-    lines = [f"{'where':<16} {'claim':<62} {'paper':>13} {'ours':>9}  verdict"]
+    """A table of claims: where, what, paper, ours, kind, verdict."""
+    lines = [f"{'where':<16} {'claim':<62} {'paper':>13} {'ours':>9}  {'kind':<10}  verdict"]
     for c in claims:
         ours = "-" if c.ours is None else f"{c.ours:.3g}"
-        lines.append(f"{c.where:<16} {c.text:<62} {c.paper:>13} {ours:>9}  {c.verdict}")
+        lines.append(
+            f"{c.where:<16} {c.text:<62} {c.paper:>13} {ours:>9}  {c.kind:<10}  {c.verdict}"
+        )
         if c.ours is None and c.note:
             lines.append(f"{'':<16}   ({c.note})")
+    return "\n".join(lines)
+
+
+def kind_counts(claims: Sequence[Claim]) -> str:
+    """Per kind: how many rows, how many simulated, steady, within the paper's value, and
+    reproduced (only ``mechanism`` rows can be)."""
+    lines = []
+    for kind in KINDS:
+        mine = [c for c in claims if c.kind == kind]
+        simulated = [c for c in mine if c.ours is not None]
+        steady = [c for c in simulated if c.steady]
+        within = [c for c in steady if c.within]
+        lines.append(
+            f"{kind:<10} {len(mine):>3} rows: {len(simulated)} simulated, {len(steady)} steady, "
+            f"{len(within)} within the paper's value, "
+            f"{sum(c.reproduced for c in mine)} counted as reproduced"
+            + ("" if kind == "mechanism" else " (agrees or not by construction)")
+        )
     return "\n".join(lines)
 
 

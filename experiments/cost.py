@@ -92,6 +92,8 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
                 low=paper,
                 high=paper,
                 ours=a / i,
+                # Equal throughputs: the ratio is the price ratio of the two deployments.
+                kind="arithmetic",
             )
         )
     return out

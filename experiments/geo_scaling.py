@@ -89,6 +89,7 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
             low=v,
             high=v,
             ours=tps(lay, s),
+            kind="mechanism",
         )
         for (lay, s), v in PAPER.items()
     ]
@@ -100,6 +101,7 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
             low=7_137 / 1_219,
             high=7_137 / 1_219,
             ours=tps("1-DC", "prime-full") / tps("4-DC", "prime-full"),
+            kind="mechanism",
         )
     )
     out.append(
@@ -110,6 +112,7 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
             low=PAPER_AURORA_DROP_PCT,
             high=PAPER_AURORA_DROP_PCT,
             ours=100 * (1 - tps("4-DC", "aurora-leb128") / tps("1-DC", "aurora-leb128")),
+            kind="mechanism",
         )
     )
     for lay in LAYOUTS:
@@ -121,6 +124,7 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
                 low=1.9,
                 high=9.0,
                 ours=tps(lay, "aurora-leb128") / tps(lay, "prime-full"),
+                kind="mechanism",
             )
         )
     return out

@@ -49,6 +49,9 @@ FULL_GRID = {
     "loss": (0.0, 1e-6, 1e-5, 1e-4),
 }
 QUICK_GRID = {"window_s": (10, 45), "gbps": (0.1, 1.0), "loss": (1e-6, 1e-4)}
+ASSUMED = {"window_s": 45, "gbps": 1.0, "loss": 1e-6}
+"""The cell at our assumed inputs: the traces' A100 window, the link's 1 Gbit/s peak, the
+assumed loss of ``examples/geo.yaml``. The map's claims report the gain here."""
 ROLLOUTS, TOKENS = 512, 308
 """Rollouts per Actor per step and tokens per rollout (gsm8k) of the default deployment."""
 
@@ -144,7 +147,9 @@ def figure(rows: pd.DataFrame, path: Path) -> None:
 
 
 def claims(rows: pd.DataFrame) -> list[Claim]:
-    """Whether the paper's stream and relay gains arise anywhere on the map, and where."""
+    """The paper's stream and relay gains beside ours at the assumed inputs (:data:`ASSUMED`),
+    with the range over the grid in the text: the range says where a mechanism could matter,
+    it is not a value to compare (its maximum sits at inputs the paper does not state)."""
     g = gains(rows)
     out = []
     for mechanism, (where, low, high) in {
@@ -152,20 +157,25 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
         "relay": ("§6.3 Table 6", 4.4, 13.9),
     }.items():
         sub = g[g["mechanism"] == mechanism]
-        best = sub.loc[sub["gain_pct"].idxmax()]
-        matters = sub[sub["gain_pct"] > THRESHOLD_PCT]
+        at = sub
+        for column, value in ASSUMED.items():
+            at = at[np.isclose(at[column], value)]
+        if len(at) != 1:
+            raise KeyError(f"the grid has no cell at the assumed inputs {ASSUMED}")
+        lo, hi = float(sub["gain_pct"].min()), float(sub["gain_pct"].max())
+        matters = int((sub["gain_pct"] > THRESHOLD_PCT).sum())
         out.append(
             Claim(
-                id=f"regimes.{mechanism}.max",
+                id=f"regimes.{mechanism}.assumed",
                 where=where,
                 text=(
-                    f"largest {mechanism} gain on the map (%), at {best.window_s:g} s window, "
-                    f"{best.gbps:g} Gbit/s, loss {best.loss:g}"
+                    f"{mechanism} gain, assumed inputs (%; grid {lo:.2g}..{hi:.2g}, "
+                    f"> {THRESHOLD_PCT:g}% in {matters}/{len(sub)})"
                 ),
                 low=low,
                 high=high,
-                ours=float(best["gain_pct"]),
-                note=f"> {THRESHOLD_PCT:g}% in {len(matters)} of {len(sub)} cells",
+                ours=float(at["gain_pct"].iloc[0]),
+                kind="mechanism",
             )
         )
     return out

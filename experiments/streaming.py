@@ -79,6 +79,7 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
                 low=paper,
                 high=paper,
                 ours=100 * (four / single - 1),
+                kind="mechanism",
             )
         )
     return out

@@ -121,6 +121,7 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
                     low=low,
                     high=high,
                     ours=ours,
+                    kind="mechanism",
                 )
 
             aurora, full = tps("aurora-leb128"), tps("prime-full")

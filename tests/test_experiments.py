@@ -59,6 +59,72 @@ def test_all_prints_every_claim_beside_ours_and_says_which_cannot_be_simulated(e
         assert f"## {name}" in text
 
 
+def test_all_prints_how_many_claims_of_each_kind_count_as_reproduced(everything):
+    results, out = everything
+    claims = [c for name in run_all.EXPERIMENTS for c in _claims(results, name)]
+    claims += list(run_all.NOT_SIMULABLE)
+    for kind in ("mechanism", "arithmetic", "input"):
+        mine = [c for c in claims if c.kind == kind]
+        assert f"{kind:<10} {len(mine):>3} rows" in out
+        counted = sum(c.reproduced for c in mine)
+        assert f"{counted} counted as reproduced" in out
+    assert "counted as reproduced" in (results / "REPRODUCTION-tables.md").read_text()
+
+
+def test_rows_that_agree_by_construction_are_marked_and_never_count(results):
+    claims = {c.id: c for name in run_all.EXPERIMENTS for c in _claims(results, name)}
+    by_construction = {
+        "fig11.payload.leb128": "input",  # the paper's 202 MB comes back out
+        "fig14.qwen3-8b.ideal.10": "arithmetic",  # 15.6 GB / 400 Gbit/s
+        "fig14.qwen3-8b.full.10": "arithmetic",
+        "fig14.qwen3-8b.delta.10": "arithmetic",
+        "fig14.qwen3-8b.full.0.25": "arithmetic",
+        "table8.tokens_per_dollar.qwen3-8b": "arithmetic",  # prices
+        "table8.tokens_per_dollar.qwen3-14b": "arithmetic",
+        "fig16.actors.1": "input",  # the assumed 6K tokens/s
+    }
+    for cid, kind in by_construction.items():
+        assert claims[cid].kind == kind, cid
+        assert claims[cid].within or cid.startswith("fig14"), cid  # they agree ...
+        assert not claims[cid].reproduced, cid  # ... and do not count
+        assert f"{kind}, not counted" in claims[cid].verdict, cid
+    assert claims["fig11.payload.naive"].kind == "mechanism"  # measured codec bytes
+
+
+def test_a_claim_within_the_paper_counts_only_if_it_is_a_steady_mechanism_row():
+    def claim(**kw):
+        return Claim(id="x", where="w", text="t", low=10, high=20, ours=15, **kw)
+
+    assert claim(kind="mechanism").reproduced
+    assert not claim(kind="arithmetic").reproduced
+    assert not claim(kind="input").reproduced
+    unsteady = claim(kind="mechanism", steady=False)
+    assert unsteady.within and not unsteady.reproduced
+    assert "NOT STEADY" in unsteady.verdict
+
+
+def test_the_regime_map_reports_the_gain_at_the_assumed_inputs_not_the_grid_maximum():
+    from experiments import regimes
+
+    cells = [(w, b, loss) for w in (10, 45) for b in (0.1, 1.0) for loss in (1e-6, 1e-4)]
+    rows = []
+    for w, b, loss in cells:
+        assumed = (w, b, loss) == (45, 1.0, 1e-6)
+        for system in (regimes.BASE, *regimes.MECHANISMS.values()):
+            # Every mechanism gains 1% at the assumed cell and 50% at the others.
+            base = 101.0 if assumed else 150.0
+            tps = base if system == regimes.BASE else 100.0
+            rows.append(
+                {"window_s": w, "gbps": b, "loss": loss, "system": system, "tokens_per_s": tps}
+            )
+    out = {c.id: c for c in regimes.claims(pd.DataFrame(rows))}
+    for mechanism in ("multi-stream", "relay"):
+        c = out[f"regimes.{mechanism}.assumed"]
+        assert c.ours == pytest.approx(1.0)
+        assert not c.within
+        assert "grid 1..50" in c.text
+
+
 def _claims(results: Path, name: str) -> list[Claim]:
     module = importlib.import_module(f"experiments.{name}")
     rows = run_points(module.NAME, module.points(False), lambda cfg: pytest.fail(), root=results)
