@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
@@ -100,7 +101,7 @@ def paired_points(
     the label in ``column``."""
     return [
         Point(
-            key={"workload": w, column: label, "steps": steps},
+            key={"workload": w, column: label, "steps": steps, "warmup": WARMUP},
             config=summary_config(
                 topology=topology, strategy=strategy(name), steps=steps, workload=w
             ),
@@ -132,6 +133,8 @@ def gain_claim(
         high=paper_pct,
         ours=100 * (a / b - 1),
         kind="mechanism",
+        steady=steady(rows, workload=workload, **{column: better})
+        and steady(rows, workload=workload, **{column: baseline}),
     )
 
 
@@ -397,12 +400,80 @@ US_CANADA_LINK: dict[str, Any] = {
 ``examples/geo.yaml``."""
 
 
-def summary_measure(cfg: SimConfig) -> dict[str, float]:
-    """Mean tokens/s, step time and WAN GB per step after two warm-up steps."""
+WARMUP = "mser"
+"""The warm-up rule of every summary-measured row (:func:`warmup_steps`); a key column, so rows
+measured under another rule are recomputed rather than reused."""
+
+
+STEADY_TOLERANCE = 0.02
+"""How far (relative) the mean after the warm-up may sit from the mean of the run's last quarter
+for the run to count as steady: the 2% at which the experiments call a mechanism's effect
+(``regimes.THRESHOLD_PCT``); a transient still going at the end moves the last quarter."""
+
+
+def warmup_steps(series: Sequence[float]) -> tuple[int, bool]:
+    """The warm-up of a per-step series by MSER (White 1997; Hoad, Robinson & Davies 2010):
+    the truncation ``d`` that minimises the squared standard error of the mean of what is
+    left, ``sum((y[d:] - mean(y[d:]))**2) / (n - d)**2``, the smallest such ``d`` on ties.
+    ``d`` is searched over the first half of the run only: past it the statistic is minimised
+    by chance by a few quiet last steps (MSER's known tail artefact; a stationary 40-step run
+    of the heterogeneity experiment picks d = 27 otherwise). Returns ``(d, steady)``: steady
+    when the mean after ``d`` is within :data:`STEADY_TOLERANCE`, or two standard errors, of
+    the mean of the last quarter of the run (at least 2 steps), i.e. nothing is still drifting
+    at the end; False also for runs of fewer than 4 steps."""
+    y = np.asarray(series, dtype=float)
+    n = len(y)
+    if n < 4:
+        return 0, False
+    half = n // 2
+    mser = np.array([((y[d:] - y[d:].mean()) ** 2).sum() / (n - d) ** 2 for d in range(half + 1)])
+    # Equal up to rounding counts as a tie (a constant tail gives zeros only up to rounding).
+    ties = mser <= mser.min() * (1 + 1e-9) + 1e-12 * float(np.mean(y**2))
+    best = int(np.flatnonzero(ties)[0])
+    k = max(n // 4, 2)
+    tail, last = float(y[best:].mean()), float(y[-k:].mean())
+    # The last quarter's mean has its own sampling error: two standard errors of it (a noisy
+    # link's step times vary by several %). The step-to-step noise is estimated robustly, from
+    # the median absolute successive difference (MAD x 1.4826 / sqrt 2 for Gaussian noise), so
+    # a transient's one large jump does not count as noise and hide itself.
+    diffs = np.abs(np.diff(y[best:]))
+    sigma = 1.4826 * float(np.median(diffs)) / math.sqrt(2) if len(diffs) else 0.0
+    noise = 2 * sigma / math.sqrt(k)
+    return best, abs(tail - last) <= max(STEADY_TOLERANCE * abs(last), noise)
+
+
+def steady_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Tokens/s, step time and WAN GB per step over the steps after the detected warm-up
+    (:func:`warmup_steps` on the step times), with the warm-up and whether it was found."""
+    d, steady = warmup_steps([r["step_time_s"] for r in rows])
+    tail = rows[d:]
+    span = sum(r["step_time_s"] for r in tail)
+    return {
+        "tokens_per_s": sum(r["tokens"] for r in tail) / span if span > 0 else math.nan,
+        "step_time_s": span / len(tail) if tail else math.nan,
+        "wan_gb_per_step": sum(r["wan_bytes"] for r in tail) / max(len(tail), 1) / 1e9,
+        "warmup_steps": d,
+        "steady": steady,
+    }
+
+
+def summary_measure(cfg: SimConfig) -> dict[str, Any]:
+    """Mean tokens/s, step time and WAN GB per step after the warm-up :func:`warmup_steps`
+    detects, the warm-up, and whether the run reached steady state."""
     from sim.model import simulate
 
-    s = simulate(cfg).summary(warmup=2)
-    return {k: s[k] for k in ("tokens_per_s", "step_time_s", "wan_gb_per_step")}
+    return steady_summary(simulate(cfg).rows)
+
+
+def steady(rows: pd.DataFrame, **where: Any) -> bool:
+    """Whether every row matching ``where`` reached steady state (rows without the column,
+    e.g. one-shot transfers, have no warm-up to detect)."""
+    sel = rows
+    for k, v in where.items():
+        sel = sel[sel[k] == v]
+    if "steady" not in sel.columns:
+        return True
+    return bool(sel["steady"].astype(bool).all())
 
 
 def fanout_measure(cfg: SimConfig) -> dict[str, float]:

@@ -29,7 +29,7 @@ import pandas as pd
 import yaml
 
 from aurora.topology import topology_from_dict
-from experiments.common import Claim, Point, experiment_main, summary_config
+from experiments.common import WARMUP, Claim, Point, experiment_main, steady, summary_config
 from experiments.throughput import GEO
 from sim.config import strategy
 from sim.traces import Quantity, Traces, load_traces
@@ -76,7 +76,7 @@ def topology_for(gbps: float, loss: float):  # type: ignore[no-untyped-def]
 
 def points(full: bool = False, steps: int | None = None) -> list[Point]:
     grid = FULL_GRID if full else QUICK_GRID
-    steps = steps or (30 if full else 8)
+    steps = steps or (30 if full else 12)
     base = load_traces()
     out = []
     for window, gbps, loss in itertools.product(*grid.values()):
@@ -87,7 +87,14 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
                 summary_config(topology=topology, strategy=strategy(name), steps=steps),
                 traces=traces,
             )
-            key = {"window_s": window, "gbps": gbps, "loss": loss, "system": name, "steps": steps}
+            key = {
+                "window_s": window,
+                "gbps": gbps,
+                "loss": loss,
+                "system": name,
+                "steps": steps,
+                "warmup": WARMUP,
+            }
             out.append(Point(key=key, config=cfg))
     return out
 
@@ -146,6 +153,14 @@ def figure(rows: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def _unsteady_cells(rows: pd.DataFrame) -> int:
+    """Cells with a run that did not reach steady state (their gains are start-up numbers)."""
+    if "steady" not in rows.columns:
+        return 0
+    bad = rows[~rows["steady"].astype(bool)]
+    return len(bad.groupby(["window_s", "gbps", "loss"]))
+
+
 def claims(rows: pd.DataFrame) -> list[Claim]:
     """The paper's stream and relay gains beside ours at the assumed inputs (:data:`ASSUMED`),
     with the range over the grid in the text: the range says where a mechanism could matter,
@@ -164,18 +179,21 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
             raise KeyError(f"the grid has no cell at the assumed inputs {ASSUMED}")
         lo, hi = float(sub["gain_pct"].min()), float(sub["gain_pct"].max())
         matters = int((sub["gain_pct"] > THRESHOLD_PCT).sum())
+        unsteady = _unsteady_cells(rows)
         out.append(
             Claim(
                 id=f"regimes.{mechanism}.assumed",
                 where=where,
                 text=(
                     f"{mechanism} gain, assumed inputs (%; grid {lo:.2g}..{hi:.2g}, "
-                    f"> {THRESHOLD_PCT:g}% in {matters}/{len(sub)})"
+                    f"> {THRESHOLD_PCT:g}% in {matters}/{len(sub)}"
+                    + (f", {unsteady} cells NOT STEADY)" if unsteady else ")")
                 ),
                 low=low,
                 high=high,
                 ours=float(at["gain_pct"].iloc[0]),
                 kind="mechanism",
+                steady=steady(rows, **ASSUMED),
             )
         )
     return out
