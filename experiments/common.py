@@ -494,8 +494,10 @@ def bar_figure(
     title: str,
     path: Path,
     paper: dict[tuple[Any, Any], float] | None = None,
+    logy: bool = False,
 ) -> None:
-    """Grouped bars of ``value`` by ``x`` and ``hue``; paper values as black crosses."""
+    """Grouped bars of ``value`` by ``x`` and ``hue``; paper values as black crosses; ``logy``
+    for values spanning decades (a linear axis hides the small bars)."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -513,10 +515,17 @@ def bar_figure(
                 ax.scatter([pos[j]], [paper[(v, h)]], marker="x", color="black", zorder=5)
     if paper:
         ax.scatter([], [], marker="x", color="black", label="paper")
-    ax.set_xticks(np.arange(len(xs)) + width * (len(hues) - 1) / 2, [str(v) for v in xs])
+    labels = [str(v) for v in xs]
+    ax.set_xticks(np.arange(len(xs)) + width * (len(hues) - 1) / 2, labels)
+    if sum(len(label) for label in labels) > 60:  # would overlap side by side
+        ax.tick_params(axis="x", labelrotation=30)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
+    if logy:
+        ax.set_yscale("log")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.grid(True, axis="y", alpha=0.3)
+    ax.grid(True, axis="y", which="both" if logy else "major", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=150)

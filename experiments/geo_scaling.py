@@ -77,10 +77,11 @@ def figure(rows: pd.DataFrame, path: Path) -> None:
         x="layout",
         hue="system",
         value="tokens_per_s",
-        ylabel="throughput (tokens/s)",
+        ylabel="throughput (tokens/s, log)",
         title="Fig. 15: Actors across 1-4 regions",
         path=path,
         paper=PAPER,
+        logy=True,  # PrimeRL-Full's 2-4 DC bars are 1/60 of AuroraRL's
     )
 
 
