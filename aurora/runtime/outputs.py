@@ -38,6 +38,7 @@ from aurora.policy.ledger import (
     initial_state,
     to_record,
 )
+from aurora.runtime.hopreport import REPORTS
 from aurora.runtime.ledgerlog import LedgerLog
 
 
@@ -303,6 +304,8 @@ def _timeline(run: Path, t0: float, log: RunLog) -> list[dict[str, Any]]:
     if spans.exists():
         for line in spans.read_text().splitlines():
             with_ = json.loads(line)
+            if with_.get("activity") in REPORTS:
+                continue  # measurements of the path and the loops, not work on a timeline
             rows.append(
                 {
                     "role": "actor",
