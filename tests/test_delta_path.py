@@ -203,3 +203,36 @@ def test_the_hop_table_of_a_run_folder_splits_the_path_into_consecutive_hops(tmp
     assert table.loc["extract_start -> ledger_staged", "versions"] == 3
     lag = delta_path.loop_lag(tmp_path).set_index("who")
     assert lag.loc["relay-ca", "max_s"] == 0.03 and lag.loc["relay-ca", "samples"] == 250
+
+
+def test_the_replay_carries_payload_at_the_measured_share_of_each_links_rate():
+    from aurora.topology import topology_from_dict
+    from experiments import sim_vs_real, wire_overhead
+    from sim.config import RateSchedule, SimConfig, strategy
+    from sim.traces import load_traces
+
+    topo = topology_from_dict(wire_overhead.TOPOLOGY, source="test")
+    cfg = SimConfig(
+        topology=topo,
+        traces=load_traces(),
+        strategy=strategy("aurora"),
+        steps=2,
+        rate_schedules=(RateSchedule(link="us-ca", points=((0.0, 1.0), (5.0, 0.5))),),
+    )
+    slower = sim_vs_real.payload_rate(cfg, 0.956)
+    assert [lk.gbps for lk in slower.topology.links] == [pytest.approx(0.956)]
+    assert slower.rate_schedules[0].points == ((0.0, pytest.approx(0.956)), (5.0, 0.478))
+    assert slower.traces == cfg.traces and slower.strategy == cfg.strategy
+
+
+def test_the_committed_wire_efficiency_is_a_measurement_near_first_principles():
+    got = json.loads(wire_overhead_path().read_text())
+    assert got["measurements"] and all(0 < m["efficiency"] < 1 for m in got["measurements"])
+    # A 1448-byte MSS in a 1514-byte frame: headers are the only overhead of a bulk transfer.
+    assert got["efficiency"] == pytest.approx(1448 / 1514, abs=0.01)
+
+
+def wire_overhead_path():
+    from experiments import wire_overhead
+
+    return wire_overhead.EVIDENCE
