@@ -83,6 +83,11 @@ class Point:
     prompts_per_step: int
     faults: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    rtt_ms: float = 40.0
+    """The US-Canada link's RTT (ms)."""
+    scale: float | None = None
+    """The emulated link's scale (None: the launcher's regime scale for the model; the
+    held-out runs set another rate, :mod:`experiments.heldout`)."""
 
     @property
     def key(self) -> dict[str, Any]:
@@ -180,7 +185,7 @@ def topology_yaml(p: Point) -> dict[str, Any]:
         "name": p.name,
         "trainer": {"region": "us", "model": "qwen3-8b", "gpu": "H100", "gpus": 1},
         "regions": [{"name": "us"}, {"name": "ca"}],
-        "links": [{"a": "us", "b": "ca", "gbps": 1.0, "rtt_ms": 40, "loss": 0}],
+        "links": [{"a": "us", "b": "ca", "gbps": 1.0, "rtt_ms": p.rtt_ms, "loss": 0}],
         "actors": [
             {"region": "ca", "gpu": "A100", "count": p.actors, "spot": p.part == "timeline"}
         ],
@@ -219,6 +224,7 @@ def run_real(p: Point, root: Path) -> Path:
         extra=dict(p.extra),
         progress=False,
         emulate="auto" if p.network == "emulated" else None,
+        scale=p.scale,
         stall_s=120.0,
     )
     folder = run_folder(run)
