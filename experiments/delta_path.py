@@ -126,10 +126,9 @@ def path_rows(run: Path) -> pd.DataFrame:
         ):
             for hop in hops:
                 values = [s[hop] for s in by_role.get(role, []) if hop in s]
-                if values:  # the latest node: the path ends when the last one has it
-                    t[f"{role}_{hop}"] = (
-                        max(values) if "last" in hop or hop == "staged" else (min(values))
-                    )
+                if values:  # a first time: the earliest node; a last: the latest node
+                    at_end = "last" in hop or hop == "staged"
+                    t[f"{role}_{hop}"] = max(values) if at_end else min(values)
         if v in staged:
             t["ledger_staged"] = staged[v]
         row: dict[str, Any] = {"version": v, "delta_bytes": st.get("delta_bytes")}
