@@ -198,8 +198,9 @@ def link_counters(run: Path) -> dict[str, Any]:
         }
     during = (em.get("counters") or {}).get("during_run") or {}
     for direction, qdiscs in (during.get("qdiscs") or {}).items():
-        out[f"drops {direction}"] = sum(int(q.get("dropped", 0)) for q in qdiscs.values())
+        # The leaf's own drops: the htb root above it counts the same packets again.
         leaf = [q for q in qdiscs.values() if q.get("kind") in ("bfifo", "pfifo")]
+        out[f"drops {direction}"] = sum(int(q.get("dropped", 0)) for q in leaf)
         if leaf and leaf[0].get("sent_packets"):
             # Bytes the htb counted per packet (headers included): the wire's share of payload.
             out[f"wire bytes/packet {direction}"] = leaf[0]["sent_bytes"] / leaf[0]["sent_packets"]
