@@ -271,6 +271,8 @@ class Network:
         self._schedule: dict[int, list[dict]] = {}
         self._current_gbps: dict[int, float] = {}
         self._errors: list[str] = []
+        self._counters: dict[str, dict] = {}
+        self._tcp_cache: dict[str, str] = {}
         self.started = time.time()
         self.closed = False
 
@@ -466,6 +468,7 @@ class Network:
                 if i in self._schedule
             },
             "delay_lines": {str(q): s for q, s in self._delayline_stats.items()},
+            "counters": self._counters_report(),
             "errors": self.errors(),
             "started_unix": self.started,
         }
@@ -544,6 +547,8 @@ class Network:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=10)
+        with contextlib.suppress(EmulationError, OSError):  # before the namespaces go
+            self._counters["at_close"] = self.counters()
         for q, proc in self._delaylines.items():
             if proc.poll() is None:
                 proc.terminate()
@@ -613,6 +618,10 @@ class Network:
         if verify:
             self.probe(seconds=probe_seconds)
             self._verify(tolerance, probe_seconds)
+        # The kernel's counters once built (and probed): the run's own drops and retransmissions
+        # are what the counters at close add to these.
+        with contextlib.suppress(EmulationError, OSError):
+            self._counters["after_build"] = self.counters()
 
     def _build_namespaces(self) -> None:
         lines = [f"netns add {self.router_namespace}"]
@@ -873,14 +882,116 @@ class Network:
         ]
 
     def _tcp_settings(self) -> dict:
-        out: dict[str, str] = {}
-        if self.closed or not self.plan.regions:
-            return out
+        out: dict[str, str] = self._tcp_cache  # read once: still there after close
+        if out or self.closed or not self.plan.regions:
+            return dict(out)
         ns = self.plan.regions[0].namespace
         for key in ("tcp_congestion_control", "tcp_rmem", "tcp_wmem"):
             with contextlib.suppress(EmulationError):
                 out[key] = _run(_in_ns(ns, ["sysctl", "-n", f"net.ipv4.{key}"])).strip()
+        return dict(out)
+
+    def counters(self) -> dict:
+        """What the kernel counts for this network now: per direction, every qdisc on the
+        router's interface towards it (:func:`parse_qdisc_stats`: bytes and packets sent,
+        drops, overlimits, backlog); per region, its namespace's TCP counters
+        (:data:`TCP_COUNTERS`: retransmitted segments, retransmission timeouts, tail-loss
+        probes...), which count every connection of the roles running there."""
+        qdiscs = {}
+        for d in self.plan.directions:
+            dev = self.plan.region(d.dst).router_if
+            out = _run(["tc", "-s", "-n", self.router_namespace, "qdisc", "show", "dev", dev])
+            qdiscs[f"{d.src}->{d.dst}"] = parse_qdisc_stats(out)
+        tcp = {}
+        for r in self.plan.regions:
+            text = _run(_in_ns(r.namespace, ["cat", "/proc/net/snmp", "/proc/net/netstat"]))
+            tcp[r.name] = parse_tcp_counters(text)
+        return {"unix": time.time(), "qdiscs": qdiscs, "tcp": tcp}
+
+    def _counters_report(self) -> dict:
+        """The counters after the build and at close, and the run's share: their difference."""
+        out = dict(self._counters)
+        first, last = self._counters.get("after_build"), self._counters.get("at_close")
+        if first is not None and last is not None:
+            out["during_run"] = _difference(last, first)
         return out
+
+
+TCP_COUNTERS = (
+    ("Tcp", "OutSegs"),
+    ("Tcp", "RetransSegs"),
+    ("TcpExt", "TCPTimeouts"),
+    ("TcpExt", "TCPLossProbes"),
+    ("TcpExt", "TCPSpuriousRTOs"),
+    ("TcpExt", "TCPLostRetransmit"),
+    ("TcpExt", "TCPFastRetrans"),
+    ("TcpExt", "TCPSlowStartRetrans"),
+    ("TcpExt", "TCPSynRetrans"),
+)
+"""The TCP counters ``emulation.json`` keeps per region (``/proc/net/snmp`` and
+``/proc/net/netstat`` of the namespace): segments sent and retransmitted, retransmission
+timeouts (an RTO of >= 200 ms each), tail-loss probes, spurious RTOs, fast and slow-start
+retransmissions."""
+
+
+def parse_tcp_counters(text: str) -> dict[str, int]:
+    """:data:`TCP_COUNTERS` from the text of ``/proc/net/snmp`` and ``/proc/net/netstat``
+    (pairs of lines: ``Prefix: name name ...`` then ``Prefix: value value ...``)."""
+    values: dict[tuple[str, str], int] = {}
+    lines = [line.split() for line in text.splitlines() if line.strip()]
+    for names, nums in zip(lines, lines[1:], strict=False):
+        if names[0] != nums[0] or not names[0].endswith(":") or not nums[1:2]:
+            continue
+        if not nums[1].lstrip("-").isdigit():
+            continue  # a header line followed by another header
+        prefix = names[0][:-1]
+        for name, num in zip(names[1:], nums[1:], strict=False):
+            with contextlib.suppress(ValueError):
+                values[(prefix, name)] = int(num)
+    return {
+        name: values[(prefix, name)] for prefix, name in TCP_COUNTERS if (prefix, name) in values
+    }
+
+
+_QDISC = re.compile(r"^qdisc (\S+) (\S+)")
+_SENT = re.compile(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+) requeues (\d+)\)")
+_BACKLOG = re.compile(r"backlog (\d+)b (\d+)p")
+
+
+def parse_qdisc_stats(text: str) -> dict[str, dict[str, int | str]]:
+    """Per qdisc (by handle) of ``tc -s qdisc show`` output: its kind, bytes and packets sent,
+    packets dropped, overlimits, requeues and the backlog (bytes, packets) when read."""
+    out: dict[str, dict[str, int | str]] = {}
+    current: dict[str, int | str] | None = None
+    for line in text.splitlines():
+        head = _QDISC.match(line.strip())
+        if head:
+            current = out[head.group(2)] = {"kind": head.group(1)}
+            continue
+        if current is None:
+            continue
+        sent = _SENT.search(line)
+        if sent:
+            keys = ("sent_bytes", "sent_packets", "dropped", "overlimits", "requeues")
+            current.update(zip(keys, map(int, sent.groups()), strict=True))
+        backlog = _BACKLOG.search(line)
+        if backlog:
+            current["backlog_bytes"], current["backlog_packets"] = map(int, backlog.groups())
+    return out
+
+
+def _difference(last: Any, first: Any) -> Any:
+    """``last - first`` for every number in two nested dicts of the same shape (``unix``: the
+    span between them)."""
+    if isinstance(last, dict) and isinstance(first, dict):
+        # A backlog is a level, not a count: the one at close.
+        return {
+            k: v if k.startswith("backlog") else _difference(v, first.get(k))
+            for k, v in last.items()
+        }
+    if isinstance(last, int | float) and isinstance(first, int | float):
+        return last - first
+    return last
 
 
 def new_tag() -> str:

@@ -7,7 +7,10 @@ defaults for them (``aurora/traces/paper.yaml``, ``examples/geo.yaml``) are sing
 claim is therefore reported as a band: its value at the default, and its lowest and highest values
 when one input at a time is set to either end of its range (below), with the input responsible.
 One at a time, not jointly: a band shows which input a claim hinges on, not the worst case of
-all of them together.
+all of them together. Every variant is measured with the experiments' own warm-up rule (MSER,
+:func:`experiments.common.warmup_steps`); a band with a run that did not reach steady state says
+NOT STEADY, and an arithmetic or input claim (``Claim.kind``) says it meets or misses the paper
+by construction.
 
 ==================  ====================  ==================================================
 input               range                 applied to
@@ -183,10 +186,12 @@ def bands(
         moved = {v: claims_under(name, v, root, full, **sweep) for v in variants}
         for i, claim in enumerate(default):
             values: dict[str, float] = {"default": _num(claim.ours)}
+            steady = claim.steady
             for v, cs in moved.items():
                 # Claim texts can name a measured place (e.g. the regime cell); ids are stable.
                 match = [c for c in cs if c.id == claim.id]
                 values[v] = _num(match[0].ours) if match else math.nan
+                steady = steady and all(c.steady for c in match)
             finite = {k: x for k, x in values.items() if math.isfinite(x)}
             low_at = min(finite, key=finite.__getitem__) if finite else ""
             high_at = max(finite, key=finite.__getitem__) if finite else ""
@@ -205,7 +210,9 @@ def bands(
                     "low_at": low_at,
                     "high": finite.get(high_at, math.nan),
                     "high_at": high_at,
-                    "status": _status(claim, finite.get(low_at), finite.get(high_at)),
+                    "kind": claim.kind,
+                    "steady": steady,
+                    "status": _status(claim, finite.get(low_at), finite.get(high_at), steady),
                 }
             )
     return pd.DataFrame(out)
@@ -215,10 +222,22 @@ def _num(x: float | None) -> float:
     return math.nan if x is None else float(x)
 
 
-def _status(claim: Claim, low: float | None, high: float | None) -> str:
-    """Whether the paper's value is inside our band, and which side of it we are on."""
+def _status(claim: Claim, low: float | None, high: float | None, steady: bool = True) -> str:
+    """Whether the paper's value is inside our band, and which side of it we are on; a band
+    whose runs did not all reach steady state, or whose claim is arithmetic or an input (it
+    agrees or not by construction), says so."""
     if claim.low is None or low is None or high is None:
         return "-"
+    where = _side(claim, low, high)
+    if not steady:
+        return f"{where}; NOT STEADY"
+    if claim.kind != "mechanism":
+        return f"{where}; {claim.kind}, by construction"
+    return where
+
+
+def _side(claim: Claim, low: float, high: float) -> str:
+    assert claim.low is not None
     p_low = claim.low
     p_high = claim.low if claim.high is None else claim.high
     if p_low == p_high:
@@ -231,12 +250,14 @@ def _status(claim: Claim, low: float | None, high: float | None) -> str:
 
 
 def table(df: pd.DataFrame) -> str:
-    lines = [f"{'where':<16} {'claim':<58} {'paper':>11} {'ours':>9} {'band':>21}  status"]
+    lines = [
+        f"{'where':<16} {'claim':<58} {'paper':>11} {'ours':>9} {'band':>21}  {'kind':<10}  status"
+    ]
     for r in df.itertuples(index=False):
         band = f"{r.low:.3g}..{r.high:.3g}"
         lines.append(
             f"{r.where:<16} {r.claim[:58]:<58} {r.paper:>11} {r.default:>9.3g} {band:>21}  "
-            f"{r.status} ({r.low_at} .. {r.high_at})"
+            f"{r.kind:<10}  {r.status} ({r.low_at} .. {r.high_at})"
         )
     return "\n".join(lines)
 

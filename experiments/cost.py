@@ -14,11 +14,13 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.common import (
+    WARMUP,
     Claim,
     Point,
     bar_figure,
     experiment_main,
     one,
+    steady,
     summary_config,
 )
 from experiments.throughput import MODELS, deployment
@@ -45,7 +47,7 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
     steps = steps or (60 if full else 12)
     return [
         Point(
-            key={"model": model, "system": name, "steps": steps},
+            key={"model": model, "system": name, "steps": steps, "warmup": WARMUP},
             config=summary_config(
                 topology=deployment(model, *MODELS[model]),
                 strategy=strategy(name),
@@ -92,6 +94,9 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
                 low=paper,
                 high=paper,
                 ours=a / i,
+                # Equal throughputs: the ratio is the price ratio of the two deployments.
+                kind="arithmetic",
+                steady=steady(rows, model=model),
             )
         )
     return out

@@ -117,6 +117,7 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
             low=v,
             high=v,
             ours=t(k),
+            kind="mechanism",
         )
         for k, v in PAPER_S.items()
     ]
@@ -128,6 +129,9 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
             low=v,
             high=v,
             ours=one(mean, "payload_mb", encoding=f"{c}, 1 stream"),
+            # LEB128's size is the paper's 202 MB (an input); naive's is it times the codec
+            # ratio measured on a synthetic step (a mechanism: the codecs' real bytes).
+            kind="input" if c == "leb128" else "mechanism",
         )
         for c, v in PAPER_MB.items()
     ]
@@ -139,6 +143,7 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
             low=3.2,
             high=3.2,
             ours=t("naive, 1 stream") / t("leb128, 4 streams"),
+            kind="mechanism",
         )
     )
     return out

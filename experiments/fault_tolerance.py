@@ -91,7 +91,15 @@ def figure(rows: pd.DataFrame, path: Path) -> None:
 def claims(rows: pd.DataFrame) -> list[Claim]:
     row = rows.iloc[0]
     return [
-        Claim(id=cid, where="§6.5 Fig. 13", text=text, low=low, high=high, ours=float(row[cid]))
+        Claim(
+            id=cid,
+            where="§6.5 Fig. 13",
+            text=text,
+            low=low,
+            high=high,
+            ours=float(row[cid]),
+            kind="mechanism",
+        )
         for cid, text, low, high, _steps in PAPER
     ]
 

@@ -83,6 +83,11 @@ class Point:
     prompts_per_step: int
     faults: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    rtt_ms: float = 40.0
+    """The US-Canada link's RTT (ms)."""
+    scale: float | None = None
+    """The emulated link's scale (None: the launcher's regime scale for the model; the
+    held-out runs set another rate, :mod:`experiments.heldout`)."""
 
     @property
     def key(self) -> dict[str, Any]:
@@ -180,7 +185,7 @@ def topology_yaml(p: Point) -> dict[str, Any]:
         "name": p.name,
         "trainer": {"region": "us", "model": "qwen3-8b", "gpu": "H100", "gpus": 1},
         "regions": [{"name": "us"}, {"name": "ca"}],
-        "links": [{"a": "us", "b": "ca", "gbps": 1.0, "rtt_ms": 40, "loss": 0}],
+        "links": [{"a": "us", "b": "ca", "gbps": 1.0, "rtt_ms": p.rtt_ms, "loss": 0}],
         "actors": [
             {"region": "ca", "gpu": "A100", "count": p.actors, "spot": p.part == "timeline"}
         ],
@@ -219,6 +224,7 @@ def run_real(p: Point, root: Path) -> Path:
         extra=dict(p.extra),
         progress=False,
         emulate="auto" if p.network == "emulated" else None,
+        scale=p.scale,
         stall_s=120.0,
     )
     folder = run_folder(run)
@@ -350,18 +356,48 @@ def per_actor_rates(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def measure(p: Point, root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run, record, replay and compare one point: its row and its per-step rows."""
+def payload_rate(cfg: Any, efficiency: float) -> Any:
+    """``cfg`` with every link's rate (and recorded rate schedule) times ``efficiency``: the
+    payload an emulated link carries when its htb class counts headers too
+    (:mod:`experiments.wire_overhead`)."""
+    import dataclasses
+
+    def link(lk: Any) -> Any:
+        fl = lk.fluctuation
+        if fl is not None:
+            fl = dataclasses.replace(
+                fl, low_gbps=fl.low_gbps * efficiency, high_gbps=fl.high_gbps * efficiency
+            )
+        return dataclasses.replace(lk, gbps=lk.gbps * efficiency, fluctuation=fl)
+
+    topo = dataclasses.replace(cfg.topology, links=tuple(link(lk) for lk in cfg.topology.links))
+    schedules = tuple(
+        dataclasses.replace(s, points=tuple((t, g * efficiency) for t, g in s.points))
+        for s in cfg.rate_schedules
+    )
+    return dataclasses.replace(cfg, topology=topo, rate_schedules=schedules)
+
+
+def measure(
+    p: Point, root: Path, *, wire_efficiency: float | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run, record, replay and compare one point: its row and its per-step rows. An emulated
+    run's replay carries payload at ``wire_efficiency`` of each link's htb rate when given."""
     from sim.model import simulate
     from sim.runtrace import replay_config
 
     folder = run_real(p, root)
     real = real_steps(folder)
     cfg = replay_config(folder / "sim")
+    if wire_efficiency is not None and p.network == "emulated":
+        cfg = payload_rate(cfg, wire_efficiency)
     result = simulate(cfg)
     sim = pd.DataFrame(result.rows)
     rt, st = real_transfers(folder), sim_transfers(result)
-    common = [v for v in rt if v in st]
+    # Past the warm-up, as the step means and as the replay's inputs (sim/runtrace.py takes
+    # delta sizes, extraction and generation from versions after WARMUP_STEPS): the first
+    # versions' larger deltas and cold connections are in neither side's model.
+    common = [v for v in rt if v in st and v > WARMUP]
     summary = json.loads((folder / "summary.json").read_text())
     row: dict[str, Any] = {
         **p.key,
@@ -373,6 +409,7 @@ def measure(p: Point, root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
         "sim_transfer_s": statistics.fmean(st[v] for v in common) if common else math.nan,
         "transfers": len(common),
         "link_scale": summary.get("link_scale"),
+        "wire_efficiency": wire_efficiency if p.network == "emulated" else None,
         "run": str(folder),
         "faults": ";".join(p.faults),
         "actors": p.actors,
@@ -445,9 +482,11 @@ def timeline_metrics(rows: pd.DataFrame, p: Point, who: str) -> dict[str, float]
 # ------------------------------------------------------------------------------------------
 
 
-def run_points(pts: Sequence[Point], root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def run_points(
+    pts: Sequence[Point], root: Path, *, wire_efficiency: float | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Measure the points missing from ``root/sim_vs_real/rows.csv``; return every row of
-    ``pts`` and their per-step rows."""
+    ``pts`` and their per-step rows (``wire_efficiency``: see :func:`measure`)."""
     out = root / NAME
     out.mkdir(parents=True, exist_ok=True)
     rows_path, steps_path = out / "rows.csv", out / "steps.csv"
@@ -466,7 +505,7 @@ def run_points(pts: Sequence[Point], root: Path) -> tuple[pd.DataFrame, pd.DataF
         if done(p):
             continue
         print(f"{NAME}: {p.part} {p.network} {p.strategy} seed {p.seed} ({p.backend})", flush=True)
-        row, steps = measure(p, out)
+        row, steps = measure(p, out, wire_efficiency=wire_efficiency)
         # Re-read before appending (another sweep may have written meanwhile), write after each
         # point: an interrupted sweep resumes where it stopped.
         for path, new in ((rows_path, [row]), (steps_path, steps)):
@@ -628,6 +667,12 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         "--part", choices=("compare", "timeline", "all"), default="all", help="what to run"
     )
     p.add_argument(
+        "--wire-efficiency",
+        default="measured",
+        help="payload share of an emulated link's htb rate in the replay: 'measured' (the "
+        "committed evidence/wire_overhead.json), 'none' (the htb rate is payload), or a number",
+    )
+    p.add_argument(
         "--seeds",
         default=None,
         help="comma-separated seeds of the compared runs (default: 0; --full 0,1,2)",
@@ -644,7 +689,19 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         parts=parts,
         seeds=[int(x) for x in args.seeds.split(",")] if args.seeds else None,
     )
-    rows, steps = run_points(pts, root)
+    efficiency = None
+    if args.wire_efficiency == "measured":
+        from experiments import wire_overhead
+
+        efficiency = wire_overhead.load()
+        if efficiency is None:
+            raise ValueError(
+                f"--wire-efficiency measured: no {wire_overhead.EVIDENCE}; run python -m "
+                "experiments.wire_overhead (root) or pass --wire-efficiency none"
+            )
+    elif args.wire_efficiency != "none":
+        efficiency = float(args.wire_efficiency)
+    rows, steps = run_points(pts, root, wire_efficiency=efficiency)
     # One figure per backend, from every row of it on file (quick and --full runs both kept).
     backend = "rl" if args.full else "standin"
     png = root / NAME / (f"{NAME}.png" if backend == "standin" else f"{NAME}_{backend}.png")

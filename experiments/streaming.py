@@ -9,11 +9,13 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.common import (
+    WARMUP,
     Claim,
     Point,
     bar_figure,
     experiment_main,
     one,
+    steady,
     summary_config,
 )
 from experiments.throughput import MODELS, deployment
@@ -44,7 +46,13 @@ def points(full: bool = False, steps: int | None = None) -> list[Point]:
             )
             out.append(
                 Point(
-                    key={"model": model, "workload": workload, "streams": streams, "steps": steps},
+                    key={
+                        "model": model,
+                        "workload": workload,
+                        "streams": streams,
+                        "steps": steps,
+                        "warmup": WARMUP,
+                    },
                     config=cfg,
                 )
             )
@@ -79,6 +87,8 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
                 low=paper,
                 high=paper,
                 ours=100 * (four / single - 1),
+                kind="mechanism",
+                steady=steady(rows, model=model, workload=workload),
             )
         )
     return out

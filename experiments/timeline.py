@@ -135,6 +135,7 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
             low=p,
             high=p,
             ours=v("five_steps_s", s),
+            kind="mechanism",
         )
         for s, p in PAPER_FIVE_STEPS_S.items()
     ]
@@ -146,6 +147,7 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
             low=3.1,
             high=3.1,
             ours=full / aurora,
+            kind="mechanism",
         )
     )
     out.append(
@@ -156,6 +158,7 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
             low=200,
             high=200,
             ours=v("transfer_s", "PrimeRL-Full"),
+            kind="mechanism",
         )
     )
     out.append(
@@ -166,6 +169,7 @@ def claims(rows: pd.DataFrame) -> list[Claim]:
             low=7,
             high=12,
             ours=v("publish_to_held_s", "AuroraRL"),
+            kind="mechanism",
         )
     )
     return out

@@ -82,7 +82,7 @@ TOKENS_PER_S = 40.0
 """Stand-in generation rate per Actor (tokens/s): 40 tokens per Actor per step, a 1 s window."""
 PAPER_PARAMS = 8.19e9
 PAPER = {"delta_mb_leb128": 202.0, "extract_s": 5.0, "link_gbps": 1.0}
-"""The paper's Qwen3-8B figures (sim/traces/paper.yaml: §6.3, §5.1, §6.1)."""
+"""The paper's Qwen3-8B figures (aurora/traces/paper.yaml: §6.3, §5.1, §6.1)."""
 WARMUP = 1
 PREDICTIONS = Path(__file__).parent / "predictions"
 """Where the simulator's predictions are written before the runs they predict (committed)."""

@@ -221,15 +221,31 @@ def figure_of(results: list[tuple[str, Any]], path: Path, title: str = "") -> Pa
     from matplotlib.ticker import MaxNLocator
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
-    for name, result in results:
+    # Strategies often coincide (AuroraRL runs at Ideal-SingleDC's rate when Trainer-bound):
+    # each gets its own line style and marker, and later lines are drawn thinner, so one drawn
+    # exactly over another still shows.
+    styles = ("-", "--", ":", "-.")
+    markers = ("o", "s", "^", "D", "v", "P", "X", "*")
+    for i, (name, result) in enumerate(results):
         rows = result.rows
         steps = [r["step"] for r in rows]
-        a.plot(steps, [r["tokens_per_s"] for r in rows], marker=".", label=name)
+        every = max(len(rows) // 8, len(results))
+        look = {
+            "ls": styles[i % len(styles)],
+            "marker": markers[i % len(markers)],
+            "lw": max(2.6 - 0.4 * i, 1.0),
+            "ms": max(7 - i, 3),
+            # Markers on staggered steps, so coinciding lines show every marker.
+            "markevery": (i % every, every),
+            "mfc": "none",
+            "label": name,
+        }
+        a.plot(steps, [r["tokens_per_s"] for r in rows], **look)
         wan, total = [], 0.0
         for r in rows:
             total += r["wan_bytes"] / 1e9
             wan.append(total)
-        b.plot([r["time_s"] / 3600 for r in rows], wan, label=name)
+        b.plot([r["time_s"] / 3600 for r in rows], wan, **look)
     a.set(xlabel="training step", ylabel="throughput (tokens/s)", title="throughput per step")
     a.xaxis.set_major_locator(MaxNLocator(integer=True))
     b.set(xlabel="simulated time (h)", ylabel="WAN traffic (GB, cumulative)", title="WAN bytes")

@@ -51,7 +51,7 @@ from aurora.policy.actor import (
 )
 from aurora.policy.membership import fetch_order
 from aurora.policy.versions import CatchUpPlan
-from aurora.runtime import hooks
+from aurora.runtime import hooks, hopreport
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import EngineSide, Sampling, make_engine
 from aurora.runtime.job import digest_due, transport_config
@@ -589,9 +589,14 @@ class ActorProcess:
         )
         await self._start_node()
         pump = asyncio.create_task(self._pump())
+        # The delta path's hop times and this loop's lag, to the Ledger (docs/REPRODUCTION.md).
+        hops = asyncio.create_task(
+            hopreport.report(lambda: self.node.metrics if self.node else None, self.send)
+        )
         try:
             await self._worker()
         finally:
+            hops.cancel()
             if (self.draining_until is not None or self.leaving) and not self.stopping:
                 self.send({"op": "leave"})
                 with contextlib.suppress(Exception):

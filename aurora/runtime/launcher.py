@@ -604,11 +604,13 @@ class Launcher:
                 self.live_line.close()
             self.procs.stop_all()
             if self.net is not None:
+                # Closed first: the delay lines' own statistics (their lateness) and the
+                # kernel's drop and retransmission counters at the end exist only after it.
+                self.net.close()
                 with contextlib.suppress(Exception):
                     (self.dir / "emulation.json").write_text(
                         json.dumps(self.net.describe(), indent=2, default=str)
                     )
-                self.net.close()
         return self._finish(code)
 
     def _build_network(self) -> None:

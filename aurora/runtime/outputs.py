@@ -34,6 +34,7 @@ from typing import Any
 from aurora.policy.core import LedgerCore
 from aurora.policy.events import event_from_record, to_record
 from aurora.policy.ledger import LedgerConfig
+from aurora.runtime.hopreport import REPORTS
 from aurora.runtime.ledger_service import job_pacing
 from aurora.store.files import write_csv
 from aurora.store.ledgerlog import LedgerLog
@@ -295,6 +296,8 @@ def _timeline(run: Path, t0: float, log: RunLog) -> list[dict[str, Any]]:
     if spans.exists():
         for line in spans.read_text().splitlines():
             with_ = json.loads(line)
+            if with_.get("activity") in REPORTS:
+                continue  # measurements of the path and the loops, not work on a timeline
             rows.append(
                 {
                     "role": "actor",

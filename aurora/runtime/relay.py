@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from aurora.runtime import hooks
+from aurora.runtime import hooks, hopreport
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.job import transport_config
 from aurora.runtime.messages import Direction
@@ -57,6 +57,8 @@ class RelayProcess:
         self.node: Node | None = None
         self.job: dict[str, Any] | None = None
         self.sources: dict[str, str] = {}
+        self._channel: Channel | None = None
+        self._hops: asyncio.Task[None] | None = None
 
     async def _connect(self) -> Channel:
         deadline = time.monotonic() + self.run.connect_timeout_s
@@ -72,13 +74,13 @@ class RelayProcess:
                 await asyncio.sleep(0.5)
 
     async def main(self) -> int:
-        channel = await self._connect()
+        channel = self._channel = await self._connect()
         while True:
             try:
                 msg = await channel.recv_checked(Direction.LEDGER_TO_PEER)
             except ConnectionError:
                 log.warning("%s: lost the Ledger; reconnecting", self.run.id)
-                channel = await self._connect()
+                channel = self._channel = await self._connect()
                 if self.node is not None:
                     channel.send_nowait({"op": "data", "addr": self._addr})
                 continue
@@ -95,6 +97,9 @@ class RelayProcess:
                     log.warning("%s: refused an announcement: %s", self.run.id, exc)
             elif op == "stop":
                 break
+        if self._hops is not None:
+            self._hops.cancel()
+            await asyncio.sleep(0)  # its last report goes out on the channel before it closes
         if self.node is not None:
             await self.node.close()
         channel.close()
@@ -111,6 +116,12 @@ class RelayProcess:
         trainer = self.sources.get("trainer") or self.job["trainer_data"]
         host, port = trainer.rsplit(":", 1)
         self.node = hooks.node_class()(self.run.id, config, sources=[(host, int(port))])
+        self._hops = asyncio.create_task(
+            hopreport.report(
+                lambda: self.node.metrics if self.node else None,
+                lambda msg: self._channel.send_nowait(msg) if self._channel else None,
+            )
+        )
         port_bound = await self.node.serve(self.run.host, self.run.port)
         self._addr = f"{self.run.advertise or self.run.host}:{port_bound}"
         channel.send_nowait({"op": "data", "addr": self._addr})

@@ -37,6 +37,7 @@ from typing import Any
 
 from aurora.delta import Segment
 from aurora.delta.announce import verify
+from aurora.runtime import hopreport
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import TrainerSide, make_trainer
 from aurora.runtime.job import digest_due, transport_config
@@ -144,6 +145,7 @@ class TrainerProcess:
         self.ledger_service: LedgerService | None = None
         self.node: Node | None = None
         self.channel: Channel | None = None
+        self._hops: asyncio.Task[None] | None = None
         self.done_batches: set[int] = set()
         self._batch_event = asyncio.Event()
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -263,6 +265,11 @@ class TrainerProcess:
             "trainer", config, active=(v, self.hashes[v]), signing_key=self.run.signing_key
         )
         await self._refill_cache(v)
+        # The delta path's first hops (out of this node) and this loop's lag, which is also the
+        # in-process Ledger's: trainer/hops.jsonl (its Ledger session carries no spans).
+        self._hops = asyncio.create_task(
+            hopreport.report(lambda: self.node.metrics if self.node else None, self._hop_line)
+        )
         data_port = await self.node.serve(self.run.host, self.run.data_port)
         spec = {**spec, "trainer_data": f"{self.run.advertise or self.run.host}:{data_port}"}
         ledger_addr = self.run.ledger
@@ -294,7 +301,14 @@ class TrainerProcess:
             await self.close()
         return 0
 
+    def _hop_line(self, span: dict[str, Any]) -> None:
+        with open(self.state_dir / "hops.jsonl", "a") as f:
+            f.write(json.dumps({**span, "who": "trainer"}) + "\n")
+
     async def close(self) -> None:
+        if self._hops is not None:
+            self._hops.cancel()
+            await asyncio.sleep(0)  # its last report is written before the node goes
         if self.channel is not None:
             self.channel.close()
         if self.node is not None:

@@ -233,6 +233,26 @@ class NodeMetrics:
     """Times this node left a source and went to another."""
     announcements: int = 0
     """Announcements verified."""
+    hops: collections.OrderedDict[int, dict[str, float]] = field(
+        default_factory=collections.OrderedDict
+    )
+    """Wall-clock times (``time.time()``, s) on each version's path through this node, for the
+    newest ``_HOP_VERSIONS`` versions: ``in_first`` (a wanted segment's bytes start arriving),
+    ``in_last`` (the version is whole and verified), ``staged``, ``out_first`` / ``out_last``
+    (a segment of it first taken for sending / most recently written out with the transport's
+    buffer drained to its low-water mark, any subscriber). Read by the runtime to time the
+    delta path hop by hop (``aurora.runtime.hopreport``)."""
+
+    def hop(self, version: int, name: str, *, latest: bool = False) -> None:
+        """Note that ``version`` passed ``name`` now: the first time only, or every time
+        (``latest``: the last byte out is the last of many sends)."""
+        times = self.hops.get(version)
+        if times is None:
+            times = self.hops[version] = {}
+            while len(self.hops) > _HOP_VERSIONS:
+                self.hops.popitem(last=False)
+        if latest or name not in times:
+            times[name] = time.time()
 
 
 UNANNOUNCED_FIRST = 64 << 20
@@ -248,6 +268,8 @@ _OWN_LIMIT = 4096
 """Control frames queued on one connection to a subscriber before it counts as not reading."""
 _MAX_LIST = 1 << 17
 """Longest list of segment numbers a request may carry (131,072: a 512 GiB delta's)."""
+_HOP_VERSIONS = 64
+"""Versions whose hop times a node keeps (a few hundred bytes each)."""
 _LOG_EVERY_S = 5.0
 _LOG_BURST = 3
 """Warnings with the same key: at most this many per ``_LOG_EVERY_S`` seconds."""
@@ -301,6 +323,7 @@ class _Stream:
         timeout = self.node.config.send_timeout_s
         transport = self.writer.transport
         low = transport.get_write_buffer_limits()[0]
+        taken: tuple[int, list[bytes]] | None = None
         try:
             while True:
                 if self.own:
@@ -311,8 +334,9 @@ class _Stream:
                         self.wake.clear()
                         await self.wake.wait()
                         continue
-                    pieces = taken
+                    version, pieces = taken
                     self.segments_sent += 1
+                    self.node.metrics.hop(version, "out_first")
                 # A piece at a time, in chunks, draining in between: each chunk goes from the
                 # segment to the kernel as it is (writelines would join the data with its header
                 # first, and a write the socket cannot take is copied into the transport's buffer
@@ -330,6 +354,9 @@ class _Stream:
                                 await self.writer.drain()
                     del view
                 del pieces
+                if taken is not None:  # a segment, not a control frame: its last byte is out
+                    self.node.metrics.hop(taken[0], "out_last", latest=True)
+                    taken = None
         except TimeoutError:
             self.node._drop_subscriber(
                 self.sub, f"it took no byte for {timeout:g} s (stopped reading)"
@@ -382,14 +409,15 @@ class _Subscriber:
         for s in self.live():
             s.wake.set()
 
-    def take(self, node: Node) -> list[bytes] | None:
-        """The frame of the next queued segment still cached (skipping any that is not)."""
+    def take(self, node: Node) -> tuple[int, list[bytes]] | None:
+        """The version and frame of the next queued segment still cached (skipping any that is
+        not)."""
         while self.pending:
             version, seq = next(iter(self.pending))
             del self.pending[(version, seq)]
             seg = node._cached(version, seq)
             if seg is not None:
-                return wire.segment_frame(version, seg)
+                return version, wire.segment_frame(version, seg)
         return None
 
     def send_control(self, msg: dict[str, Any], *, every_stream: bool = False) -> None:
@@ -1234,6 +1262,8 @@ class Node:
         view = self._slot_for(up, version, key, seq, offset, length, trailer)
         if view is None:
             self.metrics.segments_discarded += 1
+        else:
+            self.metrics.hop(version, "in_first")
         return view
 
     def _slot_for(
@@ -1371,6 +1401,7 @@ class Node:
             return
         st.delta = delta
         st.reassembler = None
+        self.metrics.hop(version, "in_last")
         live = self._upstream
         self._choice.done(version, live[0].source if live else None)
         if st.commit_pending:
@@ -1413,6 +1444,7 @@ class Node:
             self._refuse(version, f"D_{version} not staged: {exc}")
             return
         self.staged[version] = delta
+        self.metrics.hop(version, "staged")
         assert st.ann is not None
         if self.on_staged is not None:
             self._call_back("on_staged", self.on_staged, delta, st.ann)
