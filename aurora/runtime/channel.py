@@ -50,13 +50,14 @@ Trainer's key is the job key itself), its own ephemeral X25519 key and a signatu
 role key over the handshake's transcript and both ephemeral keys. The server checks all of it
 (the id and role must also be the HELLO's), then both ends re-key: HKDF over the X25519 shared
 secret, salted with the secret-derived keys, bound to the transcript and both ephemeral keys
-(:func:`identity_keys`), sequence numbers from 0. So the id is bound to a key, not to a HELLO
-field (a secret holder can no longer speak as another Actor or as the Trainer), and a secret
-holder on the path can no longer derive the session's keys: it would need an ephemeral private
-key, and it cannot swap either ephemeral key since the client's signature covers both. The
-server itself proves nothing beyond the secret (the Ledger has no key of its own): a secret
-holder who redirects a peer's connection can pose as the Ledger to it, which the data plane's
-signatures and the Actor's never-backwards rules bound (``docs/TRANSPORT.md``).
+(:func:`identity_keys`), sequence numbers from 0; the server's first frame under the new keys
+is ``identified``, so a refused identity is one error at connect. So the id is bound to a key,
+not to a HELLO field (a secret holder can no longer speak as another Actor or as the Trainer),
+and a secret holder on the path can no longer derive the session's keys: it would need an
+ephemeral private key, and it cannot swap either ephemeral key since the client's signature
+covers both. The server itself proves nothing beyond the secret (the Ledger has no key of its
+own): a secret holder who redirects a peer's connection can pose as the Ledger to it, which the
+data plane's signatures and the Actor's never-backwards rules bound (``docs/TRANSPORT.md``).
 
 A :class:`Channel` is one connection after the handshake: :meth:`Channel.send` queues a
 message and waits for the socket to drain (backpressure), :meth:`Channel.recv` returns the next
@@ -180,6 +181,10 @@ async def _client_identify(
     shared = mine.exchange(X25519PublicKey.from_public_bytes(eph_s))
     c2s, s2c = identity_keys(keys, shared, transcript, eph_c, eph_s)
     ch.rekey(send=c2s, recv=s2c)
+    # The server's word that it accepted us, already under the new keys: a refused identity
+    # is an error here, once, not a connection that fails at its first message over and over.
+    if (await ch.recv()).get("op") != "identified":
+        raise ProtocolError("the server did not confirm our identity")
 
 
 async def _server_identify(
@@ -209,6 +214,7 @@ async def _server_identify(
     shared = mine.exchange(X25519PublicKey.from_public_bytes(eph_c))
     c2s, s2c = identity_keys(keys, shared, transcript, eph_c, eph_s)
     ch.rekey(send=s2c, recv=c2s)
+    ch.send_nowait({"op": "identified"})
     ch.role, ch.verified, ch.key = role, True, key
 
 
