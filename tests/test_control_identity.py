@@ -460,3 +460,32 @@ def test_an_invalid_event_is_kept_for_the_record_and_skipped_on_replay(tmp_path)
     assert kinds[-1] == "invalid"
     svc = service(tmp_path)
     assert svc.replay() == len(kinds)
+
+
+# ---- identities ----------------------------------------------------------------------------
+
+
+def test_an_issued_identity_is_a_0600_file_whose_certificate_holds_only_for_its_role_and_id(
+    tmp_path,
+):
+    import stat
+
+    from aurora.keys import check_identity, load_identity, write_identity
+
+    ident = issue_identity("actor", "ca-0", JOB_KEY)
+    write_identity(tmp_path / "ca-0.identity", ident)
+    assert stat.S_IMODE((tmp_path / "ca-0.identity").stat().st_mode) == 0o600
+    back = load_identity(tmp_path / "ca-0.identity")
+    assert back == ident
+    key, cert = back.public_key, back.cert
+    assert check_identity("actor", "ca-0", key, cert, JOB_PUB) is None
+    other_job = public_key_of(hashlib.sha256(b"another job").digest())
+    for role, pid, job in (
+        ("actor", "ca-1", JOB_PUB),
+        ("relay", "ca-0", JOB_PUB),
+        ("trainer", "trainer", JOB_PUB),
+        ("actor", "ca-0", other_job),
+    ):
+        assert check_identity(role, pid, key, cert, job) is not None, (role, pid)
+    with pytest.raises(ValueError, match="trainer"):
+        issue_identity("actor", "trainer", JOB_KEY)
