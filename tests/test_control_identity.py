@@ -227,6 +227,23 @@ def test_an_on_path_secret_holder_cannot_derive_the_session_keys():
     assert a != b and base not in (a, b)
 
 
+@pytest.mark.parametrize(
+    "hello", [{"active": 2**64 - 1}, {"staged": [-(2**63)]}, {"region": "x" * 200}]
+)
+def test_a_hello_out_of_bounds_is_refused_before_anything_is_logged(tmp_path, hello):
+    async def main() -> None:
+        svc, port, _ = await running(tmp_path)
+        ch = await join(port, "actor", "a1", issue_identity("actor", "a1", JOB_KEY), **hello)
+        with pytest.raises(ConnectionError):
+            while True:  # the welcome may come first; then the Ledger closes the connection
+                await asyncio.wait_for(ch.recv(), 2.0)
+        assert "a1" not in svc.state.actors
+        await svc.close()
+
+    asyncio.run(main())
+    assert service(tmp_path).replay() == len(rows(tmp_path))
+
+
 # ---- published: h(v) only from the signed announcement ---------------------------------
 
 

@@ -115,6 +115,24 @@ bounded :class:`~aurora.runtime.messages.Span`, ~150 bytes: 400,000 of them); pa
 are counted and dropped, so a flood of spans cannot fill the disk."""
 
 
+def hello_fields(hello: dict[str, Any]) -> dict[str, Any]:
+    """What the Ledger reads of a peer's HELLO (its region, the version it holds, the versions
+    it staged), each within the message bounds; :class:`MessageError` otherwise. The rest of
+    the HELLO is not kept (a version of 2^64 in it overflowed a SQLite look-up before)."""
+    out: dict[str, Any] = {
+        "role": messages.Str(16).check(hello.get("role"), "hello.role"),
+        "region": messages.Str(messages.MAX_ID, empty=True).check(
+            hello.get("region", ""), "hello.region"
+        ),
+        "staged": messages.Seq(messages.VERSION, 1 << 12).check(
+            hello.get("staged", ()), "hello.staged"
+        ),
+    }
+    if hello.get("active") is not None:
+        out["active"] = messages.VERSION.check(hello["active"], "hello.active")
+    return out
+
+
 def channel_limits(spec: dict[str, Any]) -> ChannelLimits:
     """The control server's limits for a job: the largest message is one result (``group_size``
     completions of ``max_new_tokens`` tokens, each id and log-probability at most 14 bytes of
@@ -772,21 +790,26 @@ class LedgerService:
         peer = ch.peer
         if peer == TRAINER or not peer:
             raise ChannelClosed(f"peer id {peer!r} is reserved")
+        try:
+            hello = hello_fields(ch.hello)
+        except MessageError as exc:
+            log.warning("ledger: %s sent a bad hello; closed: %s", peer, exc)
+            return
         old = self.channels.get(peer)
         if old is not None and not old.closed:
             log.warning("ledger: %s connected again; closing its previous connection", peer)
             old.close()
         self.channels[peer] = ch
-        self.roles[peer] = dict(ch.hello)
+        self.roles[peer] = hello
         timer = self._lost_timers.pop(peer, None)
         if timer is not None:
             timer.cancel()
         self._welcome(ch, role)
         try:
             if role == "relay":
-                self._join_relay(peer, ch.hello)
+                self._join_relay(peer, hello)
             else:
-                self._join_actor(peer, ch.hello)
+                self._join_actor(peer, hello)
             allowed = RELAY_OPS if role == "relay" else None
             while True:
                 msg = await ch.recv_checked(Direction.PEER_TO_LEDGER, allowed=allowed)
