@@ -14,6 +14,13 @@ Three things, made once per job by ``aurora keys new --out DIR``:
   data plane at all; :mod:`aurora.transport.wire`). Every admitted node holds it; integrity never
   depends on it.
 
+And one *identity* per Actor, relay and observer, made by ``aurora keys issue --role ROLE --id
+NAME`` with the Trainer's key (``aurora real`` issues them itself for what it launches): a file
+(mode 0600) holding the role's own Ed25519 private key and a *certificate*, the job key's
+signature over ``(role, id, public key)`` (:func:`certificate_body`). On the control plane a
+peer proves its role and id with it (:mod:`aurora.runtime.channel`): the id is bound to that key,
+not to what a HELLO says. The Trainer's identity is the job key itself (no certificate).
+
 Loaders take a file path or, when none is given, an environment variable holding the key
 itself (PEM text, or hex of the raw bytes) - never a command-line argument, which any user of
 the host can read in the process table. Every failure is a :class:`KeyFileError` whose message
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import os
 import secrets
@@ -43,6 +51,7 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_public_key,
 )
 
+from aurora.delta.announce import public_key_of, sign_bytes, verify_bytes
 from aurora.delta.hashing import H
 
 log = logging.getLogger("aurora.keys")
@@ -56,8 +65,14 @@ ENV_PUBLIC_KEY = "AURORA_JOB_PUBLIC_KEY"
 """Environment variable that may hold the job's public key (PEM text or 64 hex chars)."""
 ENV_SECRET = "AURORA_JOB_SECRET"
 """Environment variable that may hold the job secret (hex, at least 32 characters)."""
+ENV_IDENTITY = "AURORA_IDENTITY"
+"""Environment variable that may hold a role's identity (the JSON of an identity file)."""
 SECRET_BYTES = 32
 MIN_SECRET_BYTES = 16
+ROLES = ("trainer", "actor", "relay", "observer")
+"""Control-plane roles (``docs/TRANSPORT.md``, "The control plane": what each is trusted for)."""
+CERT_LABEL = b"aurora role certificate v1"
+"""Domain separation of a certificate's signed bytes (never an announcement's or a handshake's)."""
 
 
 class KeyFileError(ValueError):
@@ -218,6 +233,94 @@ def load_job_secret(path: str | os.PathLike[str] | None = None, *, env: str = EN
     return secret
 
 
+# -- role identities ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a control-plane peer is: its ``role``, its ``id``, its raw Ed25519 private key and
+    the job key's ``cert`` over them (None for the Trainer, whose key is the job key)."""
+
+    role: str
+    id: str
+    private_key: bytes
+    cert: bytes | None
+
+    @property
+    def public_key(self) -> bytes:
+        return public_key_of(self.private_key)
+
+
+def certificate_body(role: str, peer: str, public_key: bytes) -> bytes:
+    """The bytes the job key signs to certify that ``public_key`` speaks as ``peer`` in
+    ``role`` (length-prefixed fields, so no two triples give the same bytes)."""
+    parts = (CERT_LABEL, role.encode(), peer.encode(), public_key)
+    return b"".join(len(p).to_bytes(4, "little") + p for p in parts)
+
+
+def issue_identity(role: str, peer: str, signing_key: bytes) -> Identity:
+    """A fresh key pair for ``peer`` in ``role``, certified with the job's ``signing_key``."""
+    if role not in ROLES or role == "trainer":
+        raise KeyFileError(f"cannot issue an identity for role {role!r} (actor, relay, observer)")
+    if not peer or len(peer) > 128 or not peer.isprintable() or peer == "trainer":
+        raise KeyFileError(f"bad id {peer[:40]!r}: 1-128 printable characters, not 'trainer'")
+    private = Ed25519PrivateKey.generate().private_bytes(
+        Encoding.Raw, PrivateFormat.Raw, NoEncryption()
+    )
+    cert = sign_bytes(certificate_body(role, peer, public_key_of(private)), signing_key)
+    return Identity(role=role, id=peer, private_key=private, cert=cert)
+
+
+def trainer_identity(signing_key: bytes) -> Identity:
+    """The Trainer speaks with the job key itself."""
+    return Identity(role="trainer", id="trainer", private_key=signing_key, cert=None)
+
+
+def check_identity(
+    role: str, peer: str, public_key: bytes, cert: bytes | None, job_key: bytes
+) -> str | None:
+    """Why ``public_key`` may not speak as ``peer`` in ``role`` under the job key ``job_key``
+    (one line), or None when it may: the Trainer's key is the job key, any other role's key
+    carries the job key's certificate for exactly that role and id."""
+    if role not in ROLES:
+        return f"unknown role {role[:40]!r}"
+    if role == "trainer":
+        return None if public_key == job_key else "the trainer role needs the job's key"
+    if peer == "trainer":
+        return "the id 'trainer' is the Trainer's"
+    if cert is None or not verify_bytes(certificate_body(role, peer, public_key), cert, job_key):
+        return f"no certificate of the job key for {role} {peer[:40]!r} and this key"
+    return None
+
+
+def write_identity(path: str | os.PathLike[str], ident: Identity, *, force: bool = False) -> None:
+    """Write ``ident`` as an identity file (JSON, mode 0600, never through a link)."""
+    body = {"role": ident.role, "id": ident.id, "key": ident.private_key.hex()}
+    if ident.cert is not None:
+        body["cert"] = ident.cert.hex()
+    _write_new(Path(path), json.dumps(body).encode() + b"\n", 0o600, force)
+
+
+def load_identity(
+    path: str | os.PathLike[str] | None = None, *, env: str = ENV_IDENTITY
+) -> Identity:
+    """A role's identity from its file (``aurora keys issue``) or ``$env``."""
+    data, where = _read(path, env, "identity")
+    try:
+        body = json.loads(data)
+        ident = Identity(
+            role=str(body["role"]),
+            id=str(body["id"]),
+            private_key=bytes.fromhex(body["key"]),
+            cert=bytes.fromhex(body["cert"]) if body.get("cert") else None,
+        )
+        if len(ident.private_key) != 32:
+            raise ValueError("the key is not 32 bytes")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise KeyFileError(f"{where}: not an identity file of aurora keys issue ({exc})") from None
+    return ident
+
+
 # -- `aurora keys` -------------------------------------------------------------------------------
 
 
@@ -232,6 +335,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--out", required=True, help="directory for the three files")
     p.add_argument("--force", action="store_true", help="overwrite existing key files")
     p.set_defaults(func=run)
+    p = sub.add_parser(
+        "issue", help="an Actor's, relay's or observer's identity, certified by the job key"
+    )
+    p.add_argument("--role", required=True, choices=["actor", "relay", "observer"])
+    p.add_argument("--id", required=True, help="the id it joins under")
+    p.add_argument("--out", required=True, help="identity file to write (mode 0600)")
+    p.add_argument(
+        "--signing-key", default=None, help=f"the Trainer's key (default: ${ENV_SIGNING_KEY})"
+    )
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.set_defaults(func=run_issue)
+
+
+def run_issue(args: argparse.Namespace) -> int:
+    try:
+        ident = issue_identity(args.role, args.id, load_signing_key(args.signing_key))
+        write_identity(args.out, ident, force=args.force)
+    except KeyFileError as exc:
+        raise SystemExit(f"aurora keys issue: {exc}") from None
+    print(f"identity     {args.out}  ({args.role} {args.id}; mode 0600; --identity of that role)")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

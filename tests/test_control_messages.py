@@ -38,7 +38,6 @@ VALID: dict[tuple[m.Direction, str], dict[str, Any]] = {
     (P, "heartbeat"): {},
     (P, "span"): {"activity": "generate", "version": 1, "start": 1.0, "end": 2.0, "tokens": 3},
     (P, "data"): {"addr": "127.0.0.1:4000"},
-    (OB, "fault"): {"spec": "kill:ca-1@step=3"},
     (OB, "heartbeat"): {},
     (T, "job"): {"job": {"steps": 2, "prompts_per_batch": 8, "spec": {"job_id": "j"}}},
     (T, "published"): {"version": 1, "weights_hash": "h1", "announcement": b"a" * 300},

@@ -30,6 +30,7 @@ from aurora.policy.events import (
     RelayLost,
     Released,
     ResultArrived,
+    ResultMalformed,
     ThroughputObserved,
     Tick,
     VersionActivated,
@@ -134,6 +135,26 @@ def test_a_refused_result_returns_its_prompt_to_an_eligible_actor_at_once(ledger
     again = [a for a in out if isinstance(a, Assign)]
     assert len(again) == 1 and again[0].prompts == ("p0",)
     assert again[0].actor == "a3"  # not back to the Actor whose weights spoiled it
+
+
+def test_a_malformed_result_is_refused_as_bad_payload_and_its_prompt_goes_to_another_actor(
+    ledger,
+):
+    publish_and_stage(ledger, 1, actors=("a1", "a3"))
+    run(ledger, BatchRequested(version=1, prompts=prompts(2)))
+    holder = next(a for a in ("a1", "a3") if ledger.book.live(a))
+    lease = ledger.book.live(holder)[0]
+    other = "a3" if holder == "a1" else "a1"
+    # Someone else's malformed result touches nothing of the holder's.
+    out = run(ledger, ResultMalformed(actor=other, lease=lease.id), now=1.0)
+    assert out == [Refused(lease=lease.id, actor=other, reason=Refusal.WRONG_ACTOR)]
+    assert lease in ledger.book.live(holder)
+    out = run(ledger, ResultMalformed(actor=holder, lease=lease.id), now=1.0)
+    assert out[0] == Refused(lease=lease.id, actor=holder, reason=Refusal.BAD_PAYLOAD)
+    assert lease not in ledger.book.live(holder)
+    again = [a for a in out if isinstance(a, Assign)]
+    assert again and lease.prompt in again[0].prompts and again[0].actor == other
+    ledger.book.check()
 
 
 def test_preemption_notice_releases_leases_at_once_and_survivors_take_them(ledger):

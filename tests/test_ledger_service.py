@@ -9,6 +9,7 @@ from aurora.policy.leases import LeaseConfig
 from aurora.policy.ledger import LedgerConfig
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
 from aurora.store.ledgerlog import LedgerLog
+from tests.test_control_identity import H0, JOB_ID, JOB_PUB, delta_signed
 
 
 class Clock:
@@ -135,13 +136,15 @@ def test_a_joiner_that_staged_a_version_before_its_announcement_is_counted_once_
     clock = Clock()
 
     async def main() -> LedgerService:
-        svc = LedgerService(config(tmp_path / "l.db"), clock=clock)
-        svc.note({"type": "Job", "steps": 3, "prompts_per_batch": 6, "spec": {"start_actors": 9}})
-        svc.note({"type": "Published", "version": 0, "weights_hash": "h0"})
-        svc.feed(DeltaPublished(version=0, weights_hash="h0", delta_bytes=None, snapshot_bytes=9))
+        svc = LedgerService(config(tmp_path / "l.db"), clock=clock, public_key=JOB_PUB)
+        spec = {"start_actors": 9, "job_id": JOB_ID}
+        svc.note({"type": "Job", "steps": 3, "prompts_per_batch": 6, "spec": spec})
+        svc.note({"type": "Published", "version": 0, "weights_hash": H0})
+        svc.feed(DeltaPublished(version=0, weights_hash=H0, delta_bytes=None, snapshot_bytes=9))
         svc._join_actor("a1", {"role": "actor", "region": "us", "active": 0, "staged": [1]})
         assert svc.state.actors["a1"].versions.state(1).value == "none"
-        svc._on_published({"version": 1, "weights_hash": "h1", "delta_bytes": 10})
+        signed, _ = delta_signed(1, H0)
+        svc._on_published({"version": 1, "announcement": signed, "delta_bytes": 10})
         return svc
 
     svc = asyncio.run(main())

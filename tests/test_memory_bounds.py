@@ -35,7 +35,16 @@ from aurora.runtime.ledger_service import (
     LedgerServiceConfig,
 )
 from aurora.runtime.memprobe import MemoryProbe, compare
+from aurora.runtime.messages import task_index
 from aurora.runtime.trainer import HISTORY_KEPT, TrainerProcess, TrainerRun
+from tests.test_control_identity import (
+    H0,
+    JOB_PUB,
+    SPEC,
+    delta_signed,
+    payload,
+    snapshot_signed,
+)
 
 PROMPTS = 4
 
@@ -55,21 +64,34 @@ def _ledger(db: str, clock: Clock) -> LedgerService:
             log_path=db,
         ),
         clock=clock,
+        public_key=JOB_PUB,
     )
     svc._schedule_tick = lambda expiry: None  # type: ignore[method-assign]  # no loop timers
     return svc
 
 
+SIGNED: dict[int, tuple[bytes, str]] = {0: (snapshot_signed(), H0)}
+"""v -> the Trainer's signed announcement of v (the v0 snapshot's for v0) and h(v)."""
+
+
+def _signed(v: int) -> tuple[bytes, str]:
+    if v not in SIGNED:
+        SIGNED[v] = delta_signed(v, _signed(v - 1)[1])
+    return SIGNED[v]
+
+
 def _publish(svc: LedgerService, v: int) -> None:
+    signed = _signed(v)[0]
     svc._on_published(
         {
             "version": v,
-            "weights_hash": f"h{v:062d}",
+            "weights_hash": "made up: the Ledger takes h(v) from the signed announcement",
             "digest": f"d{v:062d}",
             "delta_bytes": None if v == 0 else 1000,
             "snapshot_bytes": 5000 if v % 10 == 0 else None,
             "stats": {"loss": 0.5, "tokens": 80},
-            "announcement": f"signed announcement of v{v}".encode(),
+            "announcement": None if v == 0 else signed,
+            "snapshot_announcement": signed if v == 0 else None,
         }
     )
 
@@ -87,7 +109,7 @@ def _run_versions(svc: LedgerService, clock: Clock, first: int, last: int) -> No
                         "lease": lease.id,
                         "version": lease.version,
                         "weights_hash": lease.weights_hash,
-                        "payload": b"rollout",
+                        "payload": payload(lease.prompt, task_index(lease.prompt, PROMPTS)),
                     },
                 )
         clock.now += 1.0
@@ -99,7 +121,7 @@ def _run_versions(svc: LedgerService, clock: Clock, first: int, last: int) -> No
                 {
                     "op": "activated",
                     "version": v,
-                    "weights_hash": f"h{v:062d}",
+                    "weights_hash": _signed(v)[1],
                     "digest": f"d{v:062d}",
                 },
             )
@@ -113,11 +135,13 @@ def test_a_ledger_over_hundreds_of_versions_keeps_bounded_state_and_restarts_fro
 
     async def run() -> tuple[LedgerService, list[int]]:
         svc = _ledger(db, clock)
-        svc.note({"type": "Job", "steps": 10**6, "prompts_per_batch": PROMPTS, "spec": {}})
+        spec = {**SPEC, "prompts_per_step": PROMPTS}
+        svc.note({"type": "Job", "steps": 10**6, "prompts_per_batch": PROMPTS, "spec": spec})
         _publish(svc, 0)
         for a in ("a1", "a2"):
             svc.feed(ActorJoined(actor=a, region="us", active=0))
         _run_versions(svc, clock, 1, 60)  # warm: every table at its steady size
+        _signed(360)  # the test's own announcements, made before memory is counted
         tracemalloc.start()
         sizes = []
         for stop in (160, 360):

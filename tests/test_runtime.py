@@ -327,7 +327,7 @@ def ledger_port(ledger: subprocess.Popen, *, deadline_s: float) -> int:
 def test_an_actor_with_a_wrong_or_missing_secret_is_refused_with_one_line(tmp_path, secret):
     import os
 
-    from aurora.keys import new_job_keys
+    from aurora.keys import issue_identity, load_signing_key, new_job_keys, write_identity
 
     keys = new_job_keys(tmp_path / "keys")
     topo = tmp_path / "t.yaml"
@@ -348,6 +348,8 @@ def test_an_actor_with_a_wrong_or_missing_secret_is_refused_with_one_line(tmp_pa
             "0",
             "--secret-file",
             str(keys.secret),
+            "--public-key",
+            str(keys.public_key),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -357,7 +359,9 @@ def test_an_actor_with_a_wrong_or_missing_secret_is_refused_with_one_line(tmp_pa
         # between a probe and the bind), from the line it logs once it accepts connections.
         port = ledger_port(ledger, deadline_s=120)
         env = {k: v for k, v in os.environ.items() if not k.startswith("AURORA_")}
-        args = ["--public-key", str(keys.public_key)]
+        ident = tmp_path / "a.identity"
+        write_identity(ident, issue_identity("actor", "a", load_signing_key(keys.signing_key)))
+        args = ["--public-key", str(keys.public_key), "--identity", str(ident)]
         if secret is not None:
             bad = tmp_path / "bad"
             bad.write_text(secret)

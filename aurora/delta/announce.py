@@ -64,8 +64,10 @@ __all__ = [
     "describe_parts",
     "public_key_of",
     "sign",
+    "sign_bytes",
     "trailer_bytes",
     "verify",
+    "verify_bytes",
 ]
 
 MAGIC = b"AURANN01"
@@ -285,6 +287,23 @@ def sign(announcement: Announcement, private_key: bytes) -> bytes:
     """The announcement as signed bytes: canonical bytes then the Ed25519 signature."""
     body = announcement.canonical()
     return body + _private(private_key).sign(body)
+
+
+def sign_bytes(data: bytes, private_key: bytes) -> bytes:
+    """The Ed25519 signature of ``data`` (a role certificate, a handshake transcript: callers
+    put a label of their own in ``data``, so that no signature serves two purposes)."""
+    return _private(private_key).sign(data)
+
+
+def verify_bytes(data: bytes, signature: bytes, public_key: bytes) -> bool:
+    """Whether ``signature`` is ``public_key``'s Ed25519 signature of ``data``."""
+    if len(public_key) != KEY_BYTES or len(signature) != SIGNATURE_BYTES:
+        return False
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes(public_key)).verify(bytes(signature), data)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
 
 
 def _parse(body: bytes) -> Announcement:

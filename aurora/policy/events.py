@@ -127,6 +127,16 @@ class ResultArrived:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ResultMalformed:
+    """A result for ``lease`` arrived whose payload is not what the lease asked for (the
+    runtime decoded it against the lease's prompt and the job: wrong prompt, group size, token
+    ids or log-probabilities). Refused with ``BAD_PAYLOAD``; the holder's lease is released."""
+
+    actor: str
+    lease: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ResultsArrived:
     """The rollouts for ``leases`` arrived together, in that order (one finished assignment),
     all from ``actor``, generated on ``version`` with hash ``weights_hash``.
@@ -170,6 +180,7 @@ Event = (
     | CaughtUp
     | BatchRequested
     | ResultArrived
+    | ResultMalformed
     | ResultsArrived
     | ThroughputObserved
     | Tick
@@ -330,6 +341,7 @@ _EVENT_TYPES = {
         CaughtUp,
         BatchRequested,
         ResultArrived,
+        ResultMalformed,
         ResultsArrived,
         ThroughputObserved,
         Tick,

@@ -91,6 +91,7 @@ class Refusal(Enum):
     LATE = "result after the lease expired"
     WRONG_VERSION = "result generated on another policy version"
     WRONG_HASH = "result generated on weights whose hash differs from h(v)"
+    BAD_PAYLOAD = "result whose payload is not what its lease asked for"
 
 
 class Lease(NamedTuple):
@@ -476,6 +477,25 @@ class LeaseBook:
         self._length = None
         self._admitted(actor, [took])
         return None, prompt, False
+
+    def refuse_malformed(self, lease_id: str, actor: str) -> tuple[Refusal, str | None, bool]:
+        """A result of ``actor`` for ``lease_id`` whose payload does not decode: ``(refusal,
+        prompt, returned_to_pool)``. The holder's claimed lease is released (its prompt goes
+        back to the pool: the payload will not get better by waiting); anyone else's result,
+        or one for a lease no longer claimed, is refused as :meth:`judge` would, lease
+        untouched."""
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            return Refusal.UNKNOWN_LEASE, None, False
+        if actor != lease.actor:
+            return Refusal.WRONG_ACTOR, lease.prompt, False
+        state = self.states[lease_id]
+        if state is LeaseState.SETTLED:
+            return Refusal.DUPLICATE, lease.prompt, False
+        if state is not LeaseState.CLAIMED:
+            return Refusal.LATE, lease.prompt, False
+        self._end(lease_id, "release")
+        return Refusal.BAD_PAYLOAD, lease.prompt, True
 
     def settle_run(
         self,

@@ -67,6 +67,7 @@ from aurora.policy.events import (
     RelayLost,
     Released,
     ResultArrived,
+    ResultMalformed,
     ResultsArrived,
     Route,
     ThroughputObserved,
@@ -635,6 +636,16 @@ def _on_result(state: LedgerState, ev: ResultArrived, now: float, out: list[Acti
     _settle_results(state, ev.actor, (ev.lease,), ev.version, ev.weights_hash, now, out)
 
 
+def _on_malformed(state: LedgerState, ev: ResultMalformed, now: float, out: list[Action]) -> None:
+    rec = _actor(state, ev.actor)
+    refusal, _, returned = state.book.refuse_malformed(ev.lease, ev.actor)
+    if refusal is Refusal.BAD_PAYLOAD:
+        rec.stalled = True  # its results are spoiled: others take the prompt back first
+    out.append(Refused(lease=ev.lease, actor=ev.actor, reason=refusal))
+    if returned:
+        _dispatch(state, now, out)
+
+
 def _on_results(state: LedgerState, ev: ResultsArrived, now: float, out: list[Action]) -> None:
     _actor(state, ev.actor)  # the one check that raises: before any lease is settled
     _settle_results(state, ev.actor, ev.leases, ev.version, ev.weights_hash, now, out)
@@ -722,6 +733,7 @@ _HANDLERS: dict[type, Any] = {
     CaughtUp: _on_caught_up,
     BatchRequested: _on_batch,
     ResultArrived: _on_result,
+    ResultMalformed: _on_malformed,
     ResultsArrived: _on_results,
     ThroughputObserved: _on_throughput,
     Tick: _on_tick,

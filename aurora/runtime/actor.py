@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aurora.delta import Delta
+from aurora.keys import Identity
 from aurora.policy.actor import (
     Activate,
     ApplyPlan,
@@ -76,6 +77,9 @@ class ActorRun:
     """The job secret."""
     public_key: bytes
     """The job's public key: every announcement, delta and snapshot is checked against it."""
+    identity: Identity | None = None
+    """Its identity (``aurora keys issue --role actor``): the Ledger accepts its id only with
+    it. None only against a control server that does not check roles."""
     host: str = "127.0.0.1"
     """Address its data-plane node listens on (other Actors fetch from it when it relays)."""
     engine: str | None = None
@@ -170,7 +174,11 @@ class ActorProcess:
             }
             try:
                 channel = await connect(
-                    self.run.ledger[0], self.run.ledger[1], secret=self.run.secret, hello=hello
+                    self.run.ledger[0],
+                    self.run.ledger[1],
+                    secret=self.run.secret,
+                    hello=hello,
+                    identity=self.run.identity,
                 )
             except ConnectionError as exc:
                 if time.monotonic() > deadline or "refused us" in str(exc):

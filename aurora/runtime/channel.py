@@ -42,11 +42,28 @@ part of a 64 MiB frame hold at most the budget, not 6 x 64 MiB. Each connection 
 rate and no more). A peer that stops reading while more than ``max_send_buffer`` bytes wait
 for it is disconnected.
 
+**Every peer proves its role and id** when the server is given the job's public key (the
+Ledger always is): right after the secret handshake, under the keys above, the server sends an
+ephemeral X25519 key (``kx``) and the client answers ``identify``: its role, id, Ed25519 public
+key, the job key's certificate for that (role, id, key) (:func:`aurora.keys.check_identity`; the
+Trainer's key is the job key itself), its own ephemeral X25519 key and a signature with its
+role key over the handshake's transcript and both ephemeral keys. The server checks all of it
+(the id and role must also be the HELLO's), then both ends re-key: HKDF over the X25519 shared
+secret, salted with the secret-derived keys, bound to the transcript and both ephemeral keys
+(:func:`identity_keys`), sequence numbers from 0; the server's first frame under the new keys
+is ``identified``, so a refused identity is one error at connect. So the id is bound to a key,
+not to a HELLO field (a secret holder can no longer speak as another Actor or as the Trainer),
+and a secret holder on the path can no longer derive the session's keys: it would need an
+ephemeral private key, and it cannot swap either ephemeral key since the client's signature
+covers both. The server itself proves nothing beyond the secret (the Ledger has no key of its
+own): a secret holder who redirects a peer's connection can pose as the Ledger to it, which the
+data plane's signatures and the Actor's never-backwards rules bound (``docs/TRANSPORT.md``).
+
 A :class:`Channel` is one connection after the handshake: :meth:`Channel.send` queues a
 message and waits for the socket to drain (backpressure), :meth:`Channel.recv` returns the next
-message or raises :class:`ChannelClosed`. The peer's ``hello`` (its id and role) is kept on the
-channel. It is authenticated only as far as the job secret goes: every secret holder can say
-any id and role (per-role identity is the second half of issue 26).
+message or raises :class:`ChannelClosed`. The peer's ``hello`` is kept on the channel; its
+proved ``role`` and ``peer`` id are :attr:`Channel.role` and :attr:`Channel.peer` (``verified``
+says whether they were proved: a server without the job's public key takes the HELLO's word).
 """
 
 from __future__ import annotations
@@ -65,7 +82,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.hashes import SHA256
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from aurora.delta.announce import sign_bytes, verify_bytes
+from aurora.keys import Identity, check_identity
 from aurora.runtime import messages
 from aurora.transport import wire
 from aurora.transport.wire import AuthError, ProtocolError
@@ -92,6 +114,108 @@ each, worth it only where a copy or a stuck heap block would cost more)."""
 
 class ChannelClosed(ConnectionError):
     """The other end closed the connection or sent something the protocol does not allow."""
+
+
+IDENTIFY_LABEL = b"aurora control identify v1"
+"""Domain separation of the client's signature over the handshake (never a certificate's)."""
+IDENTITY_INFO = b"aurora control identity keys v1"
+"""HKDF info label of the session keys after the identity step."""
+
+
+def _digest(transcript: wire.Transcript) -> bytes:
+    parts = (transcript.binding, transcript.hello, transcript.nonce_s)
+    return hashlib.sha256(b"".join(struct.pack("<I", len(p)) + p for p in parts)).digest()
+
+
+def identify_proof(transcript: wire.Transcript, eph_c: bytes, eph_s: bytes) -> bytes:
+    """What a client signs with its role key: the handshake (both nonces, the HELLO, the TLS
+    binding) and both ephemeral keys, so the proof is good for this connection only and
+    neither ephemeral key can be swapped on the way."""
+    return IDENTIFY_LABEL + _digest(transcript) + eph_c + eph_s
+
+
+def identity_keys(
+    secret_keys: tuple[bytes, bytes],
+    shared: bytes,
+    transcript: wire.Transcript,
+    eph_c: bytes,
+    eph_s: bytes,
+) -> tuple[bytes, bytes]:
+    """(client-to-server, server-to-client) keys after the identity step: HKDF-SHA256 over the
+    X25519 shared secret, salted with the secret-derived keys of the handshake."""
+    okm = HKDF(
+        algorithm=SHA256(),
+        length=64,
+        salt=secret_keys[0] + secret_keys[1],
+        info=IDENTITY_INFO + _digest(transcript) + eph_c + eph_s,
+    ).derive(shared)
+    return okm[:32], okm[32:]
+
+
+def _raw(key: X25519PrivateKey) -> bytes:
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+async def _client_identify(
+    ch: Channel, ident: Identity, transcript: wire.Transcript, keys: tuple[bytes, bytes]
+) -> None:
+    msg = await ch.recv()
+    eph_s = msg.get("eph")
+    if msg.get("op") != "kx" or not isinstance(eph_s, bytes) or len(eph_s) != 32:
+        raise ProtocolError("the server did not start the identity step")
+    mine = X25519PrivateKey.generate()
+    eph_c = _raw(mine)
+    ident_msg: dict[str, Any] = {
+        "op": "identify",
+        "role": ident.role,
+        "id": ident.id,
+        "key": ident.public_key,
+        "eph": eph_c,
+        "sig": sign_bytes(identify_proof(transcript, eph_c, eph_s), ident.private_key),
+    }
+    if ident.cert is not None:
+        ident_msg["cert"] = ident.cert
+    ch.send_nowait(ident_msg)
+    shared = mine.exchange(X25519PublicKey.from_public_bytes(eph_s))
+    c2s, s2c = identity_keys(keys, shared, transcript, eph_c, eph_s)
+    ch.rekey(send=c2s, recv=s2c)
+    # The server's word that it accepted us, already under the new keys: a refused identity
+    # is an error here, once, not a connection that fails at its first message over and over.
+    if (await ch.recv()).get("op") != "identified":
+        raise ProtocolError("the server did not confirm our identity")
+
+
+async def _server_identify(
+    ch: Channel, job_key: bytes, transcript: wire.Transcript, keys: tuple[bytes, bytes]
+) -> None:
+    mine = X25519PrivateKey.generate()
+    eph_s = _raw(mine)
+    ch.send_nowait({"op": "kx", "eph": eph_s})
+    msg = await ch.recv()
+    if msg.get("op") != "identify":
+        raise AuthError("no identity (expected identify)")
+    role, peer, key = msg.get("role"), msg.get("id"), msg.get("key")
+    eph_c, sig, cert = msg.get("eph"), msg.get("sig"), msg.get("cert")
+    if not (isinstance(role, str) and isinstance(peer, str) and isinstance(key, bytes)):
+        raise AuthError("identify without a role, id and key")
+    if not (isinstance(eph_c, bytes) and len(eph_c) == 32 and isinstance(sig, bytes)):
+        raise AuthError("identify without an ephemeral key and a signature")
+    if cert is not None and not isinstance(cert, bytes):
+        raise AuthError("identify with a certificate that is not bytes")
+    if peer != ch.hello.get("id") or role != ch.hello.get("role"):
+        raise AuthError(f"identify names {role[:20]} {peer[:40]!r}, the HELLO another")
+    why = check_identity(role, peer, key, cert, job_key)
+    if why is not None:
+        raise AuthError(f"{peer[:40]!r}: {why}")
+    if not verify_bytes(identify_proof(transcript, eph_c, eph_s), sig, key):
+        raise AuthError(f"{peer[:40]!r}: the identity signature does not verify for this session")
+    shared = mine.exchange(X25519PublicKey.from_public_bytes(eph_c))
+    c2s, s2c = identity_keys(keys, shared, transcript, eph_c, eph_s)
+    ch.rekey(send=s2c, recv=c2s)
+    ch.send_nowait({"op": "identified"})
+    ch.role, ch.verified, ch.key = role, True, key
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,6 +323,12 @@ class Channel:
         """``keys``: (this end's sending key, this end's receiving key)."""
         self.reader, self.writer, self.hello = reader, writer, hello
         self.peer = str(hello.get("id", "?"))
+        self.role = str(hello.get("role", "?"))
+        """The peer's role: proved when ``verified``, else what its HELLO said."""
+        self.verified = False
+        """Whether the peer proved its role and id with a key (the identity step)."""
+        self.key: bytes | None = None
+        """The peer's proved Ed25519 public key (None when not ``verified``)."""
         self._lock = asyncio.Lock()
         self.closed = False
         self._out, self._in = _Sealer(keys[0]), _Sealer(keys[1])
@@ -211,6 +341,10 @@ class Channel:
         self._head: bytes | None = None
         """The header of a frame whose body a cancelled :meth:`recv` had not read yet (a
         caller may wrap recv in ``wait_for``): the next recv goes on with that frame."""
+
+    def rekey(self, *, send: bytes, recv: bytes) -> None:
+        """New keys for both directions, sequence numbers from 0 (after the identity step)."""
+        self._out, self._in = _Sealer(send), _Sealer(recv)
 
     def _write(self, msg: dict[str, Any]) -> None:
         body = msgpack.packb(msg)
@@ -285,14 +419,17 @@ class Channel:
                 raise ChannelClosed(f"{self.peer}: a frame arrived too slowly") from None
             raise ChannelClosed(f"{self.peer} closed the connection") from None
 
-    async def recv_checked(self, direction: messages.Direction) -> dict[str, Any]:
+    async def recv_checked(
+        self, direction: messages.Direction, *, allowed: frozenset[str] | None = None
+    ) -> dict[str, Any]:
         """The next message that decodes in ``direction`` (:func:`aurora.runtime.messages.
-        decode`: every field within its bounds); one that does not is dropped with a log line
-        naming op, field and reason, never raised into the caller."""
+        decode`: every field within its bounds; ``allowed``: only these ops); one that does
+        not is dropped with a log line naming op, field and reason, never raised into the
+        caller."""
         while True:
             msg = await self.recv()
             try:
-                messages.decode(msg, direction)
+                messages.decode(msg, direction, allowed=allowed)
             except messages.MessageError as exc:
                 self.refused += 1
                 log.warning("dropped a message from %s: %s", self.peer, exc)
@@ -352,10 +489,12 @@ async def connect(
     hello: dict[str, Any],
     timeout_s: float = 5.0,
     unix_path: str | None = None,
+    identity: Identity | None = None,
 ) -> Channel:
     """Connect to a control server and authenticate; one-line errors for what goes wrong.
     With ``unix_path`` the connection is made to that Unix socket instead (a local observer
-    reaching a Ledger inside another network namespace: the file system is shared)."""
+    reaching a Ledger inside another network namespace: the file system is shared). With
+    ``identity`` it then proves its role and id (a server given the job's key requires it)."""
     where = unix_path or f"{host}:{port}"
     try:
         if unix_path is not None:
@@ -386,7 +525,19 @@ async def connect(
             "is the job secret right?"
         ) from None
     c2s, s2c = wire.session_keys(secret, transcript)
-    return Channel(reader, writer, hello, keys=(c2s, s2c))
+    channel = Channel(reader, writer, hello, keys=(c2s, s2c))
+    if identity is not None:
+        try:
+            await asyncio.wait_for(
+                _client_identify(channel, identity, transcript, (c2s, s2c)), timeout_s
+            )
+        except (ConnectionError, TimeoutError) as exc:
+            channel.close()
+            raise ConnectionError(
+                f"{where} refused us: identity of {identity.role} {identity.id!r} not accepted "
+                f"({str(exc) or type(exc).__name__}; check its identity file)"
+            ) from None
+    return channel
 
 
 Handler = Callable[[Channel], Awaitable[None]]
@@ -440,9 +591,11 @@ async def serve(
     timeout_s: float = 5.0,
     unix_path: str | None = None,
     limits: ChannelLimits | None = None,
+    public_key: bytes | None = None,
 ) -> ControlServer:
     """Accept control connections; ``handler`` runs once per authenticated channel. With
-    ``unix_path`` the server listens on that Unix socket instead of ``host:port``."""
+    ``unix_path`` the server listens on that Unix socket instead of ``host:port``. With the
+    job's ``public_key`` every peer must prove its role and id (module docstring)."""
     limits = limits or ChannelLimits(timeout_s=timeout_s)
     ctl = ControlServer(limits)
 
@@ -468,6 +621,23 @@ async def serve(
                 ),
                 limits.timeout_s,
             )
+            c2s, s2c = wire.session_keys(secret, transcript)
+            channel = Channel(
+                reader,
+                writer,
+                hello,
+                keys=(s2c, c2s),
+                max_message=min(limits.max_message, wire.HANDSHAKE_MAX_FRAME),
+                budget=ctl.budget,
+                limits=limits,
+            )
+            if public_key is not None:
+                # Still counted as pending: nobody holds more than the cap of these either.
+                await asyncio.wait_for(
+                    _server_identify(channel, public_key, transcript, (c2s, s2c)),
+                    limits.timeout_s,
+                )
+            channel.max_message = limits.max_message
         except (
             AuthError,
             ProtocolError,
@@ -488,16 +658,6 @@ async def serve(
         if ctl.connections >= limits.max_connections:
             ctl._refuse(writer, "too many connections", host)
             return
-        c2s, s2c = wire.session_keys(secret, transcript)
-        channel = Channel(
-            reader,
-            writer,
-            hello,
-            keys=(s2c, c2s),
-            max_message=limits.max_message,
-            budget=ctl.budget,
-            limits=limits,
-        )
         ctl.connections += 1
         try:
             await handler(channel)

@@ -63,6 +63,20 @@ def _public_key(args: argparse.Namespace) -> bytes:
     return load_public_key(args.public_key)
 
 
+def _identity(args: argparse.Namespace, role: str) -> Any:
+    """The role's identity (``--identity`` or ``$AURORA_IDENTITY``), checked to be this role's
+    and this id's, so a wrong file is one line here rather than a refusal at the Ledger."""
+    from aurora.keys import load_identity
+
+    ident = load_identity(args.identity)
+    if ident.role != role or ident.id != args.id:
+        raise ValueError(
+            f"the identity is for {ident.role} {ident.id!r}, not {role} {args.id!r} "
+            f"(aurora keys issue --role {role} --id {args.id})"
+        )
+    return ident
+
+
 def _load_job(args: argparse.Namespace, *, keep: bool = False) -> dict[str, Any]:
     """The job spec from ``--job``, or made from ``--topology``. With ``keep`` (the Trainer) a
     spec made from the topology is written to ``RUN_DIR/job.json`` and read back on a restart:
@@ -143,6 +157,14 @@ def _job_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _identity_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--identity",
+        default=None,
+        help="its identity file from aurora keys issue (default: $AURORA_IDENTITY)",
+    )
+
+
 def _secret_arg(p: argparse.ArgumentParser, *, public_key: bool = True) -> None:
     p.add_argument(
         "--secret-file",
@@ -162,17 +184,18 @@ def _secret_arg(p: argparse.ArgumentParser, *, public_key: bool = True) -> None:
 
 def _ledger(args: argparse.Namespace) -> int:
     async def main() -> int:
-        from aurora.runtime.ledger_service import LedgerService
+        from aurora.runtime.ledger_service import LedgerService, channel_limits
         from aurora.runtime.trainer import ledger_config
 
         spec = _load_job(args)
-        service = LedgerService(ledger_config(spec, args.db))
+        service = LedgerService(ledger_config(spec, args.db), public_key=_public_key(args))
         service.replay()
         port = await service.start(
             args.host,
             args.port,
             secret=_secret(args),
             unix_path=str(Path(args.db).with_suffix(".sock")),
+            limits=channel_limits(spec),
         )
         logging.getLogger("aurora.runtime.ledger_service").info(
             "ledger: serving on %s:%d (log %s)", args.host, port, args.db
@@ -200,6 +223,7 @@ def _relay(args: argparse.Namespace) -> int:
             ledger=_addr(args.join, "--join"),
             secret=_secret(args),
             public_key=_public_key(args),
+            identity=_identity(args, "relay"),
             host=args.host,
             advertise=args.advertise,
             port=args.port,
@@ -222,6 +246,7 @@ def _actor(args: argparse.Namespace) -> int:
             ledger=_addr(args.join, "--join"),
             secret=_secret(args),
             public_key=_public_key(args),
+            identity=_identity(args, "actor"),
             host=args.host,
             advertise=args.advertise,
             engine=args.engine,
@@ -371,7 +396,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--db", required=True, help="SQLite log (replayed if it exists)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
-    _secret_arg(p, public_key=False)
+    _secret_arg(p)
     p.set_defaults(func=_ledger)
 
     p = sub.add_parser("relay", help="run a region's relay")
@@ -382,6 +407,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--port", type=int, default=0, help="data-plane port (0: any)")
     p.add_argument("--advertise", default=None, help="address others reach it at (default --host)")
     _secret_arg(p)
+    _identity_arg(p)
     p.set_defaults(func=_relay)
 
     p = sub.add_parser("actor", help="run an Actor that joins a running job")
@@ -398,6 +424,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--advertise", default=None, help="address others reach it at (default --host)")
     p.add_argument("--notice-s", type=float, default=30.0, help="drain time on SIGTERM (s)")
     _secret_arg(p)
+    _identity_arg(p)
     p.set_defaults(func=_actor)
 
 

@@ -261,10 +261,22 @@ class Launcher:
             "--advertise",
             self._reach(region),
             *self._common(),
+            *self._identity("actor", aid),
         ]
         if engine is not None:
             args += ["--engine", engine]
         return args
+
+    def _identity(self, role: str, pid: str) -> list[str]:
+        """``--identity FILE``: ``pid``'s identity in ``role``, issued with the job key once
+        (a restarted process keeps its key, so the Ledger sees the same machine come back)."""
+        from aurora.keys import issue_identity, load_signing_key, write_identity
+
+        path = self.dir / "keys" / f"{role}-{pid}.identity"
+        if not path.exists():
+            ident = issue_identity(role, pid, load_signing_key(self.keys.signing_key))
+            write_identity(path, ident)
+        return ["--identity", str(path)]
 
     @property
     def standalone_ledger(self) -> bool:
@@ -280,7 +292,7 @@ class Launcher:
             self._listen(),
             "--port",
             str(self.ports["ledger"]),
-            *self._common(public_key=False),
+            *self._common(),
         ]
         p = self.procs.procs.get("ledger") or self._add("ledger", "ledger", args)
         p.start()
@@ -335,6 +347,7 @@ class Launcher:
             "--advertise",
             self._reach(region),
             *self._common(),
+            *self._identity("relay", rid),
         ]
         p = self.procs.procs.get(rid) or self._add(rid, "relay", args)
         p.start()
@@ -439,9 +452,10 @@ class Launcher:
 
     async def _observe(self) -> None:
         """Follow the run through the Ledger (reconnecting across Trainer restarts)."""
-        from aurora.keys import load_job_secret
+        from aurora.keys import issue_identity, load_job_secret, load_signing_key
 
         secret = load_job_secret(self.secret_file)
+        identity = issue_identity("observer", "launcher", load_signing_key(self.keys.signing_key))
         while not self.finished.is_set():
             try:
                 ch = await connect(
@@ -449,6 +463,7 @@ class Launcher:
                     self.ports["ledger"],
                     secret=secret,
                     hello={"id": "launcher", "role": "observer"},
+                    identity=identity,
                     unix_path=str(sock) if (sock := self.dir / "ledger.sock").exists() else None,
                 )
             except ConnectionError:

@@ -44,6 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aurora.delta.announce import (
+    AnnouncementError,
+    SnapshotAnnouncement,
+    VersionAnnouncement,
+    verify,
+)
 from aurora.policy.core import LedgerCore
 from aurora.policy.events import (
     Accepted,
@@ -66,6 +72,7 @@ from aurora.policy.events import (
     RelayLost,
     Released,
     ResultArrived,
+    ResultMalformed,
     Route,
     ThroughputObserved,
     Tick,
@@ -78,7 +85,9 @@ from aurora.policy.membership import TRAINER
 from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
 from aurora.policy.reports import classify_hello
 from aurora.policy.timers import TickTimers
-from aurora.runtime.channel import Channel, ChannelClosed, serve
+from aurora.runtime import messages
+from aurora.runtime.channel import Channel, ChannelClosed, ChannelLimits, ControlServer, serve
+from aurora.runtime.messages import Direction, MessageError, decode_result_payload, task_index
 from aurora.store.ledgerlog import LedgerLog
 
 log = logging.getLogger("aurora.runtime.ledger_service")
@@ -96,6 +105,43 @@ TICK_SLACK_S = 0.05
 
 PROMPT_PREFIX = "b"
 """The runtime's prompt ids are ``b{batch}-{index}``."""
+
+RELAY_OPS = frozenset({"data", "heartbeat", "span"})
+"""What a relay may tell the Ledger (it holds no leases and stages nothing the Ledger counts)."""
+
+SPANS_MAX_BYTES = 64 << 20
+"""Most bytes of spans the Ledger appends to its ``.spans.jsonl`` in one life (each span is a
+bounded :class:`~aurora.runtime.messages.Span`, ~150 bytes: 400,000 of them); past this they
+are counted and dropped, so a flood of spans cannot fill the disk."""
+
+
+def hello_fields(hello: dict[str, Any]) -> dict[str, Any]:
+    """What the Ledger reads of a peer's HELLO (its region, the version it holds, the versions
+    it staged), each within the message bounds; :class:`MessageError` otherwise. The rest of
+    the HELLO is not kept (a version of 2^64 in it overflowed a SQLite look-up before)."""
+    out: dict[str, Any] = {
+        "role": messages.Str(16).check(hello.get("role"), "hello.role"),
+        "region": messages.Str(messages.MAX_ID, empty=True).check(
+            hello.get("region", ""), "hello.region"
+        ),
+        "staged": messages.Seq(messages.VERSION, 1 << 12).check(
+            hello.get("staged", ()), "hello.staged"
+        ),
+    }
+    if hello.get("active") is not None:
+        out["active"] = messages.VERSION.check(hello["active"], "hello.active")
+    return out
+
+
+def channel_limits(spec: dict[str, Any]) -> ChannelLimits:
+    """The control server's limits for a job: the largest message is one result (``group_size``
+    completions of ``max_new_tokens`` tokens, each id and log-probability at most 14 bytes of
+    msgpack), with room for twice that and 64 KiB of framing, at least 1 MiB, at most the
+    channel's default (16 MiB)."""
+    group = int(spec.get("group_size") or 16)
+    tokens = int(spec.get("max_new_tokens") or 4096)
+    biggest = min(16 << 20, max(1 << 20, 2 * group * tokens * 14 + (64 << 10)))
+    return ChannelLimits(max_message=biggest, buffer_budget=max(16 << 20, biggest))
 
 
 def job_pacing(job: dict[str, Any], *, staging_grace_s: float) -> PacerConfig:
@@ -209,9 +255,16 @@ class LedgerService:
     """One job's Ledger (see the module docstring)."""
 
     def __init__(
-        self, config: LedgerServiceConfig, *, clock: Callable[[], float] = time.time
+        self,
+        config: LedgerServiceConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        public_key: bytes | None = None,
     ) -> None:
         self.config = config
+        self.public_key = public_key
+        """The job's Ed25519 public key: every peer proves its role with it (the Trainer's key
+        is it), and ``published`` is believed only with an announcement it signed."""
         self.clock = clock
         """The wall clock (s): the one place the Ledger reads time."""
         self.core = LedgerCore(config.policy)
@@ -232,8 +285,10 @@ class LedgerService:
         self._tick_timers = TickTimers(TICK_SLACK_S)
         self._ticks: dict[float, asyncio.TimerHandle] = {}
         self._lost_timers: dict[str, asyncio.TimerHandle] = {}
-        self._server: asyncio.base_events.Server | None = None
-        self._unix: asyncio.base_events.Server | None = None
+        self._server: ControlServer | None = None
+        self._unix: ControlServer | None = None
+        self._span_bytes = 0
+        self.spans_dropped = 0
         self._spans = Path(
             config.log_path if config.log_path != ":memory:" else (config.stats_path or "x")
         ).with_suffix(".spans.jsonl")
@@ -263,15 +318,20 @@ class LedgerService:
     def replay(self) -> int:
         """Rebuild the state from the log (a restarted Ledger); returns the events replayed."""
         n = 0
-        for row in self.log.events():
+        for row in self.log.events():  # LogCorrupt (one line) at the first altered row
             if row.kind == "driver":
                 self._apply_driver(row.record)
-            else:
-                event = event_from_record(row.record)
+            elif row.kind == "policy":
                 try:
+                    event = event_from_record(row.record)
                     actions = self.core.feed(event, now=row.now)
-                except ValueError:
-                    continue  # refused when it happened too, state unchanged
+                except (ValueError, TypeError, ArithmeticError) as exc:
+                    # Only events that decided were logged as policy rows: this log is not
+                    # what this Ledger wrote (or another policy reads it). Stop, never guess.
+                    raise ValueError(
+                        f"{self.config.log_path}: row {row.seq}, event "
+                        f"{str(row.record.get('type'))[:40]}, does not decide on replay: {exc}"
+                    ) from None
                 self._after(event, actions, replaying=True)
             n += 1
         self.replayed = n
@@ -350,18 +410,30 @@ class LedgerService:
         logged and dropped without changing the state."""
         if now is None:
             now = self.clock()
+        record = to_record(event)
         t0 = time.perf_counter()
-        seq = self.log.append(now, "policy", to_record(event), payload=payload)
-        t1 = time.perf_counter()
         try:
             actions = self.core.feed(event, now=now)
-            self.timings["decide"].add(time.perf_counter() - t1)
-            self.timings["log"].add(t1 - t0)
         except ValueError as exc:
+            # Kept for the record as an invalid row (replay skips it: it changed nothing).
             log.warning("ledger: %s refused: %s", type(event).__name__, exc)
-            self.log.record_actions(seq, [{"type": "Invalid", "reason": str(exc)}])
+            self.log.append(
+                now, "invalid", record, actions=[{"type": "Invalid", "reason": str(exc)[:300]}]
+            )
             return []
-        self.log.record_actions(seq, [to_record(a) for a in actions])
+        t1 = time.perf_counter()
+        # The payload is kept only when its result was admitted (plain INSERT: never over an
+        # admitted one), in the transaction that logs the event and what was decided.
+        admitted = payload is not None and any(type(a) is Accepted for a in actions)
+        self.log.append(
+            now,
+            "policy",
+            record,
+            payload=payload if admitted else None,
+            actions=[to_record(a) for a in actions],
+        )
+        self.timings["decide"].add(t1 - t0)
+        self.timings["log"].add(time.perf_counter() - t1)
         self._after(event, actions, replaying=False)
         for action in actions:
             self._carry_out(action, now)
@@ -497,18 +569,36 @@ class LedgerService:
     # -- connections -------------------------------------------------------------------------
 
     async def start(
-        self, host: str, port: int, *, secret: bytes, unix_path: str | None = None
+        self,
+        host: str,
+        port: int,
+        *,
+        secret: bytes,
+        unix_path: str | None = None,
+        limits: ChannelLimits | None = None,
     ) -> int:
         """Serve the control plane; returns the port. With ``unix_path`` it also listens on that
-        Unix socket (for observers on this host outside the Ledger's network namespace)."""
-        self._server = await serve(host, port, secret=secret, handler=self._session)
+        Unix socket (for observers on this host outside the Ledger's network namespace).
+        ``limits``: what peers may hold (:func:`channel_limits` of the job)."""
+        if self.public_key is None:
+            raise ValueError("the Ledger needs the job's public key to tell the roles apart")
+        key = self.public_key
+        self._server = await serve(
+            host, port, secret=secret, handler=self._session, limits=limits, public_key=key
+        )
         if unix_path is not None and len(unix_path.encode()) < 100:  # sun_path holds 108 bytes
             import os
 
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(unix_path)
             self._unix = await serve(
-                "", 0, secret=secret, handler=self._session, unix_path=unix_path
+                "",
+                0,
+                secret=secret,
+                handler=self._session,
+                unix_path=unix_path,
+                limits=limits,
+                public_key=key,
             )
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
@@ -552,19 +642,22 @@ class LedgerService:
         self.log.close()
 
     async def _session(self, ch: Channel) -> None:
-        role = ch.hello.get("role")
+        """One connection, by the role it proved (never by what its HELLO says)."""
+        if not ch.verified:
+            log.warning("ledger: %s did not prove a role; closed", ch.peer)
+            return
+        role = ch.role
         if role == "trainer":
             await self._trainer_session(ch)
         elif role in ("actor", "relay"):
             await self._peer_session(ch, role)
         elif role == "observer":
+            # Read-only: it is sent the live line and nothing it says is noted or decided.
             self.observers.add(ch)
             try:
                 ch.send_nowait(self.progress())
                 while True:
-                    msg = await ch.recv()
-                    if msg["op"] == "fault":
-                        self.note({"type": "Fault", "spec": str(msg.get("spec", ""))})
+                    await ch.recv_checked(Direction.OBSERVER_TO_LEDGER)
             finally:
                 self.observers.discard(ch)
         else:
@@ -591,7 +684,7 @@ class LedgerService:
         )
         try:
             while True:
-                msg = await ch.recv()
+                msg = await ch.recv_checked(Direction.TRAINER_TO_LEDGER)
                 op = msg["op"]
                 if op == "job":
                     if self.job is None:
@@ -615,17 +708,43 @@ class LedgerService:
             if self.trainer is ch:
                 self.trainer = None
 
+    def _signed_hash(self, msg: dict[str, Any]) -> str:
+        """h(v) of a ``published`` message, from the announcement the job key signed (a delta's
+        for v >= 1, the v0 snapshot's for v0), never from the message; ValueError (one line)
+        when there is none or it does not verify for this job and version."""
+        v = int(msg["version"])
+        job = self.job.spec.get("job_id") if self.job is not None else None
+        if self.public_key is None or not isinstance(job, str):
+            raise ValueError("no job key or job id to verify it against")
+        data = msg.get("announcement") if v > 0 else msg.get("snapshot_announcement")
+        if not isinstance(data, bytes):
+            raise ValueError("no signed announcement")
+        try:
+            ann = verify(data, self.public_key, job=job)
+        except AnnouncementError as exc:
+            raise ValueError(str(exc)) from None
+        if v > 0 and isinstance(ann, VersionAnnouncement) and ann.version == v:
+            return ann.weights_hash
+        if v == 0 and isinstance(ann, SnapshotAnnouncement) and ann.version == 0:
+            return ann.chain_hash
+        raise ValueError(f"the signed announcement is for another version or kind ({ann!r})"[:200])
+
     def _on_published(self, msg: dict[str, Any]) -> None:
         v = int(msg["version"])
+        try:
+            weights_hash = self._signed_hash(msg)
+        except ValueError as exc:
+            log.error("ledger: published v%d refused: %s", v, exc)
+            return
         if v in self.state.versions:
             # A restarted Trainer announcing a version again: it must be the same version.
-            if self.state.versions[v].weights_hash != msg["weights_hash"]:
+            if self.state.versions[v].weights_hash != weights_hash:
                 log.error("ledger: the Trainer re-published v%d with another hash; ignored", v)
             return
         rec = {
             "type": "Published",
             "version": v,
-            "weights_hash": msg["weights_hash"],
+            "weights_hash": weights_hash,
             "digest": msg.get("digest"),
             "delta_bytes": msg.get("delta_bytes"),
             "snapshot_bytes": msg.get("snapshot_bytes"),
@@ -643,7 +762,7 @@ class LedgerService:
         self.feed(
             DeltaPublished(
                 version=v,
-                weights_hash=msg["weights_hash"],
+                weights_hash=weights_hash,
                 delta_bytes=msg.get("delta_bytes"),
                 snapshot_bytes=msg.get("snapshot_bytes"),
             )
@@ -671,23 +790,29 @@ class LedgerService:
         peer = ch.peer
         if peer == TRAINER or not peer:
             raise ChannelClosed(f"peer id {peer!r} is reserved")
+        try:
+            hello = hello_fields(ch.hello)
+        except MessageError as exc:
+            log.warning("ledger: %s sent a bad hello; closed: %s", peer, exc)
+            return
         old = self.channels.get(peer)
         if old is not None and not old.closed:
             log.warning("ledger: %s connected again; closing its previous connection", peer)
             old.close()
         self.channels[peer] = ch
-        self.roles[peer] = dict(ch.hello)
+        self.roles[peer] = hello
         timer = self._lost_timers.pop(peer, None)
         if timer is not None:
             timer.cancel()
         self._welcome(ch, role)
         try:
             if role == "relay":
-                self._join_relay(peer, ch.hello)
+                self._join_relay(peer, hello)
             else:
-                self._join_actor(peer, ch.hello)
+                self._join_actor(peer, hello)
+            allowed = RELAY_OPS if role == "relay" else None
             while True:
-                msg = await ch.recv()
+                msg = await ch.recv_checked(Direction.PEER_TO_LEDGER, allowed=allowed)
                 self._on_peer_message(peer, msg)
         finally:
             if self.channels.get(peer) is ch:
@@ -766,6 +891,30 @@ class LedgerService:
         if event is not None:
             self.feed(event)
 
+    def _bad_payload(self, peer: str, lease_id: str, payload: bytes) -> str | None:
+        """Why ``payload`` is not what lease ``lease_id`` asked for (its prompt and task index,
+        the job's group size and token limit: :func:`~aurora.runtime.messages.
+        decode_result_payload`, as the Trainer checks it again), or None. A result for a lease
+        that is not this Actor's is left to the policy (refused there, payload never kept)."""
+        lease = self.state.book.leases.get(lease_id)
+        if lease is None or lease.actor != peer or self.job is None:
+            return None
+        spec = self.job.spec
+        try:
+            per_step = int(spec.get("prompts_per_step") or self.job.prompts_per_batch)
+            index = task_index(lease.prompt, per_step)
+            decode_result_payload(
+                payload,
+                prompt=lease.prompt,
+                index=index,
+                group_size=int(spec["group_size"]) if spec.get("group_size") else None,
+                max_new_tokens=int(spec["max_new_tokens"]) if spec.get("max_new_tokens") else None,
+                vocab_size=None,
+            )
+        except (MessageError, ValueError, TypeError) as exc:
+            return str(exc)[:200]
+        return None
+
     def _lose(self, peer: str, role: str) -> None:
         self._lost_timers.pop(peer, None)
         if peer in self.channels or self.finished:
@@ -782,8 +931,17 @@ class LedgerService:
         op = msg["op"]
         rec = self.state.actors.get(peer)
         if op == "span":
+            # The decoded span, never the raw map (which may carry any other field), and no
+            # more than SPANS_MAX_BYTES in all.
+            line = json.dumps(
+                {**messages.decode(msg, Direction.PEER_TO_LEDGER).to_wire(), "who": peer}
+            )
+            if self._span_bytes + len(line) + 1 > SPANS_MAX_BYTES:
+                self.spans_dropped += 1
+                return
+            self._span_bytes += len(line) + 1
             with open(self._spans, "a") as f:
-                f.write(json.dumps({**msg, "who": peer}) + "\n")
+                f.write(line + "\n")
             return
         if op == "data":
             self.roles.setdefault(peer, {})["data"] = str(msg["addr"])
@@ -827,15 +985,20 @@ class LedgerService:
             )
             self.feed(CaughtUp(actor=peer, version=int(msg["version"])))
         elif op == "result":
-            payload = msg.get("payload")
+            lease, payload = str(msg["lease"]), bytes(msg["payload"])
+            why = self._bad_payload(peer, lease, payload)
+            if why is not None:
+                log.warning("ledger: refused a result of %s for %s: %s", peer, lease, why)
+                self.feed(ResultMalformed(actor=peer, lease=lease))
+                return
             self.feed(
                 ResultArrived(
                     actor=peer,
-                    lease=str(msg["lease"]),
+                    lease=lease,
                     version=int(msg["version"]),
                     weights_hash=str(msg["weights_hash"]),
                 ),
-                payload=(peer, str(msg["lease"]), bytes(payload or b"")),
+                payload=(peer, lease, payload),
             )
         elif op == "throughput":
             self.feed(

@@ -359,16 +359,6 @@ class Data(Message):
     addr: str = bound(Str(MAX_TEXT))
 
 
-# ---- observers -> Ledger -----------------------------------------------------------------
-
-
-@_message("fault")
-class Fault(Message):
-    """A fault the injector carried out (for the run's record)."""
-
-    spec: str = bound(Str(MAX_TEXT, empty=True))
-
-
 # ---- Trainer -> Ledger -------------------------------------------------------------------
 
 
@@ -385,11 +375,14 @@ class Job(Message):
 
 @_message("published")
 class Published(Message):
-    """The Trainer published ``version`` (its signed announcement, the hash, sizes)."""
+    """The Trainer published ``version`` (its signed announcement, the hash, sizes). The
+    Ledger takes h(v) from the signed announcement (``snapshot_announcement`` for v0), never
+    from ``weights_hash``."""
 
     version: int = bound(VERSION)
     weights_hash: str = bound(HASH)
     announcement: bytes | None = bound(Blob(MAX_ANNOUNCEMENT), optional=True)
+    snapshot_announcement: bytes | None = bound(Blob(MAX_ANNOUNCEMENT), optional=True)
     digest: str | None = bound(HASH, optional=True)
     delta_bytes: int | None = bound(Int(0, 2**53), optional=True)
     snapshot_bytes: int | None = bound(Int(0, 2**53), optional=True)
@@ -572,7 +565,7 @@ MESSAGES: dict[Direction, dict[str, type[Message]]] = {
         Staged, Activated, CaughtUp, Result, Throughput, Notice, Leave, Heartbeat, Span, Data
     ),
     Direction.TRAINER_TO_LEDGER: _table(Job, Published, GetBatch, Stats, Finished, Heartbeat),
-    Direction.OBSERVER_TO_LEDGER: _table(Fault, Heartbeat),
+    Direction.OBSERVER_TO_LEDGER: _table(Heartbeat),  # observers are read-only
     Direction.LEDGER_TO_PEER: _table(
         Welcome, Announce, Assign, Commit, Exclude, CatchUpMsg, Route, Stop
     ),

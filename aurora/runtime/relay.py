@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from aurora.keys import Identity
 from aurora.runtime import hooks, hopreport
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.job import transport_config
@@ -41,6 +42,9 @@ class RelayRun:
     """The job secret."""
     public_key: bytes
     """The job's public key (announcements are verified before anything is forwarded)."""
+    identity: Identity | None = None
+    """Its identity (``aurora keys issue --role relay``): the Ledger accepts its id only with
+    it. None only against a control server that does not check roles."""
     host: str = "127.0.0.1"
     """Address its data-plane node listens on."""
     port: int = 0
@@ -66,7 +70,11 @@ class RelayProcess:
         while True:
             try:
                 return await connect(
-                    self.run.ledger[0], self.run.ledger[1], secret=self.run.secret, hello=hello
+                    self.run.ledger[0],
+                    self.run.ledger[1],
+                    secret=self.run.secret,
+                    hello=hello,
+                    identity=self.run.identity,
                 )
             except ConnectionError as exc:
                 if time.monotonic() > deadline or "refused us" in str(exc):

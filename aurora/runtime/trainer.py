@@ -37,11 +37,12 @@ from typing import Any
 
 from aurora.delta import Segment
 from aurora.delta.announce import verify
+from aurora.keys import trainer_identity
 from aurora.runtime import hopreport
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import TrainerSide, make_trainer
 from aurora.runtime.job import digest_due, transport_config
-from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
+from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig, channel_limits
 from aurora.runtime.memprobe import MemoryProbe
 from aurora.runtime.messages import (
     MAX_ID,
@@ -280,7 +281,8 @@ class TrainerProcess:
                     spec,
                     ":memory:" if memory else str(self.dir / "ledger.db"),
                     stats_path=str(self.dir / "ledger.stats.json"),
-                )
+                ),
+                public_key=self.run.public_key,
             )
             self.ledger_service.replay()
             port = await self.ledger_service.start(
@@ -288,6 +290,7 @@ class TrainerProcess:
                 self.run.ledger_port,
                 secret=self.run.secret,
                 unix_path=str(self.dir / "ledger.sock"),
+                limits=channel_limits(spec),
             )
             ledger_addr = (self.run.host, port)
         if self.run.ports_file:
@@ -338,6 +341,7 @@ class TrainerProcess:
                     addr[1],
                     secret=self.run.secret,
                     hello={"id": "trainer", "role": "trainer"},
+                    identity=trainer_identity(self.run.signing_key),
                 )
             except ConnectionError:
                 if time.monotonic() > deadline:
@@ -564,12 +568,17 @@ class TrainerProcess:
         signed = self.announcements.get(v)
         if signed is None and v > 0:
             signed = await asyncio.to_thread(self.store.announcement, v)
+        # v0 has no delta: the Ledger believes h(0) from the signed snapshot announcement.
+        snapshot_signed = (
+            await asyncio.to_thread(self.store.announcement, 0, "snapshots") if v == 0 else None
+        )
         weights_hash = self._hash_of(v, signed)
         await self.channel.send(
             {
                 "op": "published",
                 "version": v,
                 "announcement": signed,
+                "snapshot_announcement": snapshot_signed,
                 "weights_hash": weights_hash,
                 "digest": digest,
                 "delta_bytes": delta_bytes,

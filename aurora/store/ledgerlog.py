@@ -4,9 +4,12 @@ Theory of operation
 -------------------
 The Job Ledger is an event-sourced state machine: its state is whatever
 :func:`aurora.policy.ledger.decide` makes of the events so far. So the log stores *events*, not
-state: each one is appended (and committed) before :func:`decide` sees it, and a restarted Ledger
-rebuilds its state by replaying the log through the same :func:`decide` with each event's
-recorded time; there is no second state machine to keep in step with the first.
+state: each one is appended (and committed, with the actions decided for it and the payload it
+admitted) before any action is carried out, and a restarted Ledger rebuilds its state by
+replaying the log through the same :func:`decide` with each event's recorded time; there is no
+second state machine to keep in step with the first. Only events that decided are ``policy``
+rows; one the policy refused as impossible is kept as an ``invalid`` row (for the record; it
+changed nothing and replay skips it).
 
 Tables (stdlib :mod:`sqlite3`, WAL journal):
 
@@ -16,9 +19,20 @@ Tables (stdlib :mod:`sqlite3`, WAL journal):
   Actor's activation report, an injected fault);
 * ``actions(seq, event_seq, body)``: the actions the Ledger carried out for each policy event, so
   a recorded run can be replayed through ``decide`` alone and compared (the parity test);
-* ``payloads(actor, lease, body)``: the results themselves (token ids, log-probs), written in the
-  same transaction as the ``ResultArrived`` event that carries them, so an admitted result is
-  never lost and the Trainer can fetch a batch again after any restart.
+* ``payloads(actor, lease, body, event_seq)``: the results themselves (token ids, log-probs),
+  written in the same transaction as the ``ResultArrived`` event that carries them and only when
+  it was admitted, with a plain INSERT: a refused result's payload is never kept, and nothing
+  can overwrite an admitted one (a second result for a settled lease is refused by the policy
+  and its payload dropped). So an admitted result is never lost and the Trainer can fetch a
+  batch again after any restart.
+
+**A checksum chain** (``events.chain``): each row's SHA-256 covers the previous row's chain
+value, its own seq, time, kind and body, and the digest of the payload it admitted. Reading the
+log (:meth:`LedgerLog.events`) recomputes the chain and stops at the first row that does not
+match, with one line naming it (:class:`LogCorrupt`): an altered, removed or inserted row, or an
+altered payload, is refused at start rather than replayed into another state. It detects
+accidents and edits by whoever can write the file but has not recomputed the chain; it is not a
+signature (whoever can write ``ledger.db`` can rewrite the chain too).
 
 Durability: WAL with ``synchronous=NORMAL`` survives the death of the process (SIGKILL) at any
 point, which is the failure this log is for; it trades the last transactions on a power loss for
@@ -27,8 +41,10 @@ one fsync per checkpoint instead of one per event (``docs/RUNTIME.md`` has the m
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +54,9 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY,
     now REAL NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN ('policy', 'driver')),
-    body TEXT NOT NULL
+    kind TEXT NOT NULL CHECK (kind IN ('policy', 'driver', 'invalid')),
+    body TEXT NOT NULL,
+    chain BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS actions (
     seq INTEGER PRIMARY KEY,
@@ -50,9 +67,29 @@ CREATE TABLE IF NOT EXISTS payloads (
     actor TEXT NOT NULL,
     lease TEXT NOT NULL,
     body BLOB NOT NULL,
+    event_seq INTEGER NOT NULL UNIQUE,
     PRIMARY KEY (actor, lease)
 );
 """
+
+GENESIS = hashlib.sha256(b"aurora ledger log v2").digest()
+"""The chain value before the first row."""
+
+
+class LogCorrupt(ValueError):
+    """A row of the log that is not what was written (one line naming the row)."""
+
+
+def chain_step(
+    prev: bytes, seq: int, now: float, kind: str, body: str, payload: bytes | None
+) -> bytes:
+    """The chain value of one row (module docstring)."""
+    h = hashlib.sha256(prev)
+    h.update(struct.pack("<qd", seq, now))
+    for part in (kind.encode(), body.encode()):
+        h.update(struct.pack("<I", len(part)) + part)
+    h.update(hashlib.sha256(payload).digest() if payload is not None else b"\0" * 32)
+    return h.digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +112,16 @@ class LedgerLog:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(events)")}
+            last = self.db.execute("SELECT chain FROM events ORDER BY seq DESC LIMIT 1").fetchone()
         except (OSError, sqlite3.Error) as exc:
             raise ValueError(f"cannot open the Ledger log {self.path}: {exc}") from None
+        if "chain" not in columns:
+            raise ValueError(
+                f"cannot open the Ledger log {self.path}: written by an older aurora (no checksum "
+                "chain); start a new log"
+            )
+        self._chain: bytes = GENESIS if last is None else bytes(last[0])
         self.bytes_written = 0
         """Bytes of event, action and payload bodies appended by this process (the numerator
         of the write amplification the load benchmark reports)."""
@@ -88,24 +133,38 @@ class LedgerLog:
         record: dict[str, Any],
         *,
         payload: tuple[str, str, bytes] | None = None,
+        actions: list[dict[str, Any]] | None = None,
     ) -> int:
-        """Append one event (and the result payload it carries) in one transaction; returns
-        its sequence number."""
+        """Append one event, the result payload it admitted and the actions decided for it, in
+        one transaction; returns its sequence number. ``payload`` only for an admitted result:
+        a plain INSERT, so an admitted payload is never replaced."""
         body = json.dumps(record, separators=(",", ":"), sort_keys=True)
         with self.db:
             self.db.execute("BEGIN")
-            cur = self.db.execute(
-                "INSERT INTO events (now, kind, body) VALUES (?, ?, ?)", (now, kind, body)
+            seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events").fetchone()[0]
+            chain = chain_step(
+                self._chain, seq, now, kind, body, None if payload is None else payload[2]
+            )
+            self.db.execute(
+                "INSERT INTO events (seq, now, kind, body, chain) VALUES (?, ?, ?, ?, ?)",
+                (seq, now, kind, body, chain),
             )
             if payload is not None:
                 self.db.execute(
-                    "INSERT OR REPLACE INTO payloads (actor, lease, body) VALUES (?, ?, ?)",
-                    payload,
+                    "INSERT INTO payloads (actor, lease, body, event_seq) VALUES (?, ?, ?, ?)",
+                    (*payload, seq),
                 )
                 self.bytes_written += len(payload[2])
+            if actions:
+                bodies = [json.dumps(a, separators=(",", ":"), sort_keys=True) for a in actions]
+                self.db.executemany(
+                    "INSERT INTO actions (event_seq, body) VALUES (?, ?)",
+                    [(seq, b) for b in bodies],
+                )
+                self.bytes_written += sum(map(len, bodies))
+        self._chain = chain
         self.bytes_written += len(body)
-        assert cur.lastrowid is not None
-        return cur.lastrowid
+        return int(seq)
 
     def record_actions(self, event_seq: int, actions: list[dict[str, Any]]) -> None:
         """Record the actions carried out for event ``event_seq`` (for the parity check)."""
@@ -121,10 +180,31 @@ class LedgerLog:
         self.bytes_written += sum(map(len, bodies))
 
     def events(self) -> Iterator[LoggedEvent]:
-        for seq, now, kind, body in self.db.execute(
-            "SELECT seq, now, kind, body FROM events ORDER BY seq"
+        """Every row in order, each checked against the checksum chain first: an altered,
+        removed or inserted row (or payload) raises :class:`LogCorrupt` naming it."""
+        prev = GENESIS
+        expect = 1
+        for seq, now, kind, body, chain, payload in self.db.execute(
+            "SELECT e.seq, e.now, e.kind, e.body, e.chain, p.body FROM events e"
+            " LEFT JOIN payloads p ON p.event_seq = e.seq ORDER BY e.seq"
         ):
-            yield LoggedEvent(seq, now, kind, json.loads(body))
+            if seq != expect:
+                raise LogCorrupt(f"{self.path}: row {expect} is missing (next is {seq})")
+            want = chain_step(
+                prev, seq, now, kind, str(body), None if payload is None else bytes(payload)
+            )
+            if not isinstance(chain, bytes) or chain != want:
+                raise LogCorrupt(
+                    f"{self.path}: row {seq} ({kind}) does not match the checksum chain (altered "
+                    "after it was written); refusing to replay it"
+                )
+            prev = chain
+            expect += 1
+            try:
+                record = json.loads(body)
+            except ValueError:
+                raise LogCorrupt(f"{self.path}: row {seq} is not JSON") from None
+            yield LoggedEvent(seq, now, kind, record)
 
     def actions(self) -> dict[int, list[dict[str, Any]]]:
         """Recorded actions by the sequence number of the event that caused them."""
