@@ -1,0 +1,214 @@
+"""Cohorts: Actors with identical inputs driven by one SimPy process (``SimConfig.cohorts``).
+
+Theory of operation
+-------------------
+In exact mode (:mod:`sim.actors`) every Actor machine is its own SimPy process: at 10^4-10^5
+Actors the run is dominated by per-Actor SimPy events (a kick scheduled per ``Assign`` and per
+``Commit``, the wake of the waiting process, a timeout per generation and per activation: ~4.8
+events per Actor per step). The Actors of one group of the topology that join together (same
+region, GPU, interface, not spot, named by no fault) receive the same deltas through the same
+fan-out (:mod:`sim.transfers` already moves a version to such receivers as one transfer), the
+same ``Commit`` at the same instant and one lease each from the same ``BatchRequested``: they
+step in lockstep. A :class:`Cohort` runs them as one process:
+
+* a safe point asks :func:`aurora.policy.actor.next_action` for every member; the members whose
+  decision is the cohort's (the largest group of equal decisions) carry it out together, every
+  other member is **split out** for good into an exact process of its own, starting with the
+  decision it got (so a member that diverges, by a fault, a catch-up, a dropped lease or work
+  that arrives while others still generate, continues exactly as in exact mode);
+* ``Activate``: one timeout for all (the apply time depends on the version only), then each
+  member's ``VersionActivated`` in member order;
+* ``Generate``: each member still draws its own throughput noise from its own generator (the
+  same draws as in exact mode), so each member's results reach the Ledger at its own finish
+  time, in finish order, as one ``ResultsArrived`` each: the policy core sees the events it
+  sees in exact mode, at the same times. A member that has finished waits at its safe point
+  while the others generate; anything that gives it work splits it out at that instant;
+* kicks (``Assign``, ``Commit``, a staged delta) of members are merged into one per instant.
+
+What differs from exact mode is only the order of events at one instant (the members' kicks
+and activations are handled together instead of interleaved with other same-instant events):
+every decision is the same, made at the same simulated time, unless same-instant order
+matters (the validation in ``tests/test_sim_cohorts.py`` and docs/SIMULATOR.md).
+
+A member that is lost leaves its cohort (:meth:`sim.actors.Actors.lose`); a machine that comes
+back is a fresh exact process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+import simpy
+from simpy.events import URGENT
+
+from aurora.policy.actor import Activate, Decision, Generate, Wait
+from aurora.policy.events import ResultsArrived, ThroughputObserved, VersionActivated
+from sim.nodes import ActorNode
+from sim.trainer import weights_hash
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from sim.actors import Actors
+
+
+class Cohort:
+    """Members of one topology group stepping in lockstep (module docstring)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.members: dict[ActorNode, None] = {}
+        """Members still in the cohort, in join order (an ordered set)."""
+        self.idle: simpy.Event | None = None
+        """While every member waits at a safe point: the event that wakes the cohort."""
+        self.waiting: dict[ActorNode, None] = {}
+        """Members that finished generating while others still generate (at a safe point)."""
+        self.kick_due = False
+        """A merged kick is scheduled for this instant."""
+
+    def leave(self, actor: ActorNode) -> None:
+        self.members.pop(actor, None)
+        self.waiting.pop(actor, None)
+        actor.cohort = None
+
+
+def _key(decision: Decision) -> tuple[Any, ...]:
+    """Decisions the members can carry out together compare equal."""
+    kind = type(decision)
+    if kind is Generate:
+        work = decision.work  # type: ignore[union-attr]
+        return (Generate, work.version, len(work.leases))
+    if kind is Activate:
+        return (Activate, decision.version)  # type: ignore[union-attr]
+    if kind is Wait:
+        return (Wait,)
+    return (kind, id(decision))  # ApplyPlan, Drop: never together
+
+
+class Cohorts:
+    """The cohort processes of a run (owned by :class:`sim.actors.Actors`)."""
+
+    def __init__(self, actors: Actors) -> None:
+        self.actors = actors
+        self.sim = actors.sim
+        self.env = actors.env
+
+    def start(self, cohort: Cohort) -> None:
+        self.env.process(self._life(cohort))
+
+    def split(self, cohort: Cohort, actor: ActorNode, decision: Decision | None) -> None:
+        """``actor`` continues alone, exactly, from ``decision`` (None: it decides)."""
+        cohort.leave(actor)
+        self.env.process(self.actors.life(actor, actor.life, decision))
+
+    def kick(self, actor: ActorNode) -> None:
+        """Something arrived for member ``actor``: one merged kick of its cohort per instant."""
+        cohort = actor.cohort
+        assert cohort is not None
+        if not cohort.kick_due:
+            cohort.kick_due = True
+            self.sim.later(0, lambda: self._kick(cohort))
+
+    def _kick(self, cohort: Cohort) -> None:
+        cohort.kick_due = False
+        decide = self.actors.decide
+        for actor in list(cohort.waiting):
+            decision = decide(actor)
+            if type(decision) is not Wait:
+                self.split(cohort, actor, decision)
+        idle = cohort.idle
+        if idle is None or idle.triggered:
+            return
+        idle._ok, idle._value = True, None  # succeed(), but URGENT
+        self.env.schedule(idle, URGENT)
+
+    def _life(self, cohort: Cohort) -> Generator[simpy.Event, Any, None]:
+        decide = self.actors.decide
+        while cohort.members:
+            groups: dict[tuple[Any, ...], list[tuple[ActorNode, Decision]]] = {}
+            for actor in cohort.members:
+                decision = decide(actor)
+                groups.setdefault(_key(decision), []).append((actor, decision))
+            key, chosen = max(groups.items(), key=lambda kv: len(kv[1]))
+            if len(groups) > 1:
+                for other, rest in groups.items():
+                    if other is not key:
+                        for actor, decision in rest:
+                            self.split(cohort, actor, decision)
+            kind = key[0]
+            if kind is Wait:
+                cohort.idle = idle = self.env.event()
+                yield idle
+                cohort.idle = None
+            elif kind is Generate:
+                yield from self._generate(cohort, chosen)
+            elif kind is Activate:
+                yield from self._activate(cohort, [a for a, _ in chosen], key[1])
+            else:  # a lone ApplyPlan or Drop: already split out
+                assert not cohort.members or len(cohort.members) >= 1
+
+    def _generate(
+        self, cohort: Cohort, chosen: list[tuple[ActorNode, Decision]]
+    ) -> Generator[simpy.Event, Any, None]:
+        sim = self.sim
+        env = self.env
+        seconds_of = self.actors.generation_seconds
+        start = env.now
+        runs = []
+        for actor, decision in chosen:
+            actor.queue.popleft()
+            work = decision.work  # type: ignore[union-attr]
+            seconds, tokens = seconds_of(actor, len(work.leases))
+            runs.append((seconds, actor.index, actor, work, tokens))
+        runs.sort(key=lambda r: (r[0], r[1]))
+        feed = sim.driver.feed
+        decide = self.actors.decide
+        proportional = sim.cfg.strategy.proportional
+        waiting = cohort.waiting
+        elapsed = 0.0
+        for seconds, _, actor, work, tokens in runs:
+            if seconds > elapsed:
+                yield env.timeout(seconds - elapsed)
+                elapsed = seconds
+            if actor.cohort is not cohort:
+                continue  # lost while generating: the rollouts are gone
+            sim.recorder.span("actor", actor.id, "generate", work.version, start)
+            feed(
+                ResultsArrived(
+                    actor=actor.id,
+                    leases=work.leases,
+                    version=work.version,
+                    weights_hash=weights_hash(work.version),
+                )
+            )
+            if proportional:
+                feed(
+                    ThroughputObserved(
+                        actor=actor.id, tokens=max(1, round(tokens)), seconds=seconds
+                    )
+                )
+            if actor.cohort is not cohort:
+                continue
+            decision = decide(actor)
+            if type(decision) is Wait:
+                waiting[actor] = None
+            else:
+                self.split(cohort, actor, decision)
+        waiting.clear()
+
+    def _activate(
+        self, cohort: Cohort, members: list[ActorNode], v: int
+    ) -> Generator[simpy.Event, Any, None]:
+        sim = self.sim
+        start = self.env.now
+        yield self.env.timeout(0.0 if sim.cfg.strategy.rdma else sim.version_bytes / sim.apply_rate)
+        driver = sim.driver
+        for actor in members:
+            if actor.cohort is not cohort:
+                continue
+            actor.active = v
+            if actor.pending_commit is not None and actor.pending_commit <= v:
+                actor.pending_commit = None
+            sim.recorder.span("actor", actor.id, "apply", v, start)
+            sim.recorder.log(actor.id, f"activate v{v}")
+            driver.feed(VersionActivated(actor=actor.id, version=v))
+            driver.no_longer_waited_for(actor.id)
