@@ -91,6 +91,8 @@ class Cohorts:
         self.actors = actors
         self.sim = actors.sim
         self.env = actors.env
+        self.splits = 0
+        """Members split out of their cohort so far (each continues as an exact process)."""
 
     def start(self, cohort: Cohort) -> None:
         self.env.process(self._life(cohort))
@@ -98,6 +100,7 @@ class Cohorts:
     def split(self, cohort: Cohort, actor: ActorNode, decision: Decision | None) -> None:
         """``actor`` continues alone, exactly, from ``decision`` (None: it decides)."""
         cohort.leave(actor)
+        self.splits += 1
         self.env.process(self.actors.life(actor, actor.life, decision))
 
     def kick(self, actor: ActorNode) -> None:
@@ -164,11 +167,14 @@ class Cohorts:
         decide = self.actors.decide
         proportional = sim.cfg.strategy.proportional
         waiting = cohort.waiting
-        elapsed = 0.0
+        # One timeout per distinct finish time, each scheduled now as exact mode does (so each
+        # lands at start + seconds, bit for bit: chained differences would round differently).
+        done: dict[float, simpy.Event] = {}
+        for seconds, *_ in runs:
+            if seconds not in done:
+                done[seconds] = env.timeout(seconds)
         for seconds, _, actor, work, tokens in runs:
-            if seconds > elapsed:
-                yield env.timeout(seconds - elapsed)
-                elapsed = seconds
+            yield done[seconds]  # at once if already past
             if actor.cohort is not cohort:
                 continue  # lost while generating: the rollouts are gone
             sim.recorder.span("actor", actor.id, "generate", work.version, start)
