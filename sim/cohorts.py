@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import simpy
 from simpy.events import URGENT
 
-from aurora.policy.actor import Activate, Decision, Generate, Wait
+from aurora.policy.actor import Activate, Decision, Generate, Wait, Work
 from aurora.policy.events import ResultsArrived, ThroughputObserved, VersionActivated
 from sim.nodes import ActorNode
 from sim.trainer import weights_hash
@@ -126,17 +126,24 @@ class Cohorts:
 
     def _life(self, cohort: Cohort) -> Generator[simpy.Event, Any, None]:
         decide = self.actors.decide
+        all_wait = False
         while cohort.members:
-            groups: dict[tuple[Any, ...], list[tuple[ActorNode, Decision]]] = {}
-            for actor in cohort.members:
-                decision = decide(actor)
-                groups.setdefault(_key(decision), []).append((actor, decision))
-            key, chosen = max(groups.items(), key=lambda kv: len(kv[1]))
-            if len(groups) > 1:
-                for other, rest in groups.items():
-                    if other is not key:
-                        for actor, decision in rest:
-                            self.split(cohort, actor, decision)
+            if all_wait:
+                # After a generation every member left decided Wait when it finished, and a
+                # kick since re-decided those it reached: nothing to ask again.
+                all_wait = False
+                key, chosen = (Wait,), []
+            else:
+                groups: dict[tuple[Any, ...], list[tuple[ActorNode, Decision]]] = {}
+                for actor in cohort.members:
+                    decision = decide(actor)
+                    groups.setdefault(_key(decision), []).append((actor, decision))
+                key, chosen = max(groups.items(), key=lambda kv: len(kv[1]))
+                if len(groups) > 1:
+                    for other, rest in groups.items():
+                        if other is not key:
+                            for actor, decision in rest:
+                                self.split(cohort, actor, decision)
             kind = key[0]
             if kind is Wait:
                 cohort.idle = idle = self.env.event()
@@ -144,40 +151,58 @@ class Cohorts:
                 cohort.idle = None
             elif kind is Generate:
                 yield from self._generate(cohort, chosen)
+                all_wait = True
             elif kind is Activate:
                 yield from self._activate(cohort, [a for a, _ in chosen], key[1])
-            else:  # a lone ApplyPlan or Drop: already split out
-                assert not cohort.members or len(cohort.members) >= 1
+            # else: a lone ApplyPlan or Drop, already split out
 
     def _generate(
         self, cohort: Cohort, chosen: list[tuple[ActorNode, Decision]]
     ) -> Generator[simpy.Event, Any, None]:
-        sim = self.sim
         env = self.env
         seconds_of = self.actors.generation_seconds
         start = env.now
-        runs = []
+        runs: dict[float, list[tuple[ActorNode, Work, float]]] = {}
         for actor, decision in chosen:
             actor.queue.popleft()
             work = decision.work  # type: ignore[union-attr]
             seconds, tokens = seconds_of(actor, len(work.leases))
-            runs.append((seconds, actor.index, actor, work, tokens))
-        runs.sort(key=lambda r: (r[0], r[1]))
+            runs.setdefault(seconds, []).append((actor, work, tokens))
+        # One timeout per distinct finish time, each scheduled now as exact mode schedules a
+        # member's (so it lands at start + seconds bit for bit), whose callback reports that
+        # time's members: no process resumes per member. The process waits for the last.
+        last = None
+        for seconds in sorted(runs):
+            last = env.timeout(seconds)
+            finished = runs[seconds]
+            last.callbacks.append(  # type: ignore[union-attr]
+                lambda _e, seconds=seconds, finished=finished: self._finished(
+                    cohort, finished, seconds, start
+                )
+            )
+        if last is not None:
+            yield last
+        cohort.waiting.clear()
+
+    def _finished(
+        self,
+        cohort: Cohort,
+        finished: list[tuple[ActorNode, Work, float]],
+        seconds: float,
+        start: float,
+    ) -> None:
+        """Members that generated for ``seconds`` report their results (exact mode's order at
+        one instant: by Actor index), then wait at a safe point or split out."""
+        sim = self.sim
         feed = sim.driver.feed
         decide = self.actors.decide
         proportional = sim.cfg.strategy.proportional
-        waiting = cohort.waiting
-        # One timeout per distinct finish time, each scheduled now as exact mode does (so each
-        # lands at start + seconds, bit for bit: chained differences would round differently).
-        done: dict[float, simpy.Event] = {}
-        for seconds, *_ in runs:
-            if seconds not in done:
-                done[seconds] = env.timeout(seconds)
-        for seconds, _, actor, work, tokens in runs:
-            yield done[seconds]  # at once if already past
+        rec = sim.recorder
+        for actor, work, tokens in finished:
             if actor.cohort is not cohort:
                 continue  # lost while generating: the rollouts are gone
-            sim.recorder.span("actor", actor.id, "generate", work.version, start)
+            if rec.on:
+                rec.span("actor", actor.id, "generate", work.version, start)
             feed(
                 ResultsArrived(
                     actor=actor.id,
@@ -196,10 +221,9 @@ class Cohorts:
                 continue
             decision = decide(actor)
             if type(decision) is Wait:
-                waiting[actor] = None
+                cohort.waiting[actor] = None
             else:
                 self.split(cohort, actor, decision)
-        waiting.clear()
 
     def _activate(
         self, cohort: Cohort, members: list[ActorNode], v: int
@@ -214,7 +238,8 @@ class Cohorts:
             actor.active = v
             if actor.pending_commit is not None and actor.pending_commit <= v:
                 actor.pending_commit = None
-            sim.recorder.span("actor", actor.id, "apply", v, start)
-            sim.recorder.log(actor.id, f"activate v{v}")
+            if sim.recorder.on:
+                sim.recorder.span("actor", actor.id, "apply", v, start)
+                sim.recorder.log(actor.id, f"activate v{v}")
             driver.feed(VersionActivated(actor=actor.id, version=v))
             driver.no_longer_waited_for(actor.id)
