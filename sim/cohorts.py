@@ -64,8 +64,14 @@ class Cohort:
         """Members that finished generating while others still generate (at a safe point)."""
         self.kick_due = False
         """A merged kick is scheduled for this instant."""
+        self.generating = 0
+        """Members generating in the current generation phase."""
+        self.generated: simpy.Event | None = None
+        """Succeeds when the last of them has finished (the phase ends)."""
 
     def leave(self, actor: ActorNode) -> None:
+        """``actor`` is lost or split out (if it was generating, the phase stops counting it
+        when its timeout fires and finds it gone)."""
         self.members.pop(actor, None)
         self.waiting.pop(actor, None)
         actor.cohort = None
@@ -75,8 +81,7 @@ def _key(decision: Decision) -> tuple[Any, ...]:
     """Decisions the members can carry out together compare equal."""
     kind = type(decision)
     if kind is Generate:
-        work = decision.work  # type: ignore[union-attr]
-        return (Generate, work.version, len(work.leases))
+        return (Generate, decision.work.version)  # type: ignore[union-attr]
     if kind is Activate:
         return (Activate, decision.version)  # type: ignore[union-attr]
     if kind is Wait:
@@ -116,7 +121,11 @@ class Cohorts:
         decide = self.actors.decide
         for actor in list(cohort.waiting):
             decision = decide(actor)
-            if type(decision) is not Wait:
+            kind = type(decision)
+            if kind is Generate:
+                del cohort.waiting[actor]
+                self._start(cohort, actor, decision.work)  # type: ignore[union-attr]
+            elif kind is not Wait:
                 self.split(cohort, actor, decision)
         idle = cohort.idle
         if idle is None or idle.triggered:
@@ -159,30 +168,41 @@ class Cohorts:
     def _generate(
         self, cohort: Cohort, chosen: list[tuple[ActorNode, Decision]]
     ) -> Generator[simpy.Event, Any, None]:
-        env = self.env
-        seconds_of = self.actors.generation_seconds
-        start = env.now
-        runs: dict[float, list[tuple[ActorNode, Work, float]]] = {}
+        """A generation phase: every chosen member generates its own work for its own time;
+        one that finishes and finds more work generates again within the phase (as its exact
+        process would), one that finds other work is split out. Ends when none generates."""
+        cohort.generated = done = self.env.event()
+        cohort.generating = 0
+        by_seconds: dict[float, list[tuple[ActorNode, Work, float]]] = {}
         for actor, decision in chosen:
             actor.queue.popleft()
             work = decision.work  # type: ignore[union-attr]
-            seconds, tokens = seconds_of(actor, len(work.leases))
-            runs.setdefault(seconds, []).append((actor, work, tokens))
-        # One timeout per distinct finish time, each scheduled now as exact mode schedules a
-        # member's (so it lands at start + seconds bit for bit), whose callback reports that
-        # time's members: no process resumes per member. The process waits for the last.
-        last = None
-        for seconds in sorted(runs):
-            last = env.timeout(seconds)
-            finished = runs[seconds]
-            last.callbacks.append(  # type: ignore[union-attr]
-                lambda _e, seconds=seconds, finished=finished: self._finished(
-                    cohort, finished, seconds, start
-                )
-            )
-        if last is not None:
-            yield last
+            seconds, tokens = self.actors.generation_seconds(actor, len(work.leases))
+            by_seconds.setdefault(seconds, []).append((actor, work, tokens))
+        # One timeout per distinct finish time, scheduled now as exact mode schedules each
+        # member's (so it lands at start + seconds bit for bit); its callback reports that
+        # time's members: no process resumes per member.
+        for seconds in sorted(by_seconds):
+            self._schedule(cohort, by_seconds[seconds], seconds)
+        yield done
+        cohort.generated = None
         cohort.waiting.clear()
+
+    def _start(self, cohort: Cohort, actor: ActorNode, work: Work) -> None:
+        """``actor``, a member at a safe point, generates ``work`` now, within the phase."""
+        actor.queue.popleft()
+        seconds, tokens = self.actors.generation_seconds(actor, len(work.leases))
+        self._schedule(cohort, [(actor, work, tokens)], seconds)
+
+    def _schedule(
+        self, cohort: Cohort, runs: list[tuple[ActorNode, Work, float]], seconds: float
+    ) -> None:
+        cohort.generating += len(runs)
+        start = self.env.now
+        ev = self.env.timeout(seconds)
+        ev.callbacks.append(  # type: ignore[union-attr]
+            lambda _e: self._finished(cohort, runs, seconds, start)
+        )
 
     def _finished(
         self,
@@ -191,14 +211,16 @@ class Cohorts:
         seconds: float,
         start: float,
     ) -> None:
-        """Members that generated for ``seconds`` report their results (exact mode's order at
-        one instant: by Actor index), then wait at a safe point or split out."""
+        """Members that generated for ``seconds`` report their results (in member order, as
+        exact mode orders them at one instant), then generate again, wait at a safe point, or
+        split out."""
         sim = self.sim
         feed = sim.driver.feed
         decide = self.actors.decide
         proportional = sim.cfg.strategy.proportional
         rec = sim.recorder
         for actor, work, tokens in finished:
+            cohort.generating -= 1
             if actor.cohort is not cohort:
                 continue  # lost while generating: the rollouts are gone
             if rec.on:
@@ -220,10 +242,15 @@ class Cohorts:
             if actor.cohort is not cohort:
                 continue
             decision = decide(actor)
-            if type(decision) is Wait:
+            kind = type(decision)
+            if kind is Wait:
                 cohort.waiting[actor] = None
+            elif kind is Generate:
+                self._start(cohort, actor, decision.work)  # type: ignore[union-attr]
             else:
                 self.split(cohort, actor, decision)
+        if cohort.generating == 0 and cohort.generated is not None:
+            cohort.generated.succeed()
 
     def _activate(
         self, cohort: Cohort, members: list[ActorNode], v: int

@@ -107,17 +107,42 @@ def test_a_cohort_losing_a_region_splits_nothing_and_matches_exact_mode():
 
 @pytest.mark.parametrize("fault", ["preempt:ca-a100-1@step=4", "link_cut:us-ca@step=3,for=20"])
 def test_faults_and_diverging_members_give_exact_modes_rows(fault):
-    # examples/geo.yaml, 12 Actors with 16-rollout leases: dispatch hands an idle Actor more of
-    # a held-back pool while others still generate, which splits it out of its cohort.
     cfg = geo_config(steps=8, faults=(parse_fault(fault),))
     exact, cohort, sim = run_both(cfg)
     assert cohort.rows == exact.rows
     assert by_instant(cohort) == by_instant(exact)
-    assert sim.actors.cohorts.splits > 0
 
 
-def test_without_faults_geo_splits_members_out_and_keeps_exact_modes_decisions():
+def test_members_given_more_work_while_others_generate_keep_generating_in_the_cohort():
+    # examples/geo.yaml, 12 Actors with 16-rollout leases: dispatch hands an Actor that
+    # finished early more of a held-back pool while others still generate.
     exact, cohort, sim = run_both(geo_config(steps=6))
     assert cohort.rows == exact.rows
     assert by_instant(cohort) == by_instant(exact)
-    assert sim.actors.cohorts.splits > 0
+    assert sim.actors.cohorts.splits == 0
+    assert all(a.cohort is not None for a in sim.actors.nodes.values() if a.id != "ca-a100-1")
+
+
+def test_a_member_split_out_at_a_safe_point_continues_exactly():
+    cfg = regions_config(100, 5)
+    exact = simulate(cfg)
+    sim = Simulation(dataclasses.replace(cfg, cohorts=True))
+    split = ["r1-a100-3", "r4-a100-0", "r9-a100-9"]
+
+    def split_out() -> Any:  # once each one's cohort waits at a safe point (after step 1)
+        left = list(split)
+        while left:
+            yield sim.env.timeout(1.0)
+            for name in list(left):
+                actor = sim.actors.nodes[name]
+                assert actor.cohort is not None
+                if actor.cohort.idle is not None and sim.trainer.trained >= 1:
+                    sim.actors.cohorts.split(actor.cohort, actor, None)
+                    left.remove(name)
+
+    sim.env.process(split_out())
+    cohort = sim.run()
+    assert sim.actors.cohorts.splits == len(split)
+    assert [n for n, a in sim.actors.nodes.items() if a.cohort is None] == split
+    assert cohort.rows == exact.rows
+    assert by_instant(cohort) == by_instant(exact)
