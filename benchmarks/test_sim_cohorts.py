@@ -92,7 +92,8 @@ def test_cohort_mode_agrees_with_exact_mode_and_is_faster(benchmark, actors):
     _agree(exact, cohort)
     print(
         f"\n{actors:,} Actors x {steps} steps: exact {exact['wall_s']:.1f} s "
-        f"({exact['wall_in_simpy_1e6']:.1f} x bare SimPy 10^6 events, {exact['peak_rss_mb']:.0f} MB)"
+        f"({exact['wall_in_simpy_1e6']:.1f} x bare SimPy 10^6 events, "
+        f"{exact['peak_rss_mb']:.0f} MB)"
         f", cohort {cohort['wall_s']:.1f} s ({cohort['wall_in_simpy_1e6']:.1f} x, "
         f"{cohort['peak_rss_mb']:.0f} MB); rows identical: "
         f"{exact['rows_digest'] == cohort['rows_digest']}"

@@ -163,7 +163,9 @@ class Cohorts:
                 all_wait = True
             elif kind is Activate:
                 yield from self._activate(cohort, [a for a, _ in chosen], key[1])
-            # else: a lone ApplyPlan or Drop, already split out
+            else:  # ApplyPlan or Drop: never done together; each member goes on alone
+                for actor, decision in chosen:
+                    self.split(cohort, actor, decision)
 
     def _generate(
         self, cohort: Cohort, chosen: list[tuple[ActorNode, Decision]]

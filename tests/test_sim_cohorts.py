@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from aurora.faults import parse_fault
 from aurora.policy.events import Accepted, BatchCompleted, to_record
@@ -18,6 +20,8 @@ from aurora.traces import load_traces
 from sim.config import SimConfig
 from sim.model import Result, Simulation, simulate
 from tests.test_sim import geo_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def regions_config(actors: int, steps: int, regions: int = 10, **kw: Any) -> SimConfig:
@@ -146,3 +150,21 @@ def test_a_member_split_out_at_a_safe_point_continues_exactly():
     assert [n for n, a in sim.actors.nodes.items() if a.cohort is None] == split
     assert cohort.rows == exact.rows
     assert by_instant(cohort) == by_instant(exact)
+
+
+def test_members_that_must_catch_up_are_split_out_and_the_run_finishes():
+    # examples/geo.yaml scaled to 300 Actors: its 1 Gbit/s link cannot carry the deltas to
+    # them in time, so every Actor falls behind and catches up (ApplyPlan, never done together:
+    # a cohort whose largest group catches up used to loop without end at that instant).
+    data = yaml.safe_load((ROOT / "examples" / "geo.yaml").read_text())
+    data["actors"][0]["count"] = 300
+    cfg = SimConfig(
+        topology=topology_from_dict(data),
+        traces=load_traces(),
+        strategy=strategy("aurora"),
+        steps=3,
+        record_trace=False,
+    )
+    exact, cohort, sim = run_both(cfg)
+    assert sim.actors.cohorts.splits == 300
+    assert cohort.rows == exact.rows
