@@ -136,6 +136,8 @@ class Cohorts:
     def _life(self, cohort: Cohort) -> Generator[simpy.Event, Any, None]:
         decide = self.actors.decide
         all_wait = False
+        key: tuple[Any, ...]
+        chosen: list[tuple[ActorNode, Decision]]
         while cohort.members:
             if all_wait:
                 # After a generation every member left decided Wait when it finished, and a
@@ -153,7 +155,7 @@ class Cohorts:
                         if other is not key:
                             for actor, decision in rest:
                                 self.split(cohort, actor, decision)
-            kind = key[0]
+            kind: Any = key[0]
             if kind is Wait:
                 cohort.idle = idle = self.env.event()
                 yield idle
@@ -202,9 +204,7 @@ class Cohorts:
         cohort.generating += len(runs)
         start = self.env.now
         ev = self.env.timeout(seconds)
-        ev.callbacks.append(  # type: ignore[union-attr]
-            lambda _e: self._finished(cohort, runs, seconds, start)
-        )
+        ev.callbacks.append(lambda _e: self._finished(cohort, runs, seconds, start))
 
     def _finished(
         self,
