@@ -64,8 +64,8 @@ class Cohort:
         """Members that finished generating while others still generate (at a safe point)."""
         self.kick_due = False
         """A merged kick is scheduled for this instant."""
-        self.generating = 0
-        """Members generating in the current generation phase."""
+        self.generating: set[ActorNode] = set()
+        """Members generating now (not at a safe point: nothing is decided for them)."""
         self.generated: simpy.Event | None = None
         """Succeeds when the last of them has finished (the phase ends)."""
 
@@ -74,6 +74,7 @@ class Cohort:
         when its timeout fires and finds it gone)."""
         self.members.pop(actor, None)
         self.waiting.pop(actor, None)
+        self.generating.discard(actor)
         actor.cohort = None
 
 
@@ -146,10 +147,14 @@ class Cohorts:
                 key, chosen = (Wait,), []
             else:
                 groups: dict[tuple[Any, ...], list[tuple[ActorNode, Decision]]] = {}
+                busy = cohort.generating
                 for actor in cohort.members:
+                    if actor in busy:
+                        continue  # a member started again at this instant, after the phase
                     decision = decide(actor)
                     groups.setdefault(_key(decision), []).append((actor, decision))
-                key, chosen = max(groups.items(), key=lambda kv: len(kv[1]))
+                key, chosen = max(groups.items(), key=lambda kv: len(kv[1]), default=((Wait,), []))
+                cohort.waiting.clear()  # every member at a safe point was just decided for
                 if len(groups) > 1:
                     for other, rest in groups.items():
                         if other is not key:
@@ -175,8 +180,6 @@ class Cohorts:
         """A generation phase: every chosen member generates its own work for its own time;
         one that finishes and finds more work generates again within the phase (as its exact
         process would), one that finds other work is split out. Ends when none generates."""
-        cohort.generated = done = self.env.event()
-        cohort.generating = 0
         by_seconds: dict[float, list[tuple[ActorNode, Work, float]]] = {}
         for actor, decision in chosen:
             actor.queue.popleft()
@@ -188,7 +191,9 @@ class Cohorts:
         # time's members: no process resumes per member.
         for seconds in sorted(by_seconds):
             self._schedule(cohort, by_seconds[seconds], seconds)
-        yield done
+        while cohort.generating:
+            cohort.generated = done = self.env.event()
+            yield done
         cohort.generated = None
         cohort.waiting.clear()
 
@@ -201,7 +206,7 @@ class Cohorts:
     def _schedule(
         self, cohort: Cohort, runs: list[tuple[ActorNode, Work, float]], seconds: float
     ) -> None:
-        cohort.generating += len(runs)
+        cohort.generating.update(actor for actor, _, _ in runs)
         start = self.env.now
         ev = self.env.timeout(seconds)
         ev.callbacks.append(lambda _e: self._finished(cohort, runs, seconds, start))
@@ -222,7 +227,7 @@ class Cohorts:
         proportional = sim.cfg.strategy.proportional
         rec = sim.recorder
         for actor, work, tokens in finished:
-            cohort.generating -= 1
+            cohort.generating.discard(actor)
             if actor.cohort is not cohort:
                 continue  # lost while generating: the rollouts are gone
             if rec.on:
@@ -251,8 +256,9 @@ class Cohorts:
                 self._start(cohort, actor, decision.work)  # type: ignore[union-attr]
             else:
                 self.split(cohort, actor, decision)
-        if cohort.generating == 0 and cohort.generated is not None:
-            cohort.generated.succeed()
+        done = cohort.generated
+        if not cohort.generating and done is not None and not done.triggered:
+            done.succeed()
 
     def _activate(
         self, cohort: Cohort, members: list[ActorNode], v: int
