@@ -11,24 +11,25 @@ fan-out (:mod:`sim.transfers` already moves a version to such receivers as one t
 same ``Commit`` at the same instant and one lease each from the same ``BatchRequested``: they
 step in lockstep. A :class:`Cohort` runs them as one process:
 
-* a safe point asks :func:`aurora.policy.actor.next_action` for every member; the members whose
-  decision is the cohort's (the largest group of equal decisions) carry it out together, every
-  other member is **split out** for good into an exact process of its own, starting with the
-  decision it got (so a member that diverges, by a fault, a catch-up, a dropped lease or work
-  that arrives while others still generate, continues exactly as in exact mode);
+* a safe point asks :func:`aurora.policy.actor.next_action` for every member not generating;
+  the members whose decision is the cohort's (the largest group of equal decisions: ``Wait``,
+  ``Generate`` on one version, ``Activate`` one version) carry it out together, every other
+  member is **split out** for good into an exact process of its own, starting with the
+  decision it got (a catch-up, a drop, another version: it continues exactly as in exact mode);
 * ``Activate``: one timeout for all (the apply time depends on the version only), then each
   member's ``VersionActivated`` in member order;
 * ``Generate``: each member still draws its own throughput noise from its own generator (the
-  same draws as in exact mode), so each member's results reach the Ledger at its own finish
-  time, in finish order, as one ``ResultsArrived`` each: the policy core sees the events it
-  sees in exact mode, at the same times. A member that has finished waits at its safe point
-  while the others generate; anything that gives it work splits it out at that instant;
+  same draws as in exact mode); each distinct finish time is one timeout scheduled at the start
+  of the generation, whose callback feeds that time's members' ``ResultsArrived`` (one each),
+  so the policy core sees the events it sees in exact mode, at the same times. A member that
+  finishes and finds more work generates again inside the cohort (its exact process would);
+  one that finds nothing waits at its safe point, and a kick that gives it work starts it;
 * kicks (``Assign``, ``Commit``, a staged delta) of members are merged into one per instant.
 
 What differs from exact mode is only the order of events at one instant (the members' kicks
 and activations are handled together instead of interleaved with other same-instant events):
-every decision is the same, made at the same simulated time, unless same-instant order
-matters (the validation in ``tests/test_sim_cohorts.py`` and docs/SIMULATOR.md).
+every decision is the same, made at the same simulated time (``tests/test_sim_cohorts.py``
+compares the events fed and the actions returned per instant; docs/SIMULATOR.md).
 
 A member that is lost leaves its cohort (:meth:`sim.actors.Actors.lose`); a machine that comes
 back is a fresh exact process.
