@@ -47,7 +47,7 @@ def simpy_events_per_s(n: int = 200_000) -> float:
 
 
 def config(actors: int, steps: int):  # type: ignore[no-untyped-def]
-    """800 x 12: examples/geo.yaml with 12 Actors. 10^4 and more: 10 regions of Actors behind
+    """800 x 12: examples/geo.yaml with 12 Actors. 100 and more: 10 regions of Actors behind
     one relay each, one lease per Actor per step."""
     import yaml
 
@@ -55,7 +55,7 @@ def config(actors: int, steps: int):  # type: ignore[no-untyped-def]
     from aurora.traces import load_traces
     from sim.config import SimConfig, strategy
 
-    if actors <= 100:
+    if actors < 100:
         data = yaml.safe_load((ROOT / "examples" / "geo.yaml").read_text())
         data["actors"][0]["count"] = actors
         return SimConfig(

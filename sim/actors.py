@@ -45,6 +45,7 @@ from aurora.policy.events import (
 )
 from aurora.policy.membership import TRAINER
 from aurora.policy.versions import CatchUpPlan
+from sim.cohorts import Cohort, Cohorts
 from sim.network import Flow, Resource
 from sim.nodes import ActorNode
 from sim.trainer import weights_hash
@@ -64,13 +65,22 @@ class Actors:
         self.env = sim.env
         self.nodes: dict[str, ActorNode] = {}
         self._count = 0
+        self.cohorts = Cohorts(self)
 
     # -- membership ---------------------------------------------------------------------------
 
     def join(
-        self, actor_id: str, region: str, gpu: str, nic_gbps: float, spot: bool, active: int | None
+        self,
+        actor_id: str,
+        region: str,
+        gpu: str,
+        nic_gbps: float,
+        spot: bool,
+        active: int | None,
+        cohort: Cohort | None = None,
     ) -> None:
-        """A machine joins with version ``active`` loaded (None: nothing, it must catch up)."""
+        """A machine joins with version ``active`` loaded (None: nothing, it must catch up), as
+        a member of ``cohort`` (:mod:`sim.cohorts`; its process is the cohort's) or alone."""
         sim = self.sim
         model = sim.cfg.topology.trainer.model
         trace = sim.cfg.traces.gpu(gpu, model)
@@ -100,7 +110,11 @@ class Actors:
             actor.held.add(active)
         actor.idle = None
         actor.life = life = object()
-        self.env.process(self._life(actor, life))
+        if cohort is None:
+            self.env.process(self._life(actor, life))
+        else:
+            actor.cohort = cohort
+            cohort.members[actor] = None
         sim.recorder.log(
             actor_id, f"join on {'v' + str(active) if active is not None else 'nothing'}"
         )
@@ -115,6 +129,8 @@ class Actors:
         that it is no longer the machine's life when it next wakes, and stops)."""
         actor.life = None
         actor.idle = None
+        if actor.cohort is not None:
+            actor.cohort.leave(actor)
         actor.queue.clear()
         actor.plan, actor.pulling, actor.pending_commit = None, set(), None
 
@@ -139,14 +155,24 @@ class Actors:
     def assign(self, action: Assign) -> None:
         actor = self.nodes[action.actor]
         actor.queue.append(Work(action.version, action.leases))
-        self.sim.recorder.log(action.actor, f"assign {len(action.leases)} on v{action.version}")
-        self.sim.later(0, lambda: self.kick(actor))
+        rec = self.sim.recorder
+        if rec.on:  # the message costs more than the rest of an assignment at 10^5 Actors
+            rec.log(action.actor, f"assign {len(action.leases)} on v{action.version}")
+        if actor.cohort is not None:
+            self.cohorts.kick(actor)
+        else:
+            self.sim.later(0, lambda: self.kick(actor))
 
     def commit(self, action: Commit) -> None:
         actor = self.nodes[action.actor]
         actor.pending_commit = action.version
-        self.sim.recorder.log(action.actor, f"commit v{action.version}")
-        self.sim.later(0, lambda: self.kick(actor))
+        rec = self.sim.recorder
+        if rec.on:
+            rec.log(action.actor, f"commit v{action.version}")
+        if actor.cohort is not None:
+            self.cohorts.kick(actor)
+        else:
+            self.sim.later(0, lambda: self.kick(actor))
 
     def decide(self, actor: ActorNode) -> Decision:
         """What ``actor`` does next, by :func:`aurora.policy.actor.next_action`."""
@@ -162,6 +188,9 @@ class Actors:
     def kick(self, actor: ActorNode) -> None:
         """Something arrived: if ``actor`` waits at a safe point and now has something to do,
         it does it at this instant (its process resumes before anything else due now)."""
+        if actor.cohort is not None:
+            self.cohorts.kick(actor)
+            return
         idle = actor.idle
         if idle is None or idle.triggered:
             return  # busy, gone, or already woken
@@ -237,8 +266,10 @@ class Actors:
 
     # -- a machine's life ---------------------------------------------------------------------
 
-    def _life(self, actor: ActorNode, me: object) -> Generator[simpy.Event, Any, None]:
-        decision: Decision | None = None
+    def _life(
+        self, actor: ActorNode, me: object, decision: Decision | None = None
+    ) -> Generator[simpy.Event, Any, None]:
+        """One machine life, from ``decision`` (None: it decides first)."""
         while actor.life is me:
             if decision is None:
                 decision = self.decide(actor)
@@ -268,19 +299,27 @@ class Actors:
                 )
             decision = None
 
-    def _generate(
-        self, actor: ActorNode, me: object, version: int, leases: tuple[str, ...]
-    ) -> Generator[simpy.Event, Any, None]:
+    life = _life
+
+    def generation_seconds(self, actor: ActorNode, leases: int) -> tuple[float, float]:
+        """``(seconds, tokens)`` of generating ``leases`` leases starting now: the nominal rate
+        times this generation's noise (one draw from the Actor's own generator) and drift."""
         sim = self.sim
         assert actor.rng is not None
         trace = sim.cfg.traces.gpus[actor.gpu]
-        tokens = len(leases) * sim.tokens_per_lease
+        tokens = leases * sim.tokens_per_lease
         cv = trace.cv.value
         sigma = math.sqrt(math.log1p(cv * cv))
         noise = float(np.exp(actor.rng.normal(-sigma * sigma / 2, sigma))) if cv > 0 else 1.0
         drift = 1.0 + trace.drift_per_hour.value * self.env.now / 3600.0
         rate = actor.rate * noise * max(drift, 0.05)
-        seconds = tokens / rate
+        return tokens / rate, tokens
+
+    def _generate(
+        self, actor: ActorNode, me: object, version: int, leases: tuple[str, ...]
+    ) -> Generator[simpy.Event, Any, None]:
+        sim = self.sim
+        seconds, tokens = self.generation_seconds(actor, len(leases))
         start = self.env.now
         yield self.env.timeout(seconds)
         if actor.life is not me:

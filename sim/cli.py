@@ -89,6 +89,14 @@ def add_parser(subparsers: Any) -> None:
         action="store_false",
         help="skip the event trace and timeline (large deployments)",
     )
+    p.add_argument(
+        "--exact",
+        dest="cohorts",
+        action="store_false",
+        help="one SimPy process per Actor, the reference (default: the Actors of each group "
+        "that join together run as one cohort process; the same events reach the Ledger at "
+        "the same times; see docs/SIMULATOR.md)",
+    )
     p.add_argument("--out", default="results/sim", help="output folder (default results/sim)")
     p.set_defaults(func=run)
 
@@ -148,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
                 spot_notice_s=args.spot_notice if args.spot_notice > 0 else None,
                 spot_return_s=args.spot_return,
                 record_trace=args.actors_trace,
+                cohorts=args.cohorts,
             )
             for s in strategies
         ]

@@ -107,6 +107,11 @@ class SimConfig:
     """The Checkpoint Store is on every Actor's own host (a shared directory, as ``aurora real``
     has it on one host): a catch-up reads it through the Actor's interface at its region's LAN
     rate, with no WAN round trip. Off: the Store is in the Trainer's region (the paper)."""
+    cohorts: bool = False
+    """Drive the Actors of each topology group that join together as one cohort process
+    (:mod:`sim.cohorts`): the same events reach the Ledger at the same simulated times, only
+    the order of events at one instant can differ. Off by default: exact mode (one process
+    per Actor) is the reference the golden traces and parity tests were made with."""
     record_trace: bool = True
     """Keep the human-readable event trace, the timeline and every event fed to the Ledger with
     its decisions (turn off for 10^4 Actors and for sweeps)."""

@@ -33,6 +33,7 @@ import simpy
 
 from aurora.policy.events import Action, DeltaPublished, Event, RelayJoined
 from sim.actors import GBPS, Actors
+from sim.cohorts import Cohort
 from sim.config import SimConfig
 from sim.faults import Faults
 from sim.ledger_driver import LedgerDriver
@@ -232,8 +233,19 @@ class Simulation:
                 node.held.add(0)
                 self.transfers.relays[relay.id] = node
                 self.driver.feed(RelayJoined(relay=relay.id, region=relay.region))
+        named = {f.target for f in cfg.faults}
+        cohorts: dict[int, Cohort] = {}
         for actor_id, group in topo.actor_ids():
-            self.actors.join(actor_id, group.region, group.gpu, group.nic_gbps, group.spot, 0)
+            cohort = None
+            if cfg.cohorts and not group.spot and group.count > 1 and actor_id not in named:
+                cohort = cohorts.get(id(group))
+                if cohort is None:
+                    cohort = cohorts[id(group)] = Cohort(group.prefix)
+            self.actors.join(
+                actor_id, group.region, group.gpu, group.nic_gbps, group.spot, 0, cohort
+            )
+        for cohort in cohorts.values():
+            self.actors.cohorts.start(cohort)
         self.faults.schedule(cfg.faults)
 
     def _watchdog(self) -> Generator[simpy.Event, Any, None]:

@@ -22,6 +22,8 @@ from sim.network import Flow, Resource
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import simpy
 
+    from sim.cohorts import Cohort
+
 
 @dataclass(eq=False)
 class Transfer:
@@ -89,3 +91,5 @@ class ActorNode(Node):
     another token here when it wakes belongs to a life that has ended."""
     idle: simpy.Event | None = None
     """While the Actor waits for something to do: the event that wakes it."""
+    cohort: Cohort | None = None
+    """The cohort whose process drives it (:mod:`sim.cohorts`), or None: its own process."""

@@ -390,7 +390,8 @@ class Transfers:
                 continue
             del node.inbound[v]
             node.held.add(v)
-            sim.recorder.log(member, f"received v{v} from {transfer.src}")
+            if sim.recorder.on:  # one message per receiver: 10^5 of them per version
+                sim.recorder.log(member, f"received v{v} from {transfer.src}")
             for fn in node.waiters.pop(v, []):
                 fn()
             if isinstance(node, ActorNode):

@@ -110,6 +110,13 @@ def _file_hash(path: pathlib.Path) -> str:
 
 
 def cli_files(extra: list[str]) -> dict[str, str]:
+    # The CLI runs cohort mode unless told --exact (a tree without the flag has only exact
+    # mode): the reference is exact mode's byte order of same-instant trace lines.
+    usage = subprocess.run(
+        [sys.executable, "-m", "aurora.cli", "sim", "--help"], capture_output=True, text=True
+    ).stdout
+    if "--exact" in usage:
+        extra = ["--exact", *extra]
     with tempfile.TemporaryDirectory() as d:
         subprocess.run(
             [sys.executable, "-m", "aurora.cli", "sim", "--topology", str(GEO), "--out", d, *extra],
