@@ -26,20 +26,37 @@ from aurora.policy.leases import LeaseConfig
 from aurora.policy.ledger import LedgerConfig
 from aurora.runtime import ledger_service
 from aurora.runtime.channel import Channel, connect
+from aurora.runtime.job import make_spec
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
 from aurora.store.ledgerlog import LedgerLog, LogCorrupt
+from aurora.topology import topology_from_dict
 
 JOB_KEY = hashlib.sha256(b"the job's signing key").digest()
 JOB_PUB = public_key_of(JOB_KEY)
 SECRET = b"s" * 32
 JOB_ID = "job-trust2-0123"
-SPEC = {
-    "job_id": JOB_ID,
-    "start_actors": 1,
-    "prompts_per_step": 2,
-    "group_size": 2,
-    "max_new_tokens": 8,
-}
+SPEC = (
+    make_spec(
+        topology_from_dict(
+            {
+                "name": "t",
+                "trainer": {"region": "us", "model": "qwen3-8b", "gpus": 1},
+                "regions": [{"name": "us"}],
+                "actors": [{"region": "us", "gpu": "A100", "count": 1}],
+            }
+        ),
+        strategy="aurora",
+        seed=0,
+        steps=3,
+        store="unused-store",
+        backend="standin",
+    )
+    .with_settings(
+        job_id=JOB_ID, start_actors=1, prompts_per_step=2, group_size=2, max_new_tokens=8
+    )
+    .encode()
+)
+"""The encoded job spec the Trainer registers (small batches, short completions)."""
 H0 = "ab" * 32
 
 
