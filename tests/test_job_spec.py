@@ -181,3 +181,23 @@ def test_a_job_json_written_before_the_dataclass_still_loads():
     # Encoded again it holds the same values under the same keys, plus the defaults spelled out.
     again = spec.encode()
     assert {k: again[k] for k in OLD_JOB_JSON_SPEC} == OLD_JOB_JSON_SPEC
+
+
+def test_no_module_reads_the_job_spec_by_string_key():
+    """The spec is read by attribute after :meth:`JobSpec.decode`; a ``spec["key"]`` or
+    ``spec.get("key")`` outside aurora/jobspec.py would be a read the decoder does not check."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    pattern = re.compile(r"""\bspec(\[["']|\.get\(["'])""")
+    allowed = {"aurora/jobspec.py"}
+    found = []
+    for path in sorted([*root.glob("aurora/**/*.py"), *root.glob("sim/**/*.py")]):
+        rel = path.relative_to(root).as_posix()
+        if rel in allowed:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{rel}:{n}: {line.strip()}")
+    assert found == [], "\n".join(found)
