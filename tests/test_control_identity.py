@@ -523,3 +523,27 @@ def test_an_issued_identity_is_a_0600_file_whose_certificate_holds_only_for_its_
         assert check_identity(role, pid, key, cert, job) is not None, (role, pid)
     with pytest.raises(ValueError, match="trainer"):
         issue_identity("actor", "trainer", JOB_KEY)
+
+
+def test_a_registered_job_spec_that_does_not_decode_is_refused_before_it_is_logged(tmp_path):
+    """A spec with an unknown key or a wrong type used to be logged first and decoded after:
+    the Ledger raised on it, and again on every replay of its log."""
+
+    async def main() -> LedgerService:
+        svc = service(tmp_path)
+        port = await svc.start("127.0.0.1", 0, secret=SECRET)
+        for bad in ({**SPEC, "stanin_hidden": 8}, {**SPEC, "group_size": "2"}):
+            trainer = await join(port, "trainer", "trainer", trainer_identity(JOB_KEY))
+            await trainer.send(
+                {"op": "job", "job": {"steps": 3, "prompts_per_batch": 2, "spec": bad}}
+            )
+            await asyncio.sleep(0.3)
+        await svc.close()
+        return svc
+
+    svc = asyncio.run(main())
+    assert svc.job is None
+    assert not [r for r in rows(tmp_path, "driver") if r["type"] == "Job"]
+    again = service(tmp_path)  # the log replays: nothing in it trips the decoder
+    again.replay()
+    assert again.job is None
