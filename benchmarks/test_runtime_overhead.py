@@ -44,6 +44,8 @@ from pathlib import Path
 
 import pytest
 
+from aurora.jobspec import JobSpec
+
 STEPS = int(os.environ.get("AURORA_OVERHEAD_STEPS", "8"))
 PROMPTS = 32  # the default run's batch (examples/geo.yaml: real.prompts_per_step)
 GROUP = 8
@@ -58,7 +60,7 @@ real: {{steps: {STEPS}, prompts_per_step: {PROMPTS}, group_size: {GROUP}, actors
 """
 
 
-def bare(spec: dict, workdir: Path) -> dict[str, list[float]]:
+def bare(spec: JobSpec, workdir: Path) -> dict[str, list[float]]:
     """The job's compute in one plain loop; per step: tokens, generate, train, publish (s)."""
     from aurora.runtime.compute import Sampling
     from aurora.runtime.rlbackend import RLTrainer, make_rl_engine
@@ -68,9 +70,9 @@ def bare(spec: dict, workdir: Path) -> dict[str, list[float]]:
     engine.load(trainer.published(), version=trainer.version, weights_hash=trainer.weights_hash)
     sampling = Sampling(
         n=GROUP,
-        max_new_tokens=int(spec.get("max_new_tokens") or trainer.max_new_tokens),
-        temperature=float(spec["temperature"]),
-        seed=int(spec["seed"]),
+        max_new_tokens=spec.max_new_tokens or trainer.max_new_tokens,
+        temperature=spec.temperature,
+        seed=spec.seed,
     )
     out: dict[str, list[float]] = {"tokens": [], "generate": [], "train": [], "publish": []}
     for step in range(STEPS):
@@ -138,7 +140,7 @@ def test_runtime_overhead_against_the_bare_compute(benchmark, tmp_path):
 
     def measure() -> None:
         run_dir = real(tmp_path)
-        spec = json.loads((run_dir / "job.json").read_text())["spec"]
+        spec = JobSpec.decode(json.loads((run_dir / "job.json").read_text())["spec"])
         results["before"] = bare(spec, tmp_path / "bare1")
         results["real"] = real_numbers(run_dir)
         results["after"] = bare(spec, tmp_path / "bare2")

@@ -72,6 +72,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from aurora.jobspec import JobSpec
 from experiments.common import files_only, results_root, written
 from experiments.real_runs import launch, paired_bootstrap, sweep, t_interval
 
@@ -213,6 +214,7 @@ def measure(run: AccuracyRun, root: Path) -> tuple[dict[str, Any], list[dict[str
         )
     )
     s, steps = out.summary, out.steps
+    spec = JobSpec.decode(s["spec"])
     reward = 100 * steps["reward"].astype(float)
     late = reward.iloc[len(reward) // 2 :]
     stale = steps["staleness"].iloc[1:].astype(float)  # step 1 has no earlier version
@@ -237,8 +239,8 @@ def measure(run: AccuracyRun, root: Path) -> tuple[dict[str, Any], list[dict[str
         "results_refused": int(sum((s.get("results_refused") or {}).values())),
         "wan": out.wan,
         "link_scale": s.get("link_scale"),
-        "learning_rate": s["spec"].get("learning_rate"),
-        "eval_prompts": s["spec"].get("eval_prompts"),
+        "learning_rate": spec.learning_rate,
+        "eval_prompts": spec.eval_prompts,
         "run_dir": str(out.dir),
         "config": json.dumps(asdict(run), sort_keys=True),
         "spec": json.dumps(s["spec"], sort_keys=True),

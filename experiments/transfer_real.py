@@ -255,8 +255,14 @@ def run_real(cfg: Config, *, network: str, model: str, steps: int, root: Path) -
     name = f"tr-{network}-{cfg.name}"
     topo_path = runs / f"{name}.yaml"
     topo_path.write_text(yaml.safe_dump(topology_yaml(name, model, steps), sort_keys=False))
-    strat = {**strategy_spec("aurora"), "streams": cfg.streams, "relays": cfg.relays,
-             "cut_through": cfg.cut_through}  # fmt: skip
+    strat = dataclasses.asdict(
+        dataclasses.replace(
+            strategy_spec("aurora"),
+            streams=cfg.streams,
+            relays=cfg.relays,
+            cut_through=cfg.cut_through,
+        )
+    )
     run = RealRun(
         topology=load_topology(topo_path),
         topology_path=str(topo_path),

@@ -75,6 +75,7 @@ from typing import Any
 import yaml
 
 from aurora.faults import parse_fault
+from aurora.jobspec import JobSpec
 from aurora.policy.leases import LeaseConfig
 from aurora.topology import Topology, load_topology
 from aurora.traces import PAPER, Traces, load_traces
@@ -134,12 +135,12 @@ class RunRecord:
     loopback: dict[str, Any] | None = None
 
     @property
-    def spec(self) -> dict[str, Any]:
-        return dict(self.job["spec"])
+    def spec(self) -> JobSpec:
+        return JobSpec.decode(self.job["spec"])
 
     @property
     def strategy(self) -> str:
-        return str(self.spec["strategy"]["name"])
+        return self.spec.strategy.name
 
     @property
     def name(self) -> str:
@@ -240,7 +241,7 @@ def _stats(xs: Sequence[float]) -> dict[str, float]:
 def measurements(rec: RunRecord) -> dict[str, Any]:
     """Everything the trace is derived from, per Actor, per version and per join."""
     spec = rec.spec
-    group = int(spec["group_size"])
+    group = spec.group_size
     gen = [s for s in rec.spans if s.get("activity") == "generate" and s["end"] > s["start"]]
     min_v = 1 if any(int(s["version"]) >= 1 for s in gen) else 0
     # Past the warm-up: the first batches (on v0) carry the engine's one-time costs.
@@ -393,7 +394,7 @@ def _control_one_way_s(rec: RunRecord) -> dict[str, float]:
     its region's link to the Trainer's, as emulated; 0 on loopback)."""
     if rec.emulation is None:
         return {}
-    trainer = str(rec.job.get("trainer_region") or rec.spec.get("trainer_region"))
+    trainer = rec.spec.trainer_region
     rtt = {}
     for lk in rec.emulation["links"]:
         if trainer in (lk["a"], lk["b"]):
@@ -429,7 +430,7 @@ def trace_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
     spec = rec.spec
     run = f"recorded from run {rec.name}"
     model = model_id(rec)
-    dense_payload = spec["strategy"]["payload"] == "dense"
+    dense_payload = spec.strategy.payload == "dense"
     versions = m["versions"]
     vs = sorted(versions)
     if len([v for v in vs if v > WARMUP_STEPS]) >= 2:
@@ -445,7 +446,7 @@ def trace_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
         raise RunFolderError(f"{rec.path}: no dense_bytes in the Trainer's statistics")
     dense_bytes = _mean(dense)
     g = m["generation"]
-    codec = spec["strategy"].get("codec") or "aurora"
+    codec = spec.strategy.codec or "aurora"
     what_delta = "dense copies in the delta format" if dense_payload else f"{codec}-codec deltas"
     models = {
         model: {
@@ -515,7 +516,7 @@ def trace_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
         }
     }
     workloads = {
-        str(spec["task"]): {
+        spec.task: {
             "tokens_per_rollout": _q(
                 g["tokens_per_rollout"],
                 f"{run}: {g['tokens']} generated tokens over {g['rollouts']} rollouts "
@@ -524,7 +525,7 @@ def trace_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
         }
     }
     actors = sum(1 for _ in rec.job["actors"])
-    rollouts_per_step = int(spec["prompts_per_step"]) * int(spec["group_size"])
+    rollouts_per_step = spec.prompts_per_step * spec.group_size
     applied = m["apply"]
     if applied["seconds"] > 0:
         apply_q = _q(
@@ -601,7 +602,7 @@ def trace_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
         "rollouts_per_actor": _q(
             rollouts_per_step / actors,
             f"{run}: prompts_per_step x group_size / Actors started "
-            f"({spec['prompts_per_step']} x {spec['group_size']} / {actors})",
+            f"({spec.prompts_per_step} x {spec.group_size} / {actors})",
         ),
         "codec_bytes_vs_leb128": {
             "leb128": _q(1.0, "definition"),
@@ -635,7 +636,7 @@ def trace_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
 
 def model_id(rec: RunRecord) -> str:
     """The model's id in the replay (``run-<model>``, e.g. ``run-tiny``)."""
-    name = str(rec.spec.get("model") if rec.spec.get("backend") == "rl" else "standin")
+    name = rec.spec.model if rec.spec.backend == "rl" else "standin"
     return "run-" + Path(name).name
 
 
@@ -767,19 +768,19 @@ def replay_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
     return {
         "run": str(rec.path),
         "strategy": rec.strategy,
-        "steps": int(spec["steps"]),
-        "seed": int(spec["seed"]),
-        "workload": str(spec["task"]),
-        "batch_rollouts": int(spec["prompts_per_step"]) * int(spec["group_size"]),
-        "rollouts_per_lease": int(spec["group_size"]),
-        "snapshot_interval": int(spec["snapshot_interval"]),
-        "lease_initial_s": float(spec["lease_initial_s"]),
+        "steps": spec.steps,
+        "seed": spec.seed,
+        "workload": spec.task,
+        "batch_rollouts": spec.prompts_per_step * spec.group_size,
+        "rollouts_per_lease": spec.group_size,
+        "snapshot_interval": spec.snapshot_interval,
+        "lease_initial_s": spec.lease_initial_s,
         "faults": faults,
-        "store_local": "://" not in str(spec.get("store") or ""),
+        "store_local": "://" not in spec.store,
         "rate_schedules": schedules,
         "emulated": rec.emulation is not None,
         "link_scale": rec.summary.get("link_scale"),
-        "backend": spec.get("backend"),
+        "backend": spec.backend,
         "recorded": {
             **m,
             "links_probed": probed,

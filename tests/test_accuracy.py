@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 from nbclient import NotebookClient
 
+from aurora.jobspec import JobSpec
 from experiments import accuracy, real_runs
 from experiments.real_runs import paired_bootstrap, sweep, t_interval
 
@@ -63,9 +64,9 @@ def test_each_row_carries_its_resolved_config_seed_and_git_sha(quick):
         config = json.loads(r.config)
         assert config["strategy"] == r.strategy and config["seed"] == r.seed
         assert config["steps"] == 2 and config["settings"]["eval_prompts"] == 20
-        spec = json.loads(r.spec)
-        assert spec["seed"] == r.seed and spec["strategy"]["name"] == r.strategy
-        assert spec["eval_prompts"] == 20 and spec["learning_rate"] == r.learning_rate
+        spec = JobSpec.decode(json.loads(r.spec))
+        assert spec.seed == r.seed and spec.strategy.name == r.strategy
+        assert spec.eval_prompts == 20 and spec.learning_rate == r.learning_rate
         assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?|unknown", r.git_sha)
         assert Path(r.run_dir, "summary.json").exists()
 

@@ -26,20 +26,37 @@ from aurora.policy.leases import LeaseConfig
 from aurora.policy.ledger import LedgerConfig
 from aurora.runtime import ledger_service
 from aurora.runtime.channel import Channel, connect
+from aurora.runtime.job import make_spec
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
 from aurora.store.ledgerlog import LedgerLog, LogCorrupt
+from aurora.topology import topology_from_dict
 
 JOB_KEY = hashlib.sha256(b"the job's signing key").digest()
 JOB_PUB = public_key_of(JOB_KEY)
 SECRET = b"s" * 32
 JOB_ID = "job-trust2-0123"
-SPEC = {
-    "job_id": JOB_ID,
-    "start_actors": 1,
-    "prompts_per_step": 2,
-    "group_size": 2,
-    "max_new_tokens": 8,
-}
+SPEC = (
+    make_spec(
+        topology_from_dict(
+            {
+                "name": "t",
+                "trainer": {"region": "us", "model": "qwen3-8b", "gpus": 1},
+                "regions": [{"name": "us"}],
+                "actors": [{"region": "us", "gpu": "A100", "count": 1}],
+            }
+        ),
+        strategy="aurora",
+        seed=0,
+        steps=3,
+        store="unused-store",
+        backend="standin",
+    )
+    .with_settings(
+        job_id=JOB_ID, start_actors=1, prompts_per_step=2, group_size=2, max_new_tokens=8
+    )
+    .encode()
+)
+"""The encoded job spec the Trainer registers (small batches, short completions)."""
 H0 = "ab" * 32
 
 
@@ -506,3 +523,27 @@ def test_an_issued_identity_is_a_0600_file_whose_certificate_holds_only_for_its_
         assert check_identity(role, pid, key, cert, job) is not None, (role, pid)
     with pytest.raises(ValueError, match="trainer"):
         issue_identity("actor", "trainer", JOB_KEY)
+
+
+def test_a_registered_job_spec_that_does_not_decode_is_refused_before_it_is_logged(tmp_path):
+    """A spec with an unknown key or a wrong type used to be logged first and decoded after:
+    the Ledger raised on it, and again on every replay of its log."""
+
+    async def main() -> LedgerService:
+        svc = service(tmp_path)
+        port = await svc.start("127.0.0.1", 0, secret=SECRET)
+        for bad in ({**SPEC, "stanin_hidden": 8}, {**SPEC, "group_size": "2"}):
+            trainer = await join(port, "trainer", "trainer", trainer_identity(JOB_KEY))
+            await trainer.send(
+                {"op": "job", "job": {"steps": 3, "prompts_per_batch": 2, "spec": bad}}
+            )
+            await asyncio.sleep(0.3)
+        await svc.close()
+        return svc
+
+    svc = asyncio.run(main())
+    assert svc.job is None
+    assert not [r for r in rows(tmp_path, "driver") if r["type"] == "Job"]
+    again = service(tmp_path)  # the log replays: nothing in it trips the decoder
+    again.replay()
+    assert again.job is None

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from aurora.delta.announce import public_key_of
 from aurora.runtime import messages as m
 from aurora.runtime.trainer import TrainerProcess, TrainerRun
+from tests.test_ledger_service import job_spec
 
 # ---- decode: every message, every bound --------------------------------------------------
 
@@ -258,13 +259,9 @@ def test_the_trainer_refuses_bad_payloads_of_a_batch_and_trains_on_the_rest(tmp_
     Trainer's batch fetch and killed it (and the Ledger inside it), after every restart too."""
     key = bytes(range(32))
     run = TrainerRun(
-        spec={
-            "store": str(tmp_path / "store"),
-            "job_id": "j",
-            "prompts_per_step": 8,
-            "group_size": 2,
-            "max_new_tokens": 4,
-        },
+        spec=job_spec(
+            tmp_path / "store", job_id="j", prompts_per_step=8, group_size=2, max_new_tokens=4
+        ),
         run_dir=str(tmp_path / "run"),
         secret=b"s" * 32,
         signing_key=key,

@@ -46,6 +46,7 @@ from aurora.engines.vllm import (  # noqa: E402
 )
 from aurora.models import TinyQwen3Config, build_default  # noqa: E402
 from aurora.rl.trainer import Group, GRPOConfig, Trainer  # noqa: E402
+from tests.test_ledger_service import job_spec  # noqa: E402
 
 CFG = TinyQwen3Config()  # 4 q heads, 2 kv heads: TP 4 replicates each kv head twice
 SHAPE = ModelShape.of(CFG.hf_config())
@@ -773,21 +774,21 @@ def test_engine_vllm_without_a_gpu_needs_vllms_cpu_build_of_a_supported_version(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     installed_vllm(monkeypatch, version, cpu)
     if refused is None:
-        check_compute({"engine": "vllm", "device": "cpu"})
+        check_compute(engine="vllm", device="cpu")
         return
     with pytest.raises(ValueError) as err:
-        check_compute({"engine": "vllm"})
+        check_compute(engine="vllm")
     msg = str(err.value)
     assert msg.startswith("real.engine: vllm: ") and "\n" not in msg and refused in msg, msg
 
 
-def test_the_runtime_refuses_engine_vllm_in_one_line_where_it_cannot_run(monkeypatch):
+def test_the_runtime_refuses_engine_vllm_in_one_line_where_it_cannot_run(monkeypatch, tmp_path):
     from aurora.runtime.rlbackend import make_rl_engine
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     installed_vllm(monkeypatch, None)
     with pytest.raises(ValueError) as err:
-        make_rl_engine({"seed": 0, "engine": "vllm"})
+        make_rl_engine(job_spec(tmp_path).with_settings(backend="rl", engine="vllm"))
     msg = str(err.value)
     assert "\n" not in msg and "vllm" in msg and "GPU" in msg
 
@@ -800,20 +801,23 @@ def test_the_runtime_refuses_engine_vllm_in_one_line_where_it_cannot_run(monkeyp
         ({"engine": "vllm"}, "real.engine: vllm"),
     ],
 )
-def test_a_job_needing_a_gpu_is_refused_in_one_line_naming_the_field(monkeypatch, spec, field):
+def test_a_job_needing_a_gpu_is_refused_in_one_line_naming_the_field(
+    monkeypatch, tmp_path, spec, field
+):
     from aurora.runtime.rlbackend import check_compute, model_dense_bytes
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     installed_vllm(monkeypatch, "0.33.0", cpu=False)  # a CUDA vLLM: it needs the GPU too
-    for call in (lambda: check_compute(spec), lambda: model_dense_bytes({"model": "tiny", **spec})):
+    job = job_spec(tmp_path).with_settings(backend="rl", model="tiny", **spec)
+    for call in (lambda: check_compute(**spec), lambda: model_dense_bytes(job)):
         with pytest.raises(ValueError) as err:
             call()
         msg = str(err.value)
         assert msg.startswith(field) and "\n" not in msg and "GPU" in msg
-    check_compute({"device": "cpu", "engine": "transformers"})  # nothing needed: no refusal
+    check_compute(device="cpu", engine="transformers")  # nothing needed: no refusal
     # an Actor's own engine counts too
     with pytest.raises(ValueError, match="real.engine: vllm"):
-        check_compute({"engine": "transformers"}, engines=["transformers", "vllm"])
+        check_compute(engine="transformers", engines=["transformers", "vllm"])
 
 
 def test_aurora_real_refuses_engine_vllm_and_device_cuda_before_starting_anything(

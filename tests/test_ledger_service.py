@@ -1,6 +1,7 @@
 """The Ledger process's durable log: a restarted Ledger replays it to exactly the same state."""
 
 import asyncio
+import pathlib
 
 import pytest
 
@@ -10,6 +11,25 @@ from aurora.policy.ledger import LedgerConfig
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
 from aurora.store.ledgerlog import LedgerLog
 from tests.test_control_identity import H0, JOB_ID, JOB_PUB, delta_signed
+
+
+def job_spec(tmp_path, **settings):
+    """A whole job spec (stand-in compute) as the Trainer registers it."""
+    from aurora.runtime.job import make_spec
+    from aurora.topology import topology_from_dict
+
+    topo = topology_from_dict(
+        {
+            "name": "t",
+            "trainer": {"region": "us", "model": "qwen3-8b", "gpus": 1},
+            "regions": [{"name": "us"}],
+            "actors": [{"region": "us", "gpu": "A100", "count": 2}],
+        }
+    )
+    spec = make_spec(
+        topo, strategy="aurora", seed=0, steps=None, store=str(tmp_path), backend="standin"
+    )
+    return spec.with_settings(**settings)
 
 
 class Clock:
@@ -28,7 +48,8 @@ def config(db) -> LedgerServiceConfig:
 
 
 async def drive(svc: LedgerService, clock: Clock) -> None:
-    svc.note({"type": "Job", "steps": 3, "prompts_per_batch": 6, "spec": {"start_actors": 2}})
+    spec = job_spec(pathlib.Path(svc.config.log_path).parent, start_actors=2).encode()
+    svc.note({"type": "Job", "steps": 3, "prompts_per_batch": 6, "spec": spec})
     svc.note({"type": "Published", "version": 0, "weights_hash": "h0"})
     svc.feed(DeltaPublished(version=0, weights_hash="h0", delta_bytes=None, snapshot_bytes=100))
     for a in ("a1", "a2"):
@@ -137,7 +158,7 @@ def test_a_joiner_that_staged_a_version_before_its_announcement_is_counted_once_
 
     async def main() -> LedgerService:
         svc = LedgerService(config(tmp_path / "l.db"), clock=clock, public_key=JOB_PUB)
-        spec = {"start_actors": 9, "job_id": JOB_ID}
+        spec = job_spec(tmp_path, start_actors=9, job_id=JOB_ID).encode()
         svc.note({"type": "Job", "steps": 3, "prompts_per_batch": 6, "spec": spec})
         svc.note({"type": "Published", "version": 0, "weights_hash": H0})
         svc.feed(DeltaPublished(version=0, weights_hash=H0, delta_bytes=None, snapshot_bytes=9))

@@ -45,6 +45,7 @@ from tests.test_control_identity import (
     payload,
     snapshot_signed,
 )
+from tests.test_ledger_service import job_spec
 
 PROMPTS = 4
 
@@ -244,7 +245,7 @@ def _trainer(tmp_path, n: int) -> tuple[TrainerProcess, list[str]]:
     key = bytes(range(32))
     job = "mem-job"
     run = TrainerRun(
-        spec={"store": str(tmp_path / "store"), "job_id": job},
+        spec=job_spec(tmp_path / "store", job_id=job),
         run_dir=str(tmp_path / "run"),
         secret=b"s" * 32,
         signing_key=key,
@@ -297,7 +298,8 @@ def test_the_trainer_keeps_recent_history_and_re_announces_old_versions_from_dis
         trainer.compute = _Compute()  # type: ignore[assignment]
         trainer._inbox = asyncio.Queue()
         await trainer._inbox.put({"op": "resume", "latest": None, "done": []})
-        await trainer._resume_with_ledger({"steps": n, "prompts_per_step": 4}, n, meta)
+        spec = trainer.spec.with_settings(steps=n, prompts_per_step=4)
+        await trainer._resume_with_ledger(spec, n, meta)
         return trainer.channel.sent  # type: ignore[attr-defined]
 
     sent = asyncio.run(resume())

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_ledger_service import job_spec
+
 TOPOLOGY = """
 name: {name}
 trainer: {{region: us, model: qwen3-8b, gpu: H100, gpus: 1, egress_gbps: 10}}
@@ -431,7 +433,7 @@ def test_an_actor_given_another_jobs_public_key_stops_with_one_line_and_a_right_
                 public_key=load_public_key(public_key_file),
             )
         )
-        a.job = {"job_id": "job-1"}
+        a.job = job_spec(tmp_path, job_id="job-1")
         return a
 
     wrong = actor(theirs.public_key)

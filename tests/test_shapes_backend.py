@@ -9,6 +9,7 @@ from aurora.runtime import shapes
 from aurora.runtime.cli import backend_for
 from aurora.runtime.compute import make_engine, make_trainer
 from aurora.topology import load_topology
+from tests.test_ledger_service import job_spec
 
 TINY = {**shapes.MODELS["qwen3-0.6b-shapes"], "vocab_size": 512, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -16,10 +17,10 @@ TINY = {**shapes.MODELS["qwen3-0.6b-shapes"], "vocab_size": 512, "hidden_size": 
 
 
 @pytest.fixture
-def tiny(monkeypatch):
+def tiny(monkeypatch, tmp_path):
     monkeypatch.setitem(shapes.MODELS, "qwen3-test-shapes", TINY)
     shapes.model_shapes.cache_clear()
-    yield {"backend": "shapes", "model": "qwen3-test-shapes", "seed": 3}
+    yield job_spec(tmp_path, backend="shapes", model="qwen3-test-shapes", seed=3)
     shapes.model_shapes.cache_clear()
 
 

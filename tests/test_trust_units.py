@@ -401,7 +401,7 @@ def test_two_jobs_of_the_same_topology_strategy_and_seed_get_different_ids():
 
     topo = load_topology("examples/geo.yaml")
     ids = {
-        make_spec(topo, strategy="aurora", seed=0, steps=2, store="s", backend="standin")["job_id"]
+        make_spec(topo, strategy="aurora", seed=0, steps=2, store="s", backend="standin").job_id
         for _ in range(2)
     }
     assert len(ids) == 2
@@ -427,5 +427,5 @@ def test_a_trainer_restarted_from_the_topology_keeps_its_job_id(tmp_path):
     )
     first = _load_job(argparse.Namespace(**vars(args)), keep=True)
     again = _load_job(argparse.Namespace(**vars(args)), keep=True)
-    assert first["job_id"] == again["job_id"]
+    assert first.job_id == again.job_id
     assert (tmp_path / "trainer" / "job.json").exists()

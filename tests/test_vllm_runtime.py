@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from aurora.jobspec import JobSpec
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 if importlib.util.find_spec("vllm") is None:  # without importing it (collection stays light)
@@ -67,7 +69,7 @@ def test_aurora_real_with_vllm_actors_on_the_cpu_settles_every_prompt_with_equal
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (summary,) = out.glob("*/summary.json")
     s = json.loads(summary.read_text())
-    assert s["spec"]["engine"] == "vllm" and s["steps_completed"] == 4
+    assert JobSpec.decode(s["spec"]).engine == "vllm" and s["steps_completed"] == 4
     assert s["prompts_lost"] == 0 and s["prompts_settled"] == s["prompts_requested"]
     assert s["actor_hash_mismatches"] == 0 and s["actor_digest_mismatches"] == 0
     assert s["actor_digests_checked"] >= s["activations"] > 0

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aurora.delta import Delta
+from aurora.jobspec import JobSpec
 from aurora.keys import Identity
 from aurora.policy.actor import (
     Activate,
@@ -105,7 +106,7 @@ class ActorProcess:
     def __init__(self, run: ActorRun) -> None:
         self.run = run
         self.id = run.id
-        self.job: dict[str, Any] | None = None
+        self.job: JobSpec | None = None
         self.sources: dict[str, str] = {}
         self.route: str | None = None
         self.engine: EngineSide | None = None
@@ -227,7 +228,7 @@ class ActorProcess:
         if op == "welcome":
             self.sources.update({k: v for k, v in (msg.get("sources") or {}).items() if v})
             if msg.get("job") is not None and self.job is None:
-                self.job = msg["job"]
+                self.job = JobSpec.decode(msg["job"])
         elif op == "announce":
             data = bytes(msg["data"])
             self._check_job_key(data)
@@ -298,13 +299,13 @@ class ActorProcess:
         from aurora.delta.announce import AnnouncementError, verify
 
         try:
-            verify(data, self.run.public_key, job=str(self.job["job_id"]))
+            verify(data, self.run.public_key, job=self.job.job_id)
         except AnnouncementError as exc:
             self.key_failures += 1
             if self.key_failures >= KEY_CHECKS:
                 self.failed = (
                     f"the job's announcements are not signed by the Trainer key this Actor "
-                    f"was given (wrong --public-key for job {self.job['job_id']}?): {exc}"
+                    f"was given (wrong --public-key for job {self.job.job_id}?): {exc}"
                 )
                 self.stopping = True
                 self.wake.set()
@@ -470,7 +471,7 @@ class ActorProcess:
 
     async def _generate(self, work: Work) -> None:
         assert self.engine is not None and self.job is not None and self.sampling is not None
-        per_step = int(self.job["prompts_per_step"])
+        per_step = self.job.prompts_per_step
         prompts = [
             (self.prompt_of[lease], task_index(self.prompt_of[lease], per_step))
             for lease in work.leases
@@ -583,15 +584,15 @@ class ActorProcess:
             msg = await self.channel.recv_checked(Direction.LEDGER_TO_PEER)
             self._on_message(msg)
         job = self.job
+        if job.max_new_tokens is None:
+            raise ValueError("the job names no max_new_tokens (the Trainer sets it on register)")
         self.sampling = Sampling(
-            n=int(job["group_size"]),
-            max_new_tokens=int(job["max_new_tokens"]),
-            temperature=float(job["temperature"]),
-            seed=int(job["seed"]),
+            n=job.group_size,
+            max_new_tokens=job.max_new_tokens,
+            temperature=job.temperature,
+            seed=job.seed,
         )
-        self.store = CheckpointStore(
-            job["store"], job=job["job_id"], public_key=self.run.public_key
-        )
+        self.store = CheckpointStore(job.store, job=job.job_id, public_key=self.run.public_key)
         self.engine = await asyncio.to_thread(
             make_engine, job, engine=self.run.engine, engine_url=self.run.engine_url
         )

@@ -16,9 +16,12 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aurora.faults import EXAMPLES as FAULT_EXAMPLES
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from aurora.jobspec import JobSpec
 
 
 def _addr(text: str, flag: str) -> tuple[str, int]:
@@ -77,21 +80,23 @@ def _identity(args: argparse.Namespace, role: str) -> Any:
     return ident
 
 
-def _load_job(args: argparse.Namespace, *, keep: bool = False) -> dict[str, Any]:
+def _load_job(args: argparse.Namespace, *, keep: bool = False) -> JobSpec:
     """The job spec from ``--job``, or made from ``--topology``. With ``keep`` (the Trainer) a
     spec made from the topology is written to ``RUN_DIR/job.json`` and read back on a restart:
     the job id carries a random nonce, so deriving it again would name another job."""
+    from aurora.jobspec import JobSpec
+    from aurora.runtime.job import make_spec
+
     kept = Path(args.run_dir) / "job.json" if keep and not args.job else None
     if kept is not None and kept.exists():
         args.job = str(kept)
     if args.job:
         try:
-            return dict(json.loads(Path(args.job).read_text())["spec"])
+            return JobSpec.decode(json.loads(Path(args.job).read_text())["spec"])
         except (OSError, ValueError, KeyError) as exc:
             raise ValueError(f"--job {args.job}: cannot read a job spec ({exc})") from None
     if not args.topology:
         raise ValueError("give --job FILE (written by aurora real) or --topology FILE")
-    from aurora.runtime.job import make_spec
     from aurora.topology import load_topology
 
     topo = load_topology(args.topology)
@@ -108,7 +113,7 @@ def _load_job(args: argparse.Namespace, *, keep: bool = False) -> dict[str, Any]
         from aurora.store.files import write_atomic
 
         kept.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(str(kept), [json.dumps({"spec": spec}).encode()])
+        write_atomic(str(kept), [json.dumps({"spec": spec.encode()}).encode()])
     return spec
 
 
@@ -443,7 +448,7 @@ def _export(args: argparse.Namespace) -> int:
     try:
         spec = _load_job(args)
         key = load_public_key(args.public_key)
-        store = CheckpointStore(args.store or spec["store"], job=spec["job_id"], public_key=key)
+        store = CheckpointStore(args.store or spec.store, job=spec.job_id, public_key=key)
         deltas, snaps = store.sizes()
         if args.version not in deltas and args.version not in snaps:
             raise ValueError(f"--version {args.version}: not in the store {store.url}")

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from aurora.delta import Delta, Segment
+from aurora.jobspec import JobSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,42 +129,42 @@ class TrainerSide(Protocol):
         """Write the published policy as a Hugging Face model directory."""
 
 
-def make_trainer(spec: Mapping[str, Any], *, workdir: str) -> TrainerSide:
-    """The Trainer side of the backend named in the job spec."""
-    backend = spec.get("backend", "rl")
+def make_trainer(job: JobSpec, *, workdir: str) -> TrainerSide:
+    """The Trainer side of the job's backend."""
+    backend = job.backend
     if backend == "standin":
         from aurora.runtime.standin import StandinTrainer
 
-        return StandinTrainer(spec)
+        return StandinTrainer(job)
     if backend == "shapes":
         from aurora.runtime.shapes import ShapesTrainer
 
-        return ShapesTrainer(spec)
+        return ShapesTrainer(job)
     if backend == "rl":
         from aurora.runtime.rlbackend import RLTrainer
 
-        return RLTrainer(spec, workdir=workdir)
+        return RLTrainer(job, workdir=workdir)
     raise ValueError(f"unknown compute backend {backend!r} (expected rl, standin or shapes)")
 
 
 def make_engine(
-    spec: Mapping[str, Any], *, engine: str | None = None, engine_url: str | None = None
+    job: JobSpec, *, engine: str | None = None, engine_url: str | None = None
 ) -> EngineSide:
-    """The engine side of the backend named in the job spec (``engine`` overrides its kind;
-    ``engine_url`` drives a running ``vllm serve`` instead of starting an engine)."""
-    backend = spec.get("backend", "rl")
+    """The engine side of the job's backend (``engine`` overrides its kind; ``engine_url``
+    drives a running ``vllm serve`` instead of starting an engine)."""
+    backend = job.backend
     if backend == "standin":
         from aurora.runtime.standin import StandinEngine
 
         if engine_url:
             raise ValueError("--engine-url: a job on the standin backend has no model to serve")
-        return StandinEngine(spec)
+        return StandinEngine(job)
     if backend == "shapes":
         from aurora.runtime.shapes import ShapesEngine
 
-        return ShapesEngine(spec)
+        return ShapesEngine(job)
     if backend == "rl":
         from aurora.runtime.rlbackend import make_rl_engine
 
-        return make_rl_engine(spec, engine=engine, engine_url=engine_url)
+        return make_rl_engine(job, engine=engine, engine_url=engine_url)
     raise ValueError(f"unknown compute backend {backend!r} (expected rl, standin or shapes)")

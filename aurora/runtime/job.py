@@ -9,10 +9,12 @@ processes; :func:`plan_job` turns topology + strategy + overrides into
 * a :class:`ProcessPlan`: the Actors (ids and regions, the topology's groups scaled to
   ``real.actors`` for one host) and the relays (one standalone relay per remote region, or none
   when a seed Actor relays), and
-* the **job spec**: one JSON-ready dict with everything an Actor or relay needs to take part (model,
-  task, sampling, strategy, store URL, job id). The Trainer registers it with the Ledger and the
-  Ledger hands it to each peer that joins, so an Actor on another host needs nothing but the
-  Ledger's address, the job secret and the job's public key.
+* the **job spec** (:class:`JobSpec`, frozen): everything an Actor or relay needs to take part
+  (model, task, sampling, strategy, store URL, job id). The Trainer registers it with the Ledger
+  and the Ledger hands it to each peer that joins, so an Actor on another host needs nothing but
+  the Ledger's address, the job secret and the job's public key. On the wire and in files it is
+  :meth:`JobSpec.encode`'s JSON-ready dict, read back by :meth:`JobSpec.decode` (which refuses
+  an unknown key): the one place its keys are spelled.
 
 Strategies keep the simulator's names and meanings (:func:`aurora.strategies.strategy`): ``aurora``
 sends sparse deltas through relays over S streams with a one-step lag; ``prime-full`` a dense
@@ -25,9 +27,10 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from aurora.jobspec import JobSpec, StrategySpec
 from aurora.strategies import strategy
 from aurora.topology import Topology
 from aurora.transport.node import TransportConfig
@@ -101,7 +104,7 @@ def plan_processes(topology: Topology, *, actors: int | None = None) -> ProcessP
     )
 
 
-def strategy_spec(name: str) -> dict[str, Any]:
+def strategy_spec(name: str) -> StrategySpec:
     """The transfer strategy ``name`` as the runtime needs it (same meanings as the simulator)."""
     if name not in REAL_STRATEGIES:
         raise ValueError(
@@ -110,17 +113,17 @@ def strategy_spec(name: str) -> dict[str, Any]:
         )
     s = strategy(name)
     dense = s.payload == "dense" and not s.rdma
-    return {
-        "name": s.name,
-        "payload": "dense" if dense else "delta",
-        "codec": s.codec if not dense else None,
-        "streams": s.streams if not s.rdma else 4,
-        "relays": s.relays,
-        "max_lag": s.max_lag,
-        "cut_through": s.cut_through if not s.rdma else True,
-        "staging_grace_s": s.staging_grace_s if not s.rdma else 10.0,
-        "shaped": not s.rdma,
-    }
+    return StrategySpec(
+        name=s.name,
+        payload="dense" if dense else "delta",
+        codec=s.codec if not dense else None,
+        streams=s.streams if not s.rdma else 4,
+        relays=s.relays,
+        max_lag=s.max_lag,
+        cut_through=s.cut_through if not s.rdma else True,
+        staging_grace_s=s.staging_grace_s if not s.rdma else 10.0,
+        shaped=not s.rdma,
+    )
 
 
 JOB_NONCE_BYTES = 8
@@ -145,8 +148,9 @@ def make_spec(
     store: str,
     backend: str = "rl",
     extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The job spec (see the module docstring); ``extra`` adds backend settings."""
+) -> JobSpec:
+    """The job spec (see the module docstring); ``extra`` sets backend settings (fields of
+    :class:`JobSpec` with a default)."""
     real = topology.real
     strat = strategy_spec(strategy)
     spec: dict[str, Any] = {
@@ -174,34 +178,35 @@ def make_spec(
         "eval_prompts": real.eval_prompts,
         "store": store,
         "trainer_region": topology.trainer.region,
-        "strategy": strat,
+        "strategy": asdict(strat),
         "window_s": real.window_s,
     }
     spec.update(extra or {})
-    if "dense_bytes" not in spec:
-        spec["dense_bytes"] = dense_bytes(spec)
-    return spec
+    if "dense_bytes" in spec:
+        return JobSpec.decode(spec)
+    # The model's size follows from the other fields: decode with 0, then fill it in.
+    job = JobSpec.decode({**spec, "dense_bytes": 0})
+    return replace(job, dense_bytes=dense_bytes(job))
 
 
-def digest_due(spec: dict[str, Any], version: int) -> bool:
+def digest_due(spec: JobSpec, version: int) -> bool:
     """Whether the Trainer and the Actors compute the content digest of version ``version``
     (every ``digest_interval`` versions, version 0 and every snapshot version); the Ledger
     compares digests only where both sides sent one. One rule for both sides, here."""
-    every = int(spec.get("digest_interval", 1))
-    return version % every == 0 or version % int(spec.get("snapshot_interval", 1)) == 0
+    return version % spec.digest_interval == 0 or version % spec.snapshot_interval == 0
 
 
-def dense_bytes(spec: dict[str, Any]) -> int:
+def dense_bytes(spec: JobSpec) -> int:
     """bf16 bytes of the job's model (what a dense broadcast sends per step)."""
-    if spec["backend"] == "standin":
+    if spec.backend == "standin":
         from aurora.runtime.standin import standin_shapes
 
-        shapes = standin_shapes(int(spec.get("standin_hidden", 64)))
+        shapes = standin_shapes(spec.standin_hidden)
         return sum(2 * math.prod(s) for s in shapes.values())
-    if spec["backend"] == "shapes":
+    if spec.backend == "shapes":
         from aurora.runtime.shapes import dense_bytes as shapes_dense_bytes
 
-        return shapes_dense_bytes(spec["model"])
+        return shapes_dense_bytes(spec.model)
     from aurora.runtime.rlbackend import model_dense_bytes
 
     return model_dense_bytes(spec)
@@ -214,7 +219,7 @@ def cache_versions(max_lag: int) -> int:
 
 
 def transport_config(
-    spec: dict[str, Any],
+    spec: JobSpec,
     *,
     secret: bytes,
     public_key: bytes,
@@ -223,13 +228,11 @@ def transport_config(
     """The data plane's settings for any role of the job (Trainer, relay, Actor): streams,
     cut-through and cache from the job's strategy (cut-through only matters where a node
     forwards), ``overrides`` last (a fault hook's store-and-forward relay)."""
-    strat = spec["strategy"]
+    strat = spec.strategy
     settings: dict[str, Any] = {
-        "streams": int(strat["streams"]),
-        "cut_through": bool(strat["cut_through"]),
-        "cache_versions": cache_versions(int(strat["max_lag"])),
+        "streams": strat.streams,
+        "cut_through": strat.cut_through,
+        "cache_versions": cache_versions(strat.max_lag),
         **(overrides or {}),
     }
-    return TransportConfig(
-        secret=secret, job=str(spec["job_id"]), public_key=public_key, **settings
-    )
+    return TransportConfig(secret=secret, job=spec.job_id, public_key=public_key, **settings)

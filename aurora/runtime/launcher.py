@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from aurora.faults import Fault, check_faults
+from aurora.jobspec import JobSpec
 from aurora.provenance import git_sha
 from aurora.runtime.channel import connect
 from aurora.runtime.injector import Injector, SpotHazard
@@ -120,7 +121,8 @@ class Launcher:
         self.plan = plan_processes(run.topology, actors=run.actors)
         self.dir = run_folder(run)
         self.host = self.real.host
-        self.spec: dict[str, Any] = {}
+        self.spec: JobSpec | None = None
+        """Made by :meth:`prepare`."""
         self.procs = Procs(self.dir)
         self.ports: dict[str, int] = {}
         self.region_of: dict[str, str] = {}
@@ -135,6 +137,13 @@ class Launcher:
         self.net: Any = None
         """The emulated network (``emulation.network.Network``) under ``emulate``."""
         self.scale: float | None = None
+
+    @property
+    def job(self) -> JobSpec:
+        """The job spec (after :meth:`prepare`)."""
+        if self.spec is None:
+            raise RuntimeError("the job spec is made by prepare()")
+        return self.spec
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -162,7 +171,11 @@ class Launcher:
         if run.backend == "rl":
             from aurora.runtime.rlbackend import check_compute
 
-            check_compute(self.spec, engines=[a.engine for a in self.plan.actors if a.engine])
+            check_compute(
+                device=self.job.device,
+                engine=self.job.engine,
+                engines=[a.engine for a in self.plan.actors if a.engine],
+            )
         if self.dir.exists():
             if not (self.dir / "job.json").exists():
                 raise LaunchError(
@@ -182,7 +195,7 @@ class Launcher:
         (self.dir / "job.json").write_text(
             json.dumps(
                 {
-                    "spec": self.spec,
+                    "spec": self.job.encode(),
                     "topology": self.run.topology_path,
                     "actors": [asdict(a) for a in self.plan.actors],
                     "relays": [list(r) for r in self.plan.relays],
@@ -211,13 +224,13 @@ class Launcher:
         model = {
             "rl": self.real.model,
             "shapes": f"{self.real.model} (real tensor shapes, synthetic AdamW-like steps, "
-            f"stand-in generation at {self.spec.get('standin_tokens_per_s', 0)} tokens/s)",
+            f"stand-in generation at {self.job.standin_tokens_per_s} tokens/s)",
         }.get(self.run.backend, "stand-in compute (standin)")
         return (
             f"{self.topo.name}: {len(self.plan.actors)} Actors ({where}; {scaled}), relays: "
             f"{relays}; Trainer in {self.topo.trainer.region}; model {model} on "
             f"{self.real.device} instead of {self.topo.trainer.model}; strategy "
-            f"{self.run.strategy}, {self.spec['steps']} steps, seed {self.run.seed}, "
+            f"{self.run.strategy}, {self.job.steps} steps, seed {self.run.seed}, "
             f"regime {self.real.regime}; {self.dir}"
         )
 
@@ -505,7 +518,7 @@ class Launcher:
         tps = f"{stats.get('tokens', 0) / dt:,.0f}" if dt else "-"
         alive = sum(1 for p in self.procs.procs.values() if p.role == "actor" and p.alive)
         reward = stats.get("reward")
-        parts = [f"step {v}/{self.spec['steps']}", f"v{v}", f"tokens/s {tps}"]
+        parts = [f"step {v}/{self.job.steps}", f"v{v}", f"tokens/s {tps}"]
         if isinstance(reward, float):
             parts.append(f"reward {reward:.3f}")
         parts.append(f"Actors live {alive}")
@@ -604,7 +617,7 @@ class Launcher:
         if self.run.progress and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.live_line = tqdm(total=int(self.spec["steps"]), unit="step", leave=True)
+            self.live_line = tqdm(total=self.job.steps, unit="step", leave=True)
         code = EXIT_OK
         try:
             asyncio.run(self._run())
@@ -632,11 +645,11 @@ class Launcher:
         from aurora.runtime.regime import regime_scale
         from emulation.network import build_network
 
-        if not self.spec["strategy"]["shaped"]:
+        if not self.job.strategy.shaped:
             print(f"{self.run.strategy}: no WAN to shape (RDMA in the paper); running on loopback")
             return
         self.scale = (
-            self.run.scale if self.run.scale is not None else regime_scale(self.topo, self.spec)
+            self.run.scale if self.run.scale is not None else regime_scale(self.topo, self.job)
         )
         print(f"emulated WAN: every link rate x {self.scale:.4g} (RTT and loss as configured)")
         self.net = build_network(
@@ -657,17 +670,17 @@ class Launcher:
             "topology_file": self.run.topology_path,
             "mode": "real",
             "backend": self.run.backend,
-            "model": self.spec["model"] if self.run.backend in ("rl", "shapes") else "standin",
+            "model": self.job.model if self.run.backend in ("rl", "shapes") else "standin",
             "strategy": self.run.strategy,
-            "regime": self.spec["regime"],
+            "regime": self.job.regime,
             "actors": len(self.plan.actors),
             "seed": self.run.seed,
             "git_sha": git_sha(),
             "emulated": self.net is not None,
             "link_scale": self.scale,
-            "spec": self.spec,
+            "spec": self.job.encode(),
         }
-        policy = ledger_config(self.spec, str(self.dir / "ledger.db")).policy
+        policy = ledger_config(self.job, str(self.dir / "ledger.db")).policy
         summary = write_outputs(self.dir, config=config, name=self.topo.name, policy=policy)
         summary["exit_code"] = code
         (self.dir / "summary.json").write_text(

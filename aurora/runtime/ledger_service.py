@@ -50,6 +50,7 @@ from aurora.delta.announce import (
     VersionAnnouncement,
     verify,
 )
+from aurora.jobspec import JobSpec
 from aurora.policy.core import LedgerCore
 from aurora.policy.events import (
     Accepted,
@@ -133,27 +134,26 @@ def hello_fields(hello: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def channel_limits(spec: dict[str, Any]) -> ChannelLimits:
+def channel_limits(spec: JobSpec) -> ChannelLimits:
     """The control server's limits for a job: the largest message is one result (``group_size``
     completions of ``max_new_tokens`` tokens, each id and log-probability at most 14 bytes of
     msgpack), with room for twice that and 64 KiB of framing, at least 1 MiB, at most the
     channel's default (16 MiB)."""
-    group = int(spec.get("group_size") or 16)
-    tokens = int(spec.get("max_new_tokens") or 4096)
+    group = spec.group_size or 16
+    tokens = spec.max_new_tokens or 4096
     biggest = min(16 << 20, max(1 << 20, 2 * group * tokens * 14 + (64 << 10)))
     return ChannelLimits(max_message=biggest, buffer_budget=max(16 << 20, biggest))
 
 
-def job_pacing(job: dict[str, Any], *, staging_grace_s: float) -> PacerConfig:
-    """The pacer of a job from its ``Job`` record (the Trainer's registration)."""
-    spec = job.get("spec") or {}
+def job_pacing(job: Job, *, staging_grace_s: float) -> PacerConfig:
+    """The pacer of a registered job."""
     return PacerConfig(
-        steps=int(job["steps"]),
-        prompts_per_batch=int(job["prompts_per_batch"]),
+        steps=job.steps,
+        prompts_per_batch=job.prompts_per_batch,
         staging_grace_s=staging_grace_s,
         prompt_prefix=PROMPT_PREFIX,
-        start_actors=int(spec.get("start_actors", 1)),
-        start_wait_s=float(spec.get("start_wait_s", 120.0)),
+        start_actors=job.spec.start_actors,
+        start_wait_s=job.spec.start_wait_s,
     )
 
 
@@ -234,8 +234,17 @@ class Job:
 
     steps: int
     prompts_per_batch: int
-    spec: dict[str, Any]
+    spec: JobSpec
     """Model, task, sampling, store URL, strategy, job id: sent to each Actor and relay."""
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> Job:
+        """The job of a ``Job`` driver record (the Trainer's registration, as logged)."""
+        return cls(
+            steps=int(rec["steps"]),
+            prompts_per_batch=int(rec["prompts_per_batch"]),
+            spec=JobSpec.decode(rec["spec"]),
+        )
 
 
 @dataclass
@@ -348,12 +357,10 @@ class LedgerService:
     def _apply_driver(self, rec: dict[str, Any]) -> None:
         kind = rec.get("type")
         if kind == "Job" and self.job is None:
-            self.job = Job(
-                steps=int(rec["steps"]),
-                prompts_per_batch=int(rec["prompts_per_batch"]),
-                spec=dict(rec["spec"]),
+            self.job = Job.from_record(rec)
+            self.core.start_pacing(
+                job_pacing(self.job, staging_grace_s=self.config.staging_grace_s)
             )
-            self.core.start_pacing(job_pacing(rec, staging_grace_s=self.config.staging_grace_s))
         elif kind == "Published":
             # Only what later checks read: a long run keeps one small record per version (the
             # full record, stats included, is in the log). Batch v's results were trained into
@@ -497,7 +504,7 @@ class LedgerService:
 
     def _address(self, peer: str) -> str | None:
         if peer == TRAINER:
-            return self.job.spec.get("trainer_data") if self.job is not None else None
+            return self.job.spec.trainer_data if self.job is not None else None
         hello = self.roles.get(peer)
         return None if hello is None else hello.get("data")
 
@@ -688,7 +695,18 @@ class LedgerService:
                 op = msg["op"]
                 if op == "job":
                     if self.job is None:
-                        self.note({"type": "Job", **msg["job"]})
+                        # Decoded before it is logged: a spec that does not decode (ValueError,
+                        # the session ends) never reaches the log, where every replay would
+                        # trip on it; what is logged is the spec as JobSpec encodes it.
+                        job = Job.from_record(msg["job"])
+                        self.note(
+                            {
+                                "type": "Job",
+                                "steps": job.steps,
+                                "prompts_per_batch": job.prompts_per_batch,
+                                "spec": job.spec.encode(),
+                            }
+                        )
                         for peer_ch in list(self.channels.values()):
                             self._welcome(peer_ch, str(peer_ch.hello.get("role")))
                     self._try_request()
@@ -713,7 +731,7 @@ class LedgerService:
         for v >= 1, the v0 snapshot's for v0), never from the message; ValueError (one line)
         when there is none or it does not verify for this job and version."""
         v = int(msg["version"])
-        job = self.job.spec.get("job_id") if self.job is not None else None
+        job = self.job.spec.job_id if self.job is not None else None
         if self.public_key is None or not isinstance(job, str):
             raise ValueError("no job key or job id to verify it against")
         data = msg.get("announcement") if v > 0 else msg.get("snapshot_announcement")
@@ -826,7 +844,7 @@ class LedgerService:
                         self._lose(peer, role)
 
     def _welcome(self, ch: Channel, role: str) -> None:
-        spec = self.job.spec if self.job is not None else None
+        spec = self.job.spec.encode() if self.job is not None else None
         recent = sorted(v for v, r in self.published.items() if r.get("announcement"))
         recent = recent[-ANNOUNCEMENTS_KEPT:]
         for v in recent:
@@ -901,14 +919,14 @@ class LedgerService:
             return None
         spec = self.job.spec
         try:
-            per_step = int(spec.get("prompts_per_step") or self.job.prompts_per_batch)
+            per_step = spec.prompts_per_step or self.job.prompts_per_batch
             index = task_index(lease.prompt, per_step)
             decode_result_payload(
                 payload,
                 prompt=lease.prompt,
                 index=index,
-                group_size=int(spec["group_size"]) if spec.get("group_size") else None,
-                max_new_tokens=int(spec["max_new_tokens"]) if spec.get("max_new_tokens") else None,
+                group_size=spec.group_size or None,
+                max_new_tokens=spec.max_new_tokens or None,
                 vocab_size=None,
             )
         except (MessageError, ValueError, TypeError) as exc:

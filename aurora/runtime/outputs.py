@@ -35,7 +35,7 @@ from aurora.policy.core import LedgerCore
 from aurora.policy.events import event_from_record, to_record
 from aurora.policy.ledger import LedgerConfig
 from aurora.runtime.hopreport import REPORTS
-from aurora.runtime.ledger_service import job_pacing
+from aurora.runtime.ledger_service import Job, job_pacing
 from aurora.store.files import write_csv
 from aurora.store.ledgerlog import LedgerLog
 
@@ -98,7 +98,7 @@ def replay_log(db_path: str | Path, *, policy: LedgerConfig) -> RunLog:
                 out.faults.append((row.now, str(rec.get("spec", ""))))
             elif kind == "Job" and core.pacer is None:
                 # Batch accounting only: the grace and barrier are not judged in a replay.
-                core.start_pacing(job_pacing(rec, staging_grace_s=0.0))
+                core.start_pacing(job_pacing(Job.from_record(rec), staging_grace_s=0.0))
             out.events.append(_event_row(row.now, "driver", rec))
             continue
         event = event_from_record(rec)

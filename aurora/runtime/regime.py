@@ -19,8 +19,7 @@ TCP stack sees, and scaling them below the delay line's resolution would remove 
 
 from __future__ import annotations
 
-from typing import Any
-
+from aurora.jobspec import JobSpec
 from aurora.topology import Topology
 
 
@@ -54,14 +53,14 @@ def remote_link_gbps(topology: Topology) -> float:
     raise ValueError("the topology has no Actors outside the Trainer's region: no WAN to scale")
 
 
-def regime_scale(topology: Topology, spec: dict[str, Any]) -> float:
+def regime_scale(topology: Topology, spec: JobSpec) -> float:
     """Factor on every link rate that gives this run's model the topology's ratio R.
 
-    Needs ``spec["dense_bytes"]`` (bf16 bytes of the run's model) and ``spec["window_s"]`` (its
+    Needs ``spec.dense_bytes`` (bf16 bytes of the run's model) and ``spec.window_s`` (its
     generation window per step on this machine, measured; the ``real:`` section's
     ``window_s``)."""
     r = paper_ratio(topology)
-    dense = float(spec["dense_bytes"])
-    window = float(spec["window_s"])
+    dense = float(spec.dense_bytes)
+    window = float(spec.window_s)
     gbps = remote_link_gbps(topology)
     return dense * 8 / (r * window * gbps * 1e9)

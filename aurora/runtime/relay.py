@@ -16,8 +16,8 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
+from aurora.jobspec import JobSpec
 from aurora.keys import Identity
 from aurora.runtime import hooks, hopreport
 from aurora.runtime.channel import Channel, connect
@@ -59,7 +59,7 @@ class RelayProcess:
     def __init__(self, run: RelayRun) -> None:
         self.run = run
         self.node: Node | None = None
-        self.job: dict[str, Any] | None = None
+        self.job: JobSpec | None = None
         self.sources: dict[str, str] = {}
         self._channel: Channel | None = None
         self._hops: asyncio.Task[None] | None = None
@@ -96,7 +96,7 @@ class RelayProcess:
             if op == "welcome":
                 self.sources.update({k: v for k, v in (msg.get("sources") or {}).items() if v})
                 if msg.get("job") is not None and self.node is None:
-                    self.job = msg["job"]
+                    self.job = JobSpec.decode(msg["job"])
                     await self._start(channel)
             elif op == "announce" and self.node is not None:
                 try:
@@ -121,7 +121,9 @@ class RelayProcess:
             public_key=self.run.public_key,
             overrides=hooks.node_config_overrides(),
         )
-        trainer = self.sources.get("trainer") or self.job["trainer_data"]
+        trainer = self.sources.get("trainer") or self.job.trainer_data
+        if trainer is None:
+            raise ValueError("the job names no Trainer data-plane address")
         host, port = trainer.rsplit(":", 1)
         self.node = hooks.node_class()(self.run.id, config, sources=[(host, int(port))])
         self._hops = asyncio.create_task(

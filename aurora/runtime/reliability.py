@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aurora.jobspec import JobSpec
+
 DISTURBANCES = frozenset(
     {
         "Fault",
@@ -129,7 +131,7 @@ def measure(
         "how": how,
         "when": when,
         "steps_completed": s["steps_completed"],
-        "steps": s["spec"]["steps"],
+        "steps": JobSpec.decode(s["spec"]).steps,
         "prompts_lost": s["prompts_lost"],
         "prompts_settled_twice": s["prompts_settled_twice"],
         "refused": s["results_refused"],

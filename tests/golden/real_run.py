@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from aurora.jobspec import JobSpec
 from aurora.runtime.outputs import recorded_trace
 from aurora.store.ledgerlog import LedgerLog
 
@@ -47,8 +48,8 @@ def record(folder: Path) -> dict[str, Any]:
         job = next(r for r in log.events() if r.kind == "driver" and r.record["type"] == "Job")
     finally:
         log.close()
-    spec = job.record["spec"]
-    strat = spec["strategy"]
+    spec = JobSpec.decode(job.record["spec"])
+    strat = spec.strategy
     return {
         "note": (
             "Recorded by python -m tests.golden.real_run (aurora real --backend standin, 3 "
@@ -57,17 +58,17 @@ def record(folder: Path) -> dict[str, Any]:
             "job_at is when the Trainer registered the job, pacer the pacing it registered."
         ),
         "config": {
-            "trainer_region": spec["trainer_region"],
-            "max_lag": strat["max_lag"],
-            "relays": strat["relays"],
-            "lease_initial_s": float(spec["lease_initial_s"]),
+            "trainer_region": spec.trainer_region,
+            "max_lag": strat.max_lag,
+            "relays": strat.relays,
+            "lease_initial_s": spec.lease_initial_s,
         },
         "pacer": {
             "steps": job.record["steps"],
             "prompts_per_batch": job.record["prompts_per_batch"],
-            "staging_grace_s": strat["staging_grace_s"],
-            "start_actors": int(spec.get("start_actors", 1)),
-            "start_wait_s": float(spec.get("start_wait_s", 120.0)),
+            "staging_grace_s": strat.staging_grace_s,
+            "start_actors": spec.start_actors,
+            "start_wait_s": spec.start_wait_s,
         },
         "job_at": job.now,
         "rows": recorded_trace(db),
