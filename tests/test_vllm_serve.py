@@ -223,6 +223,19 @@ def test_aurora_actor_joins_a_running_job_with_a_stock_vllm_serve_as_its_engine(
         (ports,) = out.glob("*/ports.json")
         run_dir = ports.parent
         ledger = json.loads(ports.read_text())["ledger"]
+        # The served Actor's own identity, issued as a user issues one (docs/TRANSPORT.md): the
+        # Ledger admits no Actor on the job secret alone.
+        ident = tmp_path / "served.identity"
+        subprocess.run(
+            [
+                *[sys.executable, "-m", "aurora.cli", "keys", "issue", "--role", "actor"],
+                *["--id", "served", "--signing-key", str(run_dir / "keys" / "trainer.key")],
+                *["--out", str(ident)],
+            ],
+            check=True,
+            env=env,
+            cwd=ROOT,
+        )
         actor = subprocess.run(
             [
                 sys.executable,
@@ -239,6 +252,8 @@ def test_aurora_actor_joins_a_running_job_with_a_stock_vllm_serve_as_its_engine(
                 str(run_dir / "keys" / "job.secret"),
                 "--public-key",
                 str(run_dir / "keys" / "job.pub"),
+                "--identity",
+                str(ident),
                 "--engine-url",
                 url,
             ],
@@ -253,7 +268,7 @@ def test_aurora_actor_joins_a_running_job_with_a_stock_vllm_serve_as_its_engine(
         if job.poll() is None:
             job.kill()
             job.wait()
-    assert job.returncode == 0, stdout[-3000:]
+    assert job.returncode == 0, stdout[-3000:] + actor.stderr[-3000:]
     assert actor.returncode == 0, actor.stderr[-3000:]
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["prompts_lost"] == 0 and s["prompts_settled"] == s["prompts_requested"]
