@@ -231,6 +231,9 @@ class SmallGapChange(Undoable):
     what: str = "tensor"
     undo: np.ndarray | None = None
     progress: np.ndarray | None = None
+    log: bool = True
+    """Keep the undo log as it stores; :func:`aurora.delta.apply.store_prepared` turns it off
+    where nothing can interrupt the store (see there)."""
 
     def __post_init__(self) -> None:
         for f in ("lo", "hi", "esc", "va", "vb", "vesc"):
@@ -238,13 +241,13 @@ class SmallGapChange(Undoable):
 
     def store(self, parts: Parts) -> None:
         st = np.zeros(7, dtype=np.int64)
-        undo = np.empty(self.nnz, dtype=np.uint16)
+        undo = np.empty(self.nnz if self.log else 0, dtype=np.uint16)
         self.progress = st  # before the log: an interrupt between the two finds nothing written
-        self.undo = undo
+        self.undo = undo if self.log else None
         for arr, off, n in parts:
             compiled().store_small_gaps(
                 arr, off, off + n, st, self.lo, self.hi, self.esc, self.va, self.vb,
-                self.vesc, self.vmode, undo,
+                self.vesc, self.vmode, self.log, undo,
             )  # fmt: skip
         if st[0] != self.nnz:  # checked streams always end inside the tensor
             stored = int(st[0])
