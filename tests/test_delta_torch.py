@@ -119,6 +119,39 @@ def test_the_torch_path_applies_a_real_step_into_the_model_parameters_by_index(
     assert weights_hash(bf16_views(model)) == weights_hash(after)
 
 
+@pytest.mark.parametrize("codec", ["aurora", "dense-base"])
+def test_a_keyboard_interrupt_between_two_torch_writes_leaves_the_parameters_on_their_version(
+    real_step, codec, monkeypatch
+):
+    """SIGINT (a KeyboardInterrupt between two tensor writes) or a device out of memory half way
+    through the torch path: the tensors already written get their old bits back (sparse:
+    index_copy_ of the gathered bits; dense: the copy), so the parameters are on v0, not on no
+    version; the same delta then applies."""
+    from aurora.delta import torch_apply
+
+    before, after = real_step
+    h0 = weights_hash(before)
+    d = read_delta(encode_delta(before, after, model="tiny-qwen3", version=1, base_hash=h0,
+                                codec=codec))  # fmt: skip
+    model = actor_model(before)
+    params = dict(model.named_parameters())
+    real, calls = torch_apply._write, []
+
+    def write(*args):
+        real(*args)
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch_apply, "_write", write)
+    with pytest.raises(KeyboardInterrupt):
+        apply_delta_torch(d, params, active_version=0, active_hash=h0)
+    assert len(calls) == 3 and weights_hash(bf16_views(model)) == h0
+    monkeypatch.undo()
+    apply_delta_torch(d, params, active_version=0, active_hash=h0)
+    assert weights_hash(bf16_views(model)) == weights_hash(after)
+
+
 def test_the_real_first_adamw_step_is_dense_and_the_writer_picks_dense_encodings(real_step):
     before, after = real_step
     h0 = weights_hash(before)

@@ -5,9 +5,11 @@ shape, 16-bit storage, and for a fused tensor the names and row counts of its pa
 split 64/16/16 and 48/24/24 have the same fused shape) and parses it: decompresses its streams
 and checks them whole (indices strictly increasing inside the tensor, :mod:`aurora.delta.changes`)
 -- except the compiled ``leb128`` path, whose loop (:mod:`aurora.delta.kernels`) checks each index
-just before storing it and keeps the old bits it overwrites, so a stream refused part-way is
-rolled back with the records stored before it (:func:`store_prepared`; its separate check pass
-cost half the store). Only then does :func:`apply_delta` write.
+just before storing it (its separate check pass cost half the store). Only then does
+:func:`apply_delta` write, with an undo log: the compiled loops keep the old bits of every element
+they overwrite as they store, the numpy path gathers them first, so whatever raises while writing
+(a stream refused part-way, a ``KeyboardInterrupt``, a ``MemoryError``) the writes are undone
+before it propagates (:func:`store_prepared`).
 
 Deltas of fewer than :data:`COMPILED_MIN_CHANGES` changes are checked and stored with numpy
 instead (the same checks, :func:`aurora.delta.changes.indices_from_gaps`): the compiled loops cost
@@ -17,19 +19,28 @@ in milliseconds. An engine that applies large deltas calls :func:`warm_up` when 
 first delta is not the one that pays.
 
 A chain ``D_{va+1..v}`` is checked link by link (base version and hash) and every record of
-every link is parsed before the first write; it is then applied with an undo log (the old bits of
-every changed element), which restores the weights if a write fails after all.
+every link is parsed before the first write; it is then applied with the same undo log, which
+restores the weights if anything raises after all.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, MutableMapping, Sequence
 
 import numpy as np
 
 from aurora.delta import codecs
-from aurora.delta.changes import Change, CheckedAsStored, Materialized, Parts, check_numel
-from aurora.delta.errors import BaseMismatchError, CorruptError, DeltaError, LayoutError
+from aurora.delta.changes import (
+    Change,
+    CheckedAsStored,
+    Materialized,
+    Parts,
+    SmallGapChange,
+    Undoable,
+    check_numel,
+)
+from aurora.delta.errors import BaseMismatchError, CorruptError, LayoutError
 from aurora.delta.extract import FusedTensor, fused_layout
 from aurora.delta.records import Delta, TensorDelta
 from aurora.delta.writer import part_label
@@ -59,8 +70,8 @@ def warm_up() -> None:
         change.materialize()
         parts = [(old.copy(), 0, old.size)]
         change.store(parts)
-        if isinstance(change, CheckedAsStored):
-            change.unstore(parts)  # the rollback's loop too
+        if isinstance(change, Undoable):
+            change.unstore(parts)  # the rollback's loops too
 
 
 def match_target(td: TensorDelta, target: FusedTensor | None) -> FusedTensor:
@@ -152,28 +163,53 @@ def check_base(delta: Delta, version: int, h: str) -> None:
 
 
 def store_prepared(prepared: Prepared, state: MutableMapping[str, np.ndarray]) -> None:
-    """Store every parsed record, all or nothing. The compiled changes check their indices as
-    they store and keep the old bits (``undo``), so they go first: if one refuses its stream,
-    it and the ones before are restored and nothing else has been written. The rest were
-    checked whole when parsed and cannot fail."""
-    first: list[tuple[FusedTensor, CheckedAsStored]] = [
-        (t, c) for t, c in prepared if isinstance(c, CheckedAsStored)
-    ]
-    done: list[tuple[FusedTensor, CheckedAsStored]] = []
+    """Store every parsed record, all or nothing. The changes checked as they store go first:
+    one may refuse its stream part-way; the rest were checked whole when parsed. Whatever
+    raises (a refused stream, a ``KeyboardInterrupt``, a ``MemoryError``), every write made
+    until then is undone before it propagates (:func:`_store_all`)."""
+    first = [(t, c) for t, c in prepared if isinstance(c, CheckedAsStored)]
+    rest = [(t, c) for t, c in prepared if not isinstance(c, CheckedAsStored)]
+    if threading.current_thread() is not threading.main_thread():
+        # Python raises a signal's exception (KeyboardInterrupt, ...) in the main thread only,
+        # and a store checked whole when parsed raises nothing: in any other thread (an
+        # Actor's engine applies in one) nothing can stop those stores part-way, so they skip
+        # the log, which costs ~35% of the ``aurora`` store loop. The changes checked as they
+        # store keep theirs: they refuse a bad stream part-way.
+        for _, change in rest:
+            if isinstance(change, SmallGapChange):
+                change.log = False
+    _store_all([*first, *rest], state)
+
+
+def _store_all(
+    changes: Sequence[tuple[FusedTensor, Change]], state: MutableMapping[str, np.ndarray]
+) -> None:
+    """Store ``changes`` in order, with an undo log: a compiled change keeps the old bits it
+    overwrites as it stores (:class:`Undoable`: no extra pass); any other change's old bits are
+    gathered just before its store (:func:`_undo_of`; the numpy path, small deltas). The entry
+    goes into the log before the store starts, so a store cut short is covered too. On any
+    exception (``BaseException``: a SIGINT arrives as a ``KeyboardInterrupt`` between two
+    writes) the log is replayed backwards, which also undoes a tensor written twice in a chain,
+    and the exception propagates: the weights are on the version they were on, never on none."""
+    log: list[tuple[FusedTensor, Undoable | Materialized]] = []
     try:
-        for target, checked in first:
-            checked.store(parts_of(target, state))  # on a bad stream: restores itself, raises
-            done.append((target, checked))
-    except DeltaError:
-        for target, checked in reversed(done):
-            checked.unstore(parts_of(target, state))
+        for target, change in changes:
+            if isinstance(change, Undoable):
+                log.append((target, change))
+            else:
+                log.append((target, _undo_of(target, change, state)))
+            change.store(parts_of(target, state))
+    except BaseException:
+        for target, undo in reversed(log):
+            if isinstance(undo, Undoable):
+                undo.unstore(parts_of(target, state))
+            else:
+                undo.store(parts_of(target, state))
         raise
     finally:
-        for _, checked in done:
-            checked.release()
-    for target, change in prepared:
-        if not isinstance(change, CheckedAsStored):
-            change.store(parts_of(target, state))
+        for _, undo in log:
+            if isinstance(undo, Undoable):
+                undo.release()
 
 
 def apply_delta(
@@ -221,17 +257,5 @@ def apply_chain(
         version, h = d.version, d.weights_hash
     fast = use_compiled(deltas)
     prepared = [prepare_delta(d, state, fast) for d in deltas]
-    undo: list[tuple[FusedTensor, Materialized]] = []
-    try:
-        for links in prepared:
-            for target, change in links:
-                undo.append((target, _undo_of(target, change, state)))
-                change.store(parts_of(target, state))
-    except BaseException:
-        # Any exception, not only a DeltaError: a KeyboardInterrupt (SIGINT), a MemoryError or a
-        # bug raised between two writes would otherwise leave the weights on no version at all.
-        # Each undo entry is appended before its write, so the log covers a write cut short.
-        for target, old in reversed(undo):
-            old.store(parts_of(target, state))
-        raise
+    _store_all([pair for links in prepared for pair in links], state)
     return h

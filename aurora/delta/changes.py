@@ -141,7 +141,37 @@ class Materialized:
         return self
 
 
-class CheckedAsStored:
+class Undoable:
+    """A change whose compiled store keeps the old bits of every element it writes (``undo``, one
+    per change in stream order) and its progress (``progress[0]``: changes stored so far, which
+    the loop updates each time it returns): :meth:`unstore` puts back what the last store wrote,
+    whole or cut short (by an index refused part-way, or by a ``KeyboardInterrupt`` between two
+    parts: Python delivers a signal between calls into a loop, never inside one)."""
+
+    undo: np.ndarray | None
+    progress: np.ndarray | None
+
+    def _prefix(self, count: int) -> np.ndarray:
+        """The indices of the first ``count`` changes (int64)."""
+        raise NotImplementedError
+
+    def unstore(self, parts: Parts) -> None:
+        """Restore the bits the last :meth:`store` overwrote; then there is nothing to undo."""
+        undo, progress = self.undo, self.progress
+        if undo is not None and progress is not None and (count := int(progress[0])):
+            idx = self._prefix(count)
+            cuts = np.searchsorted(idx, [off for _, off, _ in parts[1:]])
+            bounds = [0, *cuts.tolist(), idx.size]
+            for (arr, off, _), a, b in zip(parts, bounds[:-1], bounds[1:], strict=True):
+                compiled().restore(arr, off, idx[a:b], undo[a:b])
+        self.release()
+
+    def release(self) -> None:
+        """Drop the undo log (the whole delta is stored, or it has been rolled back)."""
+        self.undo = self.progress = None
+
+
+class CheckedAsStored(Undoable):
     """Store by a fused compiled loop that checks each index just before writing it, keeping
     the old bits of every element it writes (``undo``): a bad stream is refused part-way, and
     the writes made until then are restored (:meth:`unstore`) before the CorruptError is raised.
@@ -152,8 +182,6 @@ class CheckedAsStored:
     numel: int
     what: str
     checked: bool
-    undo: np.ndarray | None
-    stored: int
 
     def _check(self) -> None:  # the whole stream, before any use of materialize
         raise NotImplementedError
@@ -162,51 +190,34 @@ class CheckedAsStored:
              undo: np.ndarray) -> None:  # fmt: skip
         raise NotImplementedError
 
-    def _prefix(self, count: int) -> np.ndarray:
-        raise NotImplementedError
-
     def store(self, parts: Parts) -> None:
         k = compiled()
         st = np.zeros(k.STATE, dtype=np.int64)
         ring = np.empty(k.RING, dtype=np.int64)
-        self.undo = undo = np.empty(self.nnz, dtype=np.uint16)
+        undo = np.empty(self.nnz, dtype=np.uint16)
+        self.progress = st  # before the log: an interrupt between the two finds nothing written
+        self.undo = undo
         for arr, off, n in parts:
             self._run(k, arr, off, n, st, ring, undo)
             if st[5] != k.OK:
                 break
-        self.stored = int(st[0])
         if st[5] != k.OK:
             self.unstore(parts)
             check_status(int(st[5]), self.what)
-        if self.stored != self.nnz:  # a checked stream always ends inside the tensor
+        if int(st[0]) != self.nnz:  # a checked stream always ends inside the tensor
+            stored = int(st[0])
             self.unstore(parts)
-            raise CorruptError(f"{self.what}: stored {self.stored} of {self.nnz} changes")
+            raise CorruptError(f"{self.what}: stored {stored} of {self.nnz} changes")
         self.checked = True
-
-    def unstore(self, parts: Parts) -> None:
-        """Restore the bits the last :meth:`store` overwrote (its checked prefix)."""
-        if self.undo is None or self.stored == 0:
-            return
-        idx = self._prefix(self.stored)
-        undo = self.undo[: self.stored]
-        cuts = np.searchsorted(idx, [off for _, off, _ in parts[1:]])
-        bounds = [0, *cuts.tolist(), idx.size]
-        for (arr, off, _), a, b in zip(parts, bounds[:-1], bounds[1:], strict=True):
-            compiled().restore(arr, off, idx[a:b], undo[a:b])
-        self.stored = 0
-        self.undo = None
-
-    def release(self) -> None:
-        """Drop the undo log once the whole delta has been stored."""
-        self.undo = None
 
 
 @dataclass
-class SmallGapChange:
+class SmallGapChange(Undoable):
     """An ``aurora``/``aurora-base`` change: uint8/uint16 gaps with escapes, and either split
     values (``va`` high bytes, ``vb`` low bytes) or ULP differences (``va``, escapes ``vesc``).
     Its streams are checked whole when parsed (``check_small_gaps``: vectorised sums and counts,
-    cheaper than an undo log) and stored by ``store_small_gaps`` without checks or log."""
+    cheaper than checking as it stores) and stored by ``store_small_gaps`` without checks,
+    keeping the old bits (:class:`Undoable`) so an interrupted apply rolls back."""
 
     lo: np.ndarray
     hi: np.ndarray
@@ -218,6 +229,11 @@ class SmallGapChange:
     numel: int
     nnz: int
     what: str = "tensor"
+    undo: np.ndarray | None = None
+    progress: np.ndarray | None = None
+    log: bool = True
+    """Keep the undo log as it stores; :func:`aurora.delta.apply.store_prepared` turns it off
+    where nothing can interrupt the store (see there)."""
 
     def __post_init__(self) -> None:
         for f in ("lo", "hi", "esc", "va", "vb", "vesc"):
@@ -225,13 +241,23 @@ class SmallGapChange:
 
     def store(self, parts: Parts) -> None:
         st = np.zeros(7, dtype=np.int64)
+        undo = np.empty(self.nnz if self.log else 0, dtype=np.uint16)
+        self.progress = st  # before the log: an interrupt between the two finds nothing written
+        self.undo = undo if self.log else None
         for arr, off, n in parts:
             compiled().store_small_gaps(
                 arr, off, off + n, st, self.lo, self.hi, self.esc, self.va, self.vb,
-                self.vesc, self.vmode,
+                self.vesc, self.vmode, self.log, undo,
             )  # fmt: skip
         if st[0] != self.nnz:  # checked streams always end inside the tensor
-            raise CorruptError(f"{self.what}: stored {st[0]} of {self.nnz} changes")
+            stored = int(st[0])
+            self.unstore(parts)
+            raise CorruptError(f"{self.what}: stored {stored} of {self.nnz} changes")
+
+    def _prefix(self, count: int) -> np.ndarray:
+        idx = np.empty(count, dtype=np.int64)
+        compiled().expand_small_gaps(self.lo, self.hi, self.esc, idx)
+        return idx
 
     def materialize(self) -> Materialized:
         idx = np.empty(self.nnz, dtype=np.int64)
@@ -255,7 +281,7 @@ class LebChange(CheckedAsStored):
     what: str = "tensor"
     checked: bool = False
     undo: np.ndarray | None = None
-    stored: int = 0
+    progress: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.buf, self.vals = readonly(self.buf), readonly(self.vals)

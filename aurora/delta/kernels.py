@@ -140,12 +140,15 @@ def _ulp_add(old, z):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def store_small_gaps(out, base, end, st, lo, hi, esc, va, vb, vesc, vmode):  # type: ignore[no-untyped-def]
+def store_small_gaps(out, base, end, st, lo, hi, esc, va, vb, vesc, vmode, log, undo):  # type: ignore[no-untyped-def]
     """Store the changes of an ``aurora`` stream already checked whole (``check_small_gaps``)
-    whose fused index is below ``end`` into ``out[index - base]``: no checks, no log; the
-    lookahead decodes each gap a second time for its prefetch (a ring of indices and in-loop
-    checks made it slower: docs/DELTA.md). ``st`` = [change, escape, value escape, last index,
-    lookahead change, lookahead escape, lookahead index] is read and updated in place."""
+    whose fused index is below ``end`` into ``out[index - base]``; with ``log``, keep the old
+    bits of change ``i`` in ``undo[i]`` so an interrupted apply can be rolled back (a split
+    value's store reads nothing otherwise: the read and the log cost ~35% of this loop, a ULP
+    store ~0%, as it reads the old bits anyway: benchmarks/test_apply_bound.py). No checks;
+    the lookahead decodes each gap a second time for its prefetch (a ring of indices and
+    in-loop checks made it slower: docs/DELTA.md). ``st`` = [change, escape, value escape, last
+    index, lookahead change, lookahead escape, lookahead index] is read and updated in place."""
     n = lo.size
     wide = hi.size == n and n > 0
     i, j, k, cur, ia, ja, ca = st[0], st[1], st[2], st[3], st[4], st[5], st[6]
@@ -175,13 +178,18 @@ def store_small_gaps(out, base, end, st, lo, hi, esc, va, vb, vesc, vmode):  # t
             if ca < end:
                 _prefetch(out, ca - base)
         if vmode == SPLIT:
+            if log:
+                undo[i] = out[nxt - base]
             out[nxt - base] = (np.uint16(va[i]) << np.uint16(8)) | np.uint16(vb[i])
         else:
             z = np.uint16(va[i])
             if z == 0:
                 z = vesc[k]
                 k += 1
-            out[nxt - base] = _ulp_add(out[nxt - base], z)
+            old = out[nxt - base]
+            if log:
+                undo[i] = old
+            out[nxt - base] = _ulp_add(old, z)
         cur = nxt
         j = jj
         i += 1

@@ -55,8 +55,9 @@ def _ulp_add(old: torch.Tensor, zz: torch.Tensor) -> torch.Tensor:
     return (key ^ (0xFFFF - (key >> 15) * 0x7FFF)).to(torch.int16)  # int32 -> int16 wraps
 
 
-def _write(flat: torch.Tensor, m: Materialized) -> None:
-    """Write change ``m`` (indices local to ``flat``) into ``flat`` (int16, any device)."""
+def _write(flat: torch.Tensor, m: Materialized, idx: torch.Tensor | None = None) -> None:
+    """Write change ``m`` (indices local to ``flat``) into ``flat`` (int16, any device);
+    ``idx``: ``m.idx`` already on ``flat``'s device."""
     import torch
 
     host = np.ascontiguousarray(m.vals)
@@ -71,7 +72,8 @@ def _write(flat: torch.Tensor, m: Materialized) -> None:
         else:
             flat.copy_(_ulp_add(flat, vals))
         return
-    idx = torch.from_numpy(m.idx).to(flat.device)
+    if idx is None:
+        idx = torch.from_numpy(m.idx).to(flat.device)
     if m.op == "set":
         flat.index_copy_(0, idx, vals)
         return
@@ -164,7 +166,32 @@ def apply_delta_torch(
     """
     check_base(delta, active_version, active_hash)
     checked = _checked_split(delta, params) if tp is None else _checked_tp(delta, params, tp)
-    for change, route in checked:  # every record has parsed: now write, one tensor at a time
-        for name, m in route(change.materialize()):
-            _write(bits16(params[name], name), m)
+    # Every record has parsed: now write, one tensor at a time, logging the old bits of each
+    # before it is written (a gather of the changed elements; a copy for a dense record) so that
+    # whatever raises between two writes (a KeyboardInterrupt, a device out of memory) is undone
+    # before it propagates: the weights are never left on no version.
+    undo: list[tuple[Any, Any, Any]] = []  # (flat int16 tensor, indices or None, old bits)
+    try:
+        for change, route in checked:
+            for name, m in route(change.materialize()):
+                flat = bits16(params[name], name)
+                undo.append(_old_bits(flat, m))
+                _write(flat, m, undo[-1][1])
+    except BaseException:
+        for flat, idx, old in reversed(undo):
+            if idx is None:
+                flat.copy_(old)
+            else:
+                flat.index_copy_(0, idx, old)
+        raise
     return delta.weights_hash
+
+
+def _old_bits(flat: torch.Tensor, m: Materialized) -> tuple[Any, Any, Any]:
+    """What restores the elements ``m`` will write in ``flat``: (flat, indices, their bits)."""
+    import torch
+
+    if m.idx is None:
+        return flat, None, flat.clone()
+    idx = torch.from_numpy(m.idx).to(flat.device)
+    return flat, idx, flat.index_select(0, idx)
