@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -142,29 +141,23 @@ def test_every_codec_against_the_store_loop_alone_and_the_cache_line_bound(bench
             note("bare+hint", timed(lambda: bare(True)))
             for c, d in deltas.items():
                 reset()
-                # In a worker thread, as an Actor's engine applies (no undo log on the stores
-                # checked at parse: nothing can interrupt them there, aurora.delta.apply), and
-                # in the main thread, where they keep one against a KeyboardInterrupt.
-                note(
-                    c,
-                    in_worker(lambda d=d: apply_delta(d, state, active_version=0, active_hash=h0)),
-                )
+                # As an Actor's engine applies (in a worker thread: no undo log on the stores
+                # checked at parse, aurora.delta.apply), and as in the main thread, where they
+                # keep one against a KeyboardInterrupt.
+                note(c, timed(lambda d=d: apply_delta(d, state, active_version=0, active_hash=h0,
+                                                      interruptible=False)))  # fmt: skip
                 reset()
                 note(c + " main", timed(lambda d=d: apply_delta(d, state, active_version=0,
                                                                 active_hash=h0)))  # fmt: skip
                 reset()
                 t = timed(lambda c=c, d=d: prepared.__setitem__(c, prepare_delta(d, state)))
                 note(c + " parse", t)
-                note(c + " store", in_worker(lambda c=c: store_prepared(prepared[c], state)))
+                t = timed(lambda c=c: store_prepared(prepared[c], state, interruptible=False))
+                note(c + " store", t)
                 note(c + " zstd", timed(lambda c=c: unzstd(c)))
         return best
 
-    with ThreadPoolExecutor(1) as worker:
-
-        def in_worker(fn):  # type: ignore[no-untyped-def]
-            return worker.submit(timed, fn).result()
-
-        best = benchmark.pedantic(run, rounds=1, iterations=1)
+    best = benchmark.pedantic(run, rounds=1, iterations=1)
     for c, d in deltas.items():  # bit-exact
         reset()
         apply_delta(d, state, active_version=0, active_hash=h0)

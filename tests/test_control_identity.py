@@ -7,6 +7,7 @@ channel (or, where the channel adds nothing, against the service's handlers)."""
 
 import asyncio
 import hashlib
+import json
 import sqlite3
 
 import msgpack
@@ -436,6 +437,26 @@ def test_spans_are_written_decoded_and_within_their_budget(tmp_path, monkeypatch
     assert len(written) <= 10_000 and "junk" not in written and svc.spans_dropped > 0
 
 
+def test_a_peer_flooding_spans_writes_its_own_share_per_version_and_no_other_peers(tmp_path):
+    """An honest peer sends at most ~10 spans a version; one that sends 5,000 writes
+    SPANS_PER_VERSION per version published (+1), and another peer's spans still land."""
+
+    async def main() -> LedgerService:
+        svc, _ = await with_leases(tmp_path)
+        span = {"op": "span", "activity": "generate", "start": 1.0, "end": 2.0}
+        for _ in range(5000):
+            svc._on_peer_message("a1", span)
+        svc._on_peer_message("relay-x", {**span, "activity": "forward"})
+        return svc
+
+    svc = asyncio.run(main())
+    rows = [json.loads(line) for line in svc._spans.read_text().splitlines()]
+    allowed = ledger_service.SPANS_PER_VERSION * ((svc.state.latest or 0) + 2)
+    assert sum(r["who"] == "a1" for r in rows) == allowed
+    assert [r["who"] for r in rows].count("relay-x") == 1
+    assert svc.spans_dropped == 5000 - allowed
+
+
 # ---- the log -------------------------------------------------------------------------------
 
 
@@ -547,3 +568,63 @@ def test_a_registered_job_spec_that_does_not_decode_is_refused_before_it_is_logg
     again = service(tmp_path)  # the log replays: nothing in it trips the decoder
     again.replay()
     assert again.job is None
+
+
+def test_a_flood_of_results_that_change_nothing_logs_a_bounded_number_and_replays_the_same(
+    tmp_path,
+):
+    """Results for made-up leases (or another Actor's, or ended ones) change nothing and can be
+    sent without end: each wrote ~1.1 KB of log. Past QUIET_ROWS_PER_ACTOR of one Actor's they
+    are decided (refused, counted) but not logged, and the log replays to the same state."""
+    n = 3 * ledger_service.QUIET_ROWS_PER_ACTOR
+
+    async def main() -> tuple[int, dict[str, int]]:
+        svc, (lease, _) = await with_leases(tmp_path)
+        body = payload(lease.prompt, int(lease.prompt.split("-")[1]))
+        svc._on_peer_message("a1", result(lease, body))  # admitted: logged
+        rows0 = svc.log.db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+        for i in range(n):
+            svc._on_peer_message("a1", result(lease._replace(id=f"L{10**6 + i}"), body))
+            svc._on_peer_message("a1", result(lease, body))  # DUPLICATE
+        rows = svc.log.db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+        assert svc.counters.refused == {"UNKNOWN_LEASE": n, "DUPLICATE": n}
+        assert rows - rows0 == ledger_service.QUIET_ROWS_PER_ACTOR
+        assert svc.unlogged == 2 * n - ledger_service.QUIET_ROWS_PER_ACTOR
+        pool = sorted(svc.core.state.book.leased)
+        svc.log.close()
+        return svc.counters.accepted, pool
+
+    accepted, pool = asyncio.run(main())
+    again = service(tmp_path)
+    again.replay()
+    assert again.counters.accepted == accepted == 1
+    assert sorted(again.core.state.book.leased) == pool
+
+
+def test_a_result_that_changes_nothing_is_one_the_lease_book_refuses_untouched():
+    """LeaseBook.changes_nothing against judge and refuse_malformed: for every lease state and
+    sender, where it says nothing changes, neither call changes the book."""
+    import copy
+
+    from aurora.policy.leases import LeaseBook, LeaseConfig
+
+    book = LeaseBook(LeaseConfig())
+    book.add([f"p{i}" for i in range(6)], 1)
+    held = book.claim("a", 4, version=1, weights_hash="h", now=0.0)
+    book.judge(held[0].id, "a", 1, "h", 1.0)  # settled
+    book.judge(held[1].id, "a", 2, "h", 1.0)  # released (wrong version)
+    book.expire_due(10**6)  # held[2], held[3] expired
+    (fresh,) = book.claim("b", 1, version=1, weights_hash="h", now=10**6)  # claimed by b
+    for lid in [*(lease.id for lease in held), fresh.id, "made-up"]:
+        for actor in ("a", "b"):
+            if not book.changes_nothing(lid, actor):
+                assert (lid, actor) == (fresh.id, "b")
+                continue
+            for call in (
+                lambda lid=lid, actor=actor: book.judge(lid, actor, 1, "h", 10**6 + 1.0),
+                lambda lid=lid, actor=actor: book.refuse_malformed(lid, actor),
+            ):
+                before = copy.deepcopy(book.__dict__)
+                refusal, _, returned = call()
+                assert refusal is not None and not returned
+                assert book.__dict__ == before

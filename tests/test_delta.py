@@ -474,12 +474,12 @@ def test_a_keyboard_interrupt_inside_a_compiled_apply_leaves_the_weights_on_thei
     assert weights_hash(state) == weights_hash(v1)
 
 
-def test_the_aurora_stores_keep_an_undo_log_in_the_main_thread_only(step, monkeypatch):
+def test_the_aurora_stores_skip_their_undo_log_only_where_the_caller_says_nothing_interrupts(
+    step, monkeypatch
+):
     """Python raises a signal's exception in the main thread only, and an ``aurora`` store
-    checked at parse raises nothing: in a worker thread (where an Actor's engine applies) the
-    log, ~35% of that loop, is skipped; the result is the same bits either way."""
-    import threading
-
+    checked at parse raises nothing: with ``interruptible=False`` (an Actor's engine, applying
+    in a worker thread) the log, ~30% of that loop, is skipped; the bits are the same."""
     v0, v1, h0 = step
     monkeypatch.setattr(apply_module, "COMPILED_MIN_CHANGES", 0)
     d = read_delta(encode_delta(v0, v1, model="m", version=1, base_hash=h0, codec="aurora"))
@@ -493,16 +493,45 @@ def test_the_aurora_stores_keep_an_undo_log_in_the_main_thread_only(step, monkey
 
     kernels.store_small_gaps = spy
     monkeypatch.setattr(changes, "compiled", lambda: kernels)
-    main = copy_state(v0)
-    apply_delta(d, main, active_version=0, active_hash=h0)
-    logged, flags[:] = list(flags), []
-    worker = copy_state(v0)
-    t = threading.Thread(target=apply_delta, args=(d, worker),
-                         kwargs={"active_version": 0, "active_hash": h0})  # fmt: skip
-    t.start()
-    t.join()
-    assert logged and all(logged) and flags and not any(flags)
-    assert weights_hash(main) == weights_hash(worker) == weights_hash(v1)
+    logged, quiet = copy_state(v0), copy_state(v0)
+    apply_delta(d, logged, active_version=0, active_hash=h0)
+    assert flags and all(flags)
+    flags.clear()
+    apply_delta(d, quiet, active_version=0, active_hash=h0, interruptible=False)
+    assert flags and not any(flags)
+    assert weights_hash(logged) == weights_hash(quiet) == weights_hash(v1)
+
+
+def test_the_engines_apply_off_the_main_thread_without_the_log_and_in_it_with_the_log(step):
+    """The stand-in engine (as the transformers engine) tells apply where it runs."""
+    import threading
+
+    from aurora.runtime.standin import StandinEngine
+
+    v0, v1, h0 = step
+    d = read_delta(encode_delta(v0, v1, model="m", version=1, base_hash=h0, codec="aurora"))
+    seen = []
+    real = apply_module.store_prepared
+
+    def spy(prepared, state, *, interruptible=True):
+        seen.append(interruptible)
+        return real(prepared, state, interruptible=interruptible)
+
+    apply_module.store_prepared = spy
+    try:
+        for where in ("main", "worker"):
+            engine = StandinEngine.__new__(StandinEngine)  # apply reads only what load sets
+            engine.load(v0, version=0, weights_hash=h0)
+            if where == "main":
+                engine.apply(d)
+            else:
+                t = threading.Thread(target=engine.apply, args=(d,))
+                t.start()
+                t.join()
+            assert engine.digest() == weights_hash(v1)
+    finally:
+        apply_module.store_prepared = real
+    assert seen == [True, False]
 
 
 def test_a_keyboard_interrupt_inside_a_numpy_apply_leaves_the_weights_on_their_version(

@@ -25,7 +25,6 @@ restores the weights if anything raises after all.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, MutableMapping, Sequence
 
 import numpy as np
@@ -162,19 +161,22 @@ def check_base(delta: Delta, version: int, h: str) -> None:
         )
 
 
-def store_prepared(prepared: Prepared, state: MutableMapping[str, np.ndarray]) -> None:
+def store_prepared(
+    prepared: Prepared, state: MutableMapping[str, np.ndarray], *, interruptible: bool = True
+) -> None:
     """Store every parsed record, all or nothing. The changes checked as they store go first:
     one may refuse its stream part-way; the rest were checked whole when parsed. Whatever
     raises (a refused stream, a ``KeyboardInterrupt``, a ``MemoryError``), every write made
-    until then is undone before it propagates (:func:`_store_all`)."""
+    until then is undone before it propagates (:func:`_store_all`).
+
+    ``interruptible=False``: the caller runs where no signal can interrupt it (any thread but
+    the main one: Python raises a signal's exception in the main thread only). The stores
+    checked whole at parse raise nothing, so there nothing can stop them part-way and they skip
+    the undo log, which costs ~30% of the ``aurora`` store loop; the stores checked as they go
+    keep theirs (they refuse a bad stream part-way), as does the numpy path (it allocates)."""
     first = [(t, c) for t, c in prepared if isinstance(c, CheckedAsStored)]
     rest = [(t, c) for t, c in prepared if not isinstance(c, CheckedAsStored)]
-    if threading.current_thread() is not threading.main_thread():
-        # Python raises a signal's exception (KeyboardInterrupt, ...) in the main thread only,
-        # and a store checked whole when parsed raises nothing: in any other thread (an
-        # Actor's engine applies in one) nothing can stop those stores part-way, so they skip
-        # the log, which costs ~35% of the ``aurora`` store loop. The changes checked as they
-        # store keep theirs: they refuse a bad stream part-way.
+    if not interruptible:
         for _, change in rest:
             if isinstance(change, SmallGapChange):
                 change.log = False
@@ -213,14 +215,20 @@ def _store_all(
 
 
 def apply_delta(
-    delta: Delta, state: MutableMapping[str, np.ndarray], *, active_version: int, active_hash: str
+    delta: Delta,
+    state: MutableMapping[str, np.ndarray],
+    *,
+    active_version: int,
+    active_hash: str,
+    interruptible: bool = True,
 ) -> str:
     """Apply ``delta`` in place to ``state`` (uint16 views of bf16 weights); return h(v).
 
-    Checks the base version and hash and parses every record before writing anything.
+    Checks the base version and hash and parses every record before writing anything; all or
+    nothing under any exception (``interruptible``: see :func:`store_prepared`).
     """
     check_base(delta, active_version, active_hash)
-    store_prepared(prepare_delta(delta, state), state)
+    store_prepared(prepare_delta(delta, state), state, interruptible=interruptible)
     return delta.weights_hash
 
 

@@ -151,7 +151,13 @@ class TransformersEngine:
         with self._lock:
             views, copies = self._cpu_views()
             h = apply_delta(
-                delta, views, active_version=self.version, active_hash=self.weights_hash
+                delta,
+                views,
+                active_version=self.version,
+                active_hash=self.weights_hash,
+                # Off the main thread (an Actor applies in a worker) no signal can interrupt
+                # the stores, which then skip their undo log (aurora.delta.apply).
+                interruptible=threading.current_thread() is threading.main_thread(),
             )
             self._write_back(copies)
             self.version, self.weights_hash = delta.version, h

@@ -440,6 +440,19 @@ class LeaseBook:
         refusal, prompt, returned = self.judge(lease_id, actor, version, weights_hash, now)
         return Verdict(lease=lease_id, refusal=refusal, prompt=prompt, returned_to_pool=returned)
 
+    def changes_nothing(self, lease_id: str, actor: str) -> bool:
+        """Would a result of ``actor`` for ``lease_id`` be refused with the book untouched,
+        whatever its version, hash, time or payload? So when the lease is unknown, another
+        Actor's, or no longer claimed (settled, expired or released): :meth:`judge`,
+        :meth:`settle_run` and :meth:`refuse_malformed` return before any change for these
+        (``UNKNOWN_LEASE``, ``WRONG_ACTOR``, ``DUPLICATE``, ``LATE`` on an ended lease). The
+        only results a sender can repeat without end are of this kind: the Ledger bounds how
+        many of them it logs (``aurora.runtime.ledger_service``)."""
+        lease = self.leases.get(lease_id)
+        return (
+            lease is None or lease.actor != actor or self.states[lease_id] is not LeaseState.CLAIMED
+        )
+
     def judge(
         self, lease_id: str, actor: str, version: int, weights_hash: str, now: float
     ) -> tuple[Refusal | None, str | None, bool]:

@@ -631,6 +631,26 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
     assert holding or book.pool_size == 0
 
 
+def changes_nothing(state: LedgerState, event: Event) -> bool:
+    """Would ``event`` leave ``state`` as it is, whatever it decides? True for a result (alone,
+    in a run, or malformed) from an Actor the Ledger does not know (refused as impossible) or
+    whose every lease is refused without a change (:meth:`LeaseBook.changes_nothing`): the
+    results a sender can repeat without end. Asked before :func:`decide`; the runtime's Ledger
+    bounds how many such events of one Actor it logs, since replaying them changes nothing."""
+    kind = type(event)
+    if kind is ResultArrived or kind is ResultMalformed:
+        leases: tuple[str, ...] = (event.lease,)  # type: ignore[union-attr]
+    elif kind is ResultsArrived:
+        leases = event.leases  # type: ignore[union-attr]
+    else:
+        return False
+    actor = event.actor  # type: ignore[union-attr]
+    if actor not in state.actors:
+        return True
+    book = state.book
+    return all(book.changes_nothing(lease, actor) for lease in leases)
+
+
 def _on_result(state: LedgerState, ev: ResultArrived, now: float, out: list[Action]) -> None:
     _actor(state, ev.actor)
     _settle_results(state, ev.actor, (ev.lease,), ev.version, ev.weights_hash, now, out)

@@ -81,7 +81,7 @@ from aurora.policy.events import (
     event_from_record,
     to_record,
 )
-from aurora.policy.ledger import LedgerConfig
+from aurora.policy.ledger import LedgerConfig, changes_nothing
 from aurora.policy.membership import TRAINER
 from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
 from aurora.policy.reports import classify_hello
@@ -114,6 +114,20 @@ SPANS_MAX_BYTES = 64 << 20
 """Most bytes of spans the Ledger appends to its ``.spans.jsonl`` in one life (each span is a
 bounded :class:`~aurora.runtime.messages.Span`, ~150 bytes: 400,000 of them); past this they
 are counted and dropped, so a flood of spans cannot fill the disk."""
+
+QUIET_ROWS_PER_ACTOR = 256
+"""Rows one Actor's results that change nothing (:func:`aurora.policy.ledger.changes_nothing`:
+for a lease it does not hold or that has ended, or from an id the Ledger does not know) may
+add to the log; beyond them such results are still decided and answered, not logged. An
+honest Actor sends a few (a result re-sent after a reconnect is a DUPLICATE); a flood of them
+wrote ~1.1 KB of log each, 2.2 MB/s at the per-connection message rate, without end."""
+
+SPANS_PER_VERSION = 16
+"""Spans one peer may have written per version the job has published, plus one version's worth
+(the v0 catch-up): an honest peer sends at most 10 per version (one per activity and hop:
+catch-up, receive, stage, apply, generate...; 10 measured over the fault matrix), so a peer
+that floods spans adds about its own honest share of disk (~200 bytes x 16 a version) and no
+peer's flood takes another's share of :data:`SPANS_MAX_BYTES`."""
 
 
 def hello_fields(hello: dict[str, Any]) -> dict[str, Any]:
@@ -297,7 +311,11 @@ class LedgerService:
         self._server: ControlServer | None = None
         self._unix: ControlServer | None = None
         self._span_bytes = 0
+        self._span_counts: dict[str, int] = {}
         self.spans_dropped = 0
+        self._quiet: dict[str, int] = {}
+        self.unlogged = 0
+        """Results decided but not logged (:data:`QUIET_ROWS_PER_ACTOR`), in this life."""
         self._spans = Path(
             config.log_path if config.log_path != ":memory:" else (config.stats_path or "x")
         ).with_suffix(".spans.jsonl")
@@ -418,27 +436,41 @@ class LedgerService:
         if now is None:
             now = self.clock()
         record = to_record(event)
+        # A result that changes nothing (a lease the sender does not hold or that has ended)
+        # is the one thing a peer can send without end, at ~1.1 KB of log a row: past
+        # QUIET_ROWS_PER_ACTOR of one Actor's, such events are decided but not logged (replay
+        # without them reaches the same state) and counted in ``unlogged``.
+        logged = True
+        if changes_nothing(self.core.state, event):
+            who = event.actor  # type: ignore[union-attr]
+            n = self._quiet.get(who, 0) + 1
+            self._quiet[who] = n  # one entry per identity the job certified
+            if n > QUIET_ROWS_PER_ACTOR:
+                logged = False
+                self.unlogged += 1
         t0 = time.perf_counter()
         try:
             actions = self.core.feed(event, now=now)
         except ValueError as exc:
             # Kept for the record as an invalid row (replay skips it: it changed nothing).
-            log.warning("ledger: %s refused: %s", type(event).__name__, exc)
-            self.log.append(
-                now, "invalid", record, actions=[{"type": "Invalid", "reason": str(exc)[:300]}]
-            )
+            if logged:
+                log.warning("ledger: %s refused: %s", type(event).__name__, exc)
+                self.log.append(
+                    now, "invalid", record, actions=[{"type": "Invalid", "reason": str(exc)[:300]}]
+                )
             return []
         t1 = time.perf_counter()
         # The payload is kept only when its result was admitted (plain INSERT: never over an
         # admitted one), in the transaction that logs the event and what was decided.
         admitted = payload is not None and any(type(a) is Accepted for a in actions)
-        self.log.append(
-            now,
-            "policy",
-            record,
-            payload=payload if admitted else None,
-            actions=[to_record(a) for a in actions],
-        )
+        if logged:
+            self.log.append(
+                now,
+                "policy",
+                record,
+                payload=payload if admitted else None,
+                actions=[to_record(a) for a in actions],
+            )
         self.timings["decide"].add(t1 - t0)
         self.timings["log"].add(time.perf_counter() - t1)
         self._after(event, actions, replaying=False)
@@ -954,9 +986,12 @@ class LedgerService:
             line = json.dumps(
                 {**messages.decode(msg, Direction.PEER_TO_LEDGER).to_wire(), "who": peer}
             )
-            if self._span_bytes + len(line) + 1 > SPANS_MAX_BYTES:
+            allowed = SPANS_PER_VERSION * ((self.state.latest or 0) + 2)
+            mine = self._span_counts.get(peer, 0)
+            if mine >= allowed or self._span_bytes + len(line) + 1 > SPANS_MAX_BYTES:
                 self.spans_dropped += 1
                 return
+            self._span_counts[peer] = mine + 1  # one entry per identity the job certified
             self._span_bytes += len(line) + 1
             with open(self._spans, "a") as f:
                 f.write(line + "\n")
@@ -1006,7 +1041,8 @@ class LedgerService:
             lease, payload = str(msg["lease"]), bytes(msg["payload"])
             why = self._bad_payload(peer, lease, payload)
             if why is not None:
-                log.warning("ledger: refused a result of %s for %s: %s", peer, lease, why)
+                if self._quiet.get(peer, 0) < QUIET_ROWS_PER_ACTOR:  # a flood: no line each
+                    log.warning("ledger: refused a result of %s for %s: %s", peer, lease, why)
                 self.feed(ResultMalformed(actor=peer, lease=lease))
                 return
             self.feed(

@@ -22,6 +22,7 @@ Every output of a run on this backend says ``backend: standin``.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -186,7 +187,13 @@ class StandinEngine:
     def apply(self, delta: Delta) -> None:
         assert self.version is not None and self.weights_hash is not None
         self.weights_hash = apply_delta(
-            delta, self.state, active_version=self.version, active_hash=self.weights_hash
+            delta,
+            self.state,
+            active_version=self.version,
+            active_hash=self.weights_hash,
+            # Off the main thread (an Actor applies in a worker) no signal can interrupt the
+            # stores, which then skip their undo log (aurora.delta.apply).
+            interruptible=threading.current_thread() is threading.main_thread(),
         )
         self.version = delta.version
 
