@@ -115,12 +115,18 @@ SPANS_MAX_BYTES = 64 << 20
 bounded :class:`~aurora.runtime.messages.Span`, ~150 bytes: 400,000 of them); past this they
 are counted and dropped, so a flood of spans cannot fill the disk."""
 
-QUIET_ROWS_PER_ACTOR = 256
-"""Rows one Actor's results that change nothing (:func:`aurora.policy.ledger.changes_nothing`:
-for a lease it does not hold or that has ended, or from an id the Ledger does not know) may
-add to the log; beyond them such results are still decided and answered, not logged. An
-honest Actor sends a few (a result re-sent after a reconnect is a DUPLICATE); a flood of them
-wrote ~1.1 KB of log each, 2.2 MB/s at the per-connection message rate, without end."""
+QUIET_ROWS = 16
+"""Rows of one Actor's results that change nothing (:func:`aurora.policy.ledger.changes_nothing`:
+for a lease it does not hold or that has ended, or from an id the Ledger does not know) the log
+takes in any case; beyond them, one per :data:`QUIET_ROWS_PER_ADMITTED` of its admitted
+results. Past that such results are still decided and answered, not logged. An honest Actor
+sends a few (a result re-sent after a reconnect is a DUPLICATE); a flood of them wrote ~1.1 KB
+of log each, 2.2 MB/s at the per-connection message rate, without end: now it adds at most a
+quarter of the rows the flooder's own admitted work added, plus 16 (~18 KB)."""
+
+QUIET_ROWS_PER_ADMITTED = 4
+"""One more logged row of results that change nothing per this many admitted results."""
+
 
 SPANS_PER_VERSION = 16
 """Spans one peer may have written per version the job has published, plus one version's worth
@@ -314,8 +320,9 @@ class LedgerService:
         self._span_counts: dict[str, int] = {}
         self.spans_dropped = 0
         self._quiet: dict[str, int] = {}
+        self._admitted: dict[str, int] = {}
         self.unlogged = 0
-        """Results decided but not logged (:data:`QUIET_ROWS_PER_ACTOR`), in this life."""
+        """Results decided but not logged (:data:`QUIET_ROWS`), in this life."""
         self._spans = Path(
             config.log_path if config.log_path != ":memory:" else (config.stats_path or "x")
         ).with_suffix(".spans.jsonl")
@@ -437,15 +444,15 @@ class LedgerService:
             now = self.clock()
         record = to_record(event)
         # A result that changes nothing (a lease the sender does not hold or that has ended)
-        # is the one thing a peer can send without end, at ~1.1 KB of log a row: past
-        # QUIET_ROWS_PER_ACTOR of one Actor's, such events are decided but not logged (replay
-        # without them reaches the same state) and counted in ``unlogged``.
+        # is the one thing a peer can send without end, at ~1.1 KB of log a row: past its
+        # allowance (QUIET_ROWS), such events are decided but not logged (replay without them
+        # reaches the same state) and counted in ``unlogged``.
         logged = True
         if changes_nothing(self.core.state, event):
             who = event.actor  # type: ignore[union-attr]
             n = self._quiet.get(who, 0) + 1
             self._quiet[who] = n  # one entry per identity the job certified
-            if n > QUIET_ROWS_PER_ACTOR:
+            if n > self._quiet_allowed(who):
                 logged = False
                 self.unlogged += 1
         t0 = time.perf_counter()
@@ -485,6 +492,7 @@ class LedgerService:
         for action in actions:
             if isinstance(action, Accepted):
                 self.counters.accepted += 1
+                self._admitted[action.actor] = self._admitted.get(action.actor, 0) + 1
             elif isinstance(action, BatchCompleted):
                 if not replaying:
                     self._tell_trainer({"op": "batch_done", "batch": action.batch})
@@ -496,6 +504,10 @@ class LedgerService:
                 self.counters.expired += 1
             elif isinstance(action, Released):
                 self.counters.released += 1
+
+    def _quiet_allowed(self, actor: str) -> int:
+        """How many of ``actor``'s results that change nothing the log takes (QUIET_ROWS)."""
+        return QUIET_ROWS + self._admitted.get(actor, 0) // QUIET_ROWS_PER_ADMITTED
 
     def _carry_out(self, action: Action, now: float) -> None:
         if isinstance(action, Assign):
@@ -1041,7 +1053,7 @@ class LedgerService:
             lease, payload = str(msg["lease"]), bytes(msg["payload"])
             why = self._bad_payload(peer, lease, payload)
             if why is not None:
-                if self._quiet.get(peer, 0) < QUIET_ROWS_PER_ACTOR:  # a flood: no line each
+                if self._quiet.get(peer, 0) < self._quiet_allowed(peer):  # a flood: no line each
                     log.warning("ledger: refused a result of %s for %s: %s", peer, lease, why)
                 self.feed(ResultMalformed(actor=peer, lease=lease))
                 return
