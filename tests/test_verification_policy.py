@@ -38,7 +38,7 @@ from aurora.policy.verification import (
     unit,
 )
 
-CFG = VerificationConfig(seed=7)
+CFG = VerificationConfig(seed=7, fraction=0.25, halving=32, min_fraction=0.05, suspect_ratio=0.5)
 HONEST = Measures(max_delta=1e-5, mean_delta=1e-6, min_logprob=-9.0, tokens=40)
 
 
@@ -71,9 +71,9 @@ def test_measure_takes_the_largest_and_mean_difference_and_the_lowest_recomputed
 def test_a_new_actor_is_checked_always_then_less_as_it_keeps_passing_down_to_the_floor():
     book = TrustBook(CFG)
     fractions = []
-    for _ in range(CFG.probation + 4 * CFG.halving + 1):
+    for i in range(CFG.probation + 4 * CFG.halving + 1):
         fractions.append(book.fraction("a"))
-        assert book.observe("a", HONEST) is None
+        assert book.observe("a", HONEST, i // 3) is None
     assert fractions[: CFG.probation] == [1.0] * CFG.probation
     assert book.record("a").state is Trust.TRUSTED
     p = CFG.probation
@@ -86,21 +86,33 @@ def test_a_new_actor_is_checked_always_then_less_as_it_keeps_passing_down_to_the
 
 def test_a_near_miss_makes_a_trusted_actor_suspected_and_checked_always_again():
     book = TrustBook(CFG)
-    for _ in range(CFG.probation):
-        book.observe("a", HONEST)
+    for i in range(CFG.probation):
+        book.observe("a", HONEST, i)
     assert book.fraction("a") == 0.25
     near = dataclasses.replace(HONEST, max_delta=CFG.token_tolerance * 0.9)
-    assert book.observe("a", near) is None
+    assert book.observe("a", near, 9) is None
     assert book.record("a").state is Trust.SUSPECTED and book.fraction("a") == 1.0
-    for _ in range(CFG.probation):
-        book.observe("a", HONEST)
+    for i in range(CFG.probation):
+        book.observe("a", HONEST, i)
+    assert book.record("a").state is Trust.TRUSTED
+
+
+def test_checks_on_one_version_alone_never_end_probation():
+    # An Actor frozen on old weights is honest on the version it froze at.
+    book = TrustBook(CFG)
+    for _ in range(3 * CFG.probation):
+        book.observe("a", HONEST, 0)
+    assert book.record("a").state is Trust.NEW and book.fraction("a") == 1.0
+    book.observe("a", HONEST, 1)
+    assert book.record("a").state is Trust.NEW
+    book.observe("a", HONEST, 2)
     assert book.record("a").state is Trust.TRUSTED
 
 
 def test_which_results_are_checked_is_fixed_by_seed_actor_and_lease_at_the_stated_rate():
     book = TrustBook(CFG)
-    for _ in range(CFG.probation):
-        book.observe("a", HONEST)
+    for i in range(CFG.probation):
+        book.observe("a", HONEST, i)
     plans = [book.plan("a", f"L{i}") for i in range(20000)]
     assert plans == [book.plan("a", f"L{i}") for i in range(20000)]  # no hidden state
     checked = plans.count(Plan.CHECK)
@@ -108,22 +120,36 @@ def test_which_results_are_checked_is_fixed_by_seed_actor_and_lease_at_the_state
     assert 5000 - 306 < checked < 5000 + 306
     assert checked == sum(unit(7, "a", f"L{i}") < 0.25 for i in range(20000))
     other = TrustBook(dataclasses.replace(CFG, seed=8))
-    for _ in range(CFG.probation):
-        other.observe("a", HONEST)
+    for i in range(CFG.probation):
+        other.observe("a", HONEST, i)
     assert [other.plan("a", f"L{i}") for i in range(200)] != plans[:200]
 
 
 def test_a_failed_check_excludes_for_good_and_a_check_after_it_raises_and_changes_nothing():
     book = TrustBook(CFG)
     bad = dataclasses.replace(HONEST, max_delta=3.0)
-    assert book.observe("a", bad) is CheckFailure.TOKEN_MISMATCH
+    assert book.observe("a", bad, 0) is CheckFailure.TOKEN_MISMATCH
     rec = book.record("a")
     assert (rec.state, rec.failure, rec.checks) == (Trust.EXCLUDED, CheckFailure.TOKEN_MISMATCH, 1)
     before = dataclasses.replace(rec)
     with pytest.raises(IllegalTransition):
-        book.observe("a", HONEST)
+        book.observe("a", HONEST, 0)
     assert book.record("a") == before
     assert book.plan("a", "L1") is Plan.DROP and book.fraction("a") == 0.0
+
+
+def test_the_default_bounds_sit_between_the_measured_honest_and_dishonest_differences():
+    # docs/VERIFICATION.md: honest max / mean |delta| 8.6e-6 / 1.4e-6 (transformers engine),
+    # 0.18 / 0.017 (vLLM CPU build); a randomly initialised model of the same tokenizer: mean
+    # >= 4.0 per result.
+    cfg = VerificationConfig(seed=0)
+    for honest_max, honest_mean in ((8.6e-6, 1.4e-6), (0.18, 0.017)):
+        m = Measures(max_delta=honest_max, mean_delta=honest_mean, min_logprob=-10.0, tokens=9)
+        assert judge(m, cfg) is None
+        assert honest_max * 2.5 < cfg.token_tolerance and honest_mean * 2.5 < cfg.mean_tolerance
+        assert honest_max < cfg.suspect_ratio * cfg.token_tolerance  # not even suspected
+    other = Measures(max_delta=11.6, mean_delta=4.0, min_logprob=-14.0, tokens=9)
+    assert judge(other, cfg) is CheckFailure.TOKEN_MISMATCH
 
 
 def test_the_config_refuses_bounds_that_cannot_work():

@@ -741,7 +741,8 @@ def _on_verified(state: LedgerState, ev: ResultVerified, now: float, out: list[A
         min_logprob=float(ev.min_logprob),
         tokens=ev.tokens,
     )
-    failure = trust.observe(ev.actor, measures)  # IllegalTransition (no change) if excluded
+    # IllegalTransition (no change) if the Actor is excluded already.
+    failure = trust.observe(ev.actor, measures, ev.version)
     if failure is None:
         return
     out.append(Refused(lease=ev.lease, actor=ev.actor, reason=Refusal.UNVERIFIED))

@@ -27,8 +27,10 @@ version and reports three numbers per result (:class:`Measures`); :func:`judge` 
   ``V * exp(implausible_logprob)`` (V the vocabulary size): 1.4e-8 for V = 151,936 at -30.
 
 **How often** (:meth:`TrustBook.fraction`): per Actor, from its record. A ``NEW`` Actor has every
-result checked (``new_fraction``) until ``probation`` checks passed; a ``SUSPECTED`` one (a check
-that passed with a maximum difference above ``suspect_ratio`` of the tolerance) likewise; then
+result checked (``new_fraction``) until ``probation`` checks passed on results of at least
+``probation_versions`` distinct versions (an Actor frozen on old weights is honest on the version
+it froze at: checks on that version alone prove nothing); a ``SUSPECTED`` one (a check that
+passed with a maximum difference above ``suspect_ratio`` of the tolerance) likewise; then
 ``TRUSTED`` at ``fraction``, halved every ``halving`` further passed checks down to
 ``min_fraction``. Which results is deterministic: result (actor, lease) is checked iff
 ``u(seed, actor, lease) < fraction``, ``u`` a uniform number from a BLAKE2b hash, so the choice
@@ -113,23 +115,27 @@ class VerificationConfig:
     """Seed of the deterministic choice of the results to check (the job's seed)."""
     token_tolerance: float = 0.5
     """Largest |reported - recomputed| log-prob of any token of an honest result (nats).
-    Honest differences measured on the tiny model: ~1e-5 (transformers engine, fp32 compute of
-    the bf16 weights) and up to ~0.1 (bf16 compute); docs/VERIFICATION.md."""
+    Honest maxima measured on the tiny model (docs/VERIFICATION.md): 8.6e-6 with the
+    transformers engine (fp32 arithmetic on the bf16 weights, as the Trainer's recompute),
+    0.18 with vLLM's CPU build (bf16 arithmetic); 0.5 is 2.8x the larger."""
     mean_tolerance: float = 0.05
-    """Largest mean |reported - recomputed| log-prob over a result's tokens (nats)."""
+    """Largest mean |reported - recomputed| log-prob over a result's tokens (nats). Honest
+    maxima measured: 1.4e-6 (transformers), 0.017 (vLLM CPU); 0.05 is 2.9x the larger."""
     implausible_logprob: float = -30.0
     """A sampled token whose recomputed log-prob is below this fails (nats)."""
     new_fraction: float = 1.0
     """Fraction of a NEW or SUSPECTED Actor's results checked."""
     probation: int = 8
-    """Passed checks that make a NEW or SUSPECTED Actor TRUSTED."""
-    fraction: float = 0.25
+    """Passed checks that make a NEW or SUSPECTED Actor TRUSTED ..."""
+    probation_versions: int = 3
+    """... on results of at least this many distinct versions."""
+    fraction: float = 0.1
     """Fraction of a newly TRUSTED Actor's results checked."""
-    halving: int = 32
+    halving: int = 64
     """Passed checks as TRUSTED that halve its fraction ..."""
-    min_fraction: float = 0.05
+    min_fraction: float = 0.02
     """... down to this floor."""
-    suspect_ratio: float = 0.5
+    suspect_ratio: float = 0.8
     """A passing check whose largest token difference is above this x ``token_tolerance``
     marks the Actor SUSPECTED (checked at ``new_fraction`` again)."""
 
@@ -151,8 +157,10 @@ class VerificationConfig:
                 raise ValueError(f"VerificationConfig.{name} must be in (0, 1], got {value!r}")
         if self.min_fraction > self.fraction:
             raise ValueError("VerificationConfig.min_fraction must be <= fraction")
-        if self.probation < 1 or self.halving < 1:
-            raise ValueError("VerificationConfig.probation and halving must be >= 1")
+        if self.probation < 1 or self.halving < 1 or self.probation_versions < 1:
+            raise ValueError(
+                "VerificationConfig.probation, probation_versions and halving must be >= 1"
+            )
         if not (0 < self.suspect_ratio <= 1):
             raise ValueError(
                 f"VerificationConfig.suspect_ratio must be in (0, 1], got {self.suspect_ratio!r}"
@@ -230,6 +238,8 @@ class TrustRecord:
     """Checks passed since it was NEW or last SUSPECTED."""
     checks: int = 0
     """Checks of it in all."""
+    versions: tuple[int, ...] = ()
+    """Distinct versions of its passed probation checks (up to ``probation_versions``)."""
     failure: CheckFailure | None = None
     """Why it was excluded."""
 
@@ -274,17 +284,25 @@ class TrustBook:
             return Plan.CHECK
         return Plan.TRAIN
 
-    def observe(self, actor: str, measures: Measures) -> CheckFailure | None:
-        """Record a check of ``actor``'s result; returns why it failed (None: passed). Raises
-        :class:`~aurora.policy.IllegalTransition` for an excluded Actor, changing nothing."""
+    def observe(self, actor: str, measures: Measures, version: int) -> CheckFailure | None:
+        """Record a check of ``actor``'s result generated on ``version``; returns why it failed
+        (None: passed). Raises :class:`~aurora.policy.IllegalTransition` for an excluded Actor,
+        changing nothing."""
         cfg = self.config
         rec = self.record(actor)
         failure = judge(measures, cfg)
+        versions = rec.versions
+        if rec.state is not Trust.TRUSTED and version not in versions:
+            versions = (*versions, version)[-cfg.probation_versions :]
         if failure is not None:
             trigger = "fail"
         elif measures.max_delta > cfg.suspect_ratio * cfg.token_tolerance:
             trigger = "suspect"
-        elif rec.state is not Trust.TRUSTED and rec.passed + 1 >= cfg.probation:
+        elif (
+            rec.state is not Trust.TRUSTED
+            and rec.passed + 1 >= cfg.probation
+            and len(versions) >= cfg.probation_versions
+        ):
             trigger = "trust"
         else:
             trigger = "pass"
@@ -294,8 +312,10 @@ class TrustBook:
         rec.checks += 1
         if trigger == "suspect":
             rec.passed = 0
+            rec.versions = ()
         elif trigger != "fail":
             rec.passed += 1
+            rec.versions = versions
         else:
             rec.failure = failure
         return failure
