@@ -155,7 +155,7 @@ class TrainerProcess:
         self._batch_tokens = 0
         self._batch_refused = 0
         """Results of the batch the Trainer refused (a payload that fails its checks)."""
-        self._batch_verify: dict[str, float] = {}
+        self._batch_verify: dict[str, float | str] = {}
         """The batch's verification counts and time (``verify_s``, ``verified``, ...)."""
         self.verification = verification_config(run.spec)
         """The job's verification rule (None: results are trained unchecked)."""
@@ -457,13 +457,20 @@ class TrainerProcess:
             )
         failed = await self._verify(kept) if self.verification is not None else set()
         out = []
+        trained: dict[str, int] = {}
         for actor, _, _, entry, tokens in kept:
             if actor in failed:
                 dropped += 1  # every result of an Actor that failed in this batch goes
                 continue
             self._batch_tokens += tokens
+            trained[actor] = trained.get(actor, 0) + 1
             out.append(entry)
         self._batch_verify["dropped_results"] = dropped
+        # Whose results the step trains on ("actor:count,..."; a short string, as the
+        # observers' stats carry it), for the experiment's count of what a cheater got in.
+        shares = ",".join(f"{a}:{n}" for a, n in sorted(trained.items()))
+        if len(shares) <= 1000:
+            self._batch_verify["trained_from"] = shares
         # A deterministic order: the same batch trains to the same bytes after any restart.
         out.sort(key=lambda t: t[0])
         return out
