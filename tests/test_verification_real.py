@@ -116,8 +116,16 @@ def test_a_dishonest_actor_is_excluded_within_the_stated_steps_and_the_honest_on
     assert set(out["evicted"]) == {"cheat-0"}, out["evicted"]  # never the honest Actor
     assert out["excluded_at"]["cheat-0"] <= within, out["excluded_at"]
     assert any(r["reason"] == "UNVERIFIED" for r in out["refused"])
-    assert out["summary"]["steps_completed"] == STEPS
+    summary = out["summary"]
+    assert summary["steps_completed"] == STEPS
+    # The exclusion released its leases to the honest Actor: nothing lost, and the Ledger's log
+    # replays through the policy to the same actions (the exclusion included).
+    assert summary["prompts_lost"] == 0 and summary["lease_book_ok"]
+    assert summary["replay_action_mismatches"] == 0
     assert sum(s.get("verify_failed", 0) for s in out["steps"]) == 1
+    # Nothing of the cheater's was trained on after it was caught.
+    caught = next(i for i, s in enumerate(out["steps"]) if s.get("verify_failed"))
+    assert all("cheat-0" not in str(s.get("trained_from", "")) for s in out["steps"][caught:])
     assert sum(s.get("verified", 0) for s in out["steps"]) >= 1
 
 
