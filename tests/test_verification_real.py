@@ -58,13 +58,21 @@ TOPOLOGY = {
 }
 
 
-def run(tmp: Path, cheat: str | None, *, verify: bool = True, probation: int | None = None) -> Path:
+def run(
+    tmp: Path,
+    cheat: str | None,
+    *,
+    verify: bool = True,
+    probation: int | None = None,
+    engine: str = "transformers",
+) -> Path:
     extra: dict = {"verify": verify, "start_actors": 2}
     if probation is not None:
         extra["verify_probation"] = probation
+    topo = {**TOPOLOGY, "real": {**TOPOLOGY["real"], "engine": engine}}
     launcher = Launcher(
         RealRun(
-            topology=topology_from_dict(TOPOLOGY, source="verify"),
+            topology=topology_from_dict(topo, source="verify"),
             topology_path="verify",
             out=str(tmp),
             backend="rl",
@@ -127,6 +135,21 @@ def test_a_dishonest_actor_is_excluded_within_the_stated_steps_and_the_honest_on
     caught = next(i for i, s in enumerate(out["steps"]) if s.get("verify_failed"))
     assert all("cheat-0" not in str(s.get("trained_from", "")) for s in out["steps"][caught:])
     assert sum(s.get("verified", 0) for s in out["steps"]) >= 1
+
+
+def test_with_vllm_actors_a_forged_logprob_actor_is_excluded_and_the_honest_one_never(tmp_path):
+    # The honest vLLM Actor's log-probs come from bf16 arithmetic (max |delta| 0.18 measured):
+    # within the bounds, not even suspected; the forger's halved log-probs are not.
+    from tests.test_vllm_runtime import require_vllm
+
+    require_vllm()
+    out = outcome(run(tmp_path, "forged-lp", engine="vllm"))
+    assert set(out["evicted"]) == {"cheat-0"}, out["evicted"]
+    assert out["excluded_at"]["cheat-0"] <= 2, out["excluded_at"]
+    assert out["summary"]["steps_completed"] == STEPS
+    assert out["summary"]["replay_action_mismatches"] == 0
+    honest_checks = sum(s.get("verified", 0) for s in out["steps"]) - 1
+    assert honest_checks >= 8  # the honest vLLM Actor's probation, all passed
 
 
 def test_without_verification_the_same_cheater_is_trained_on_to_the_end(tmp_path):
