@@ -152,8 +152,11 @@ def real_run(cfg: RunConfig, out: Path) -> Path:
     return launcher.dir
 
 
-def analyse(run_dir: Path, cheater: str = "cheat-0") -> dict[str, Any]:
-    """The metrics of one run from its own files (events.csv, trainer/steps.jsonl, summary)."""
+def analyse(run_dir: Path, mode: str | None = None, cheater: str = "cheat-0") -> dict[str, Any]:
+    """The metrics of one run from its own files (events.csv, trainer/steps.jsonl, summary);
+    ``mode``: the cheater's (which of its results were lies)."""
+    from aurora.runtime.cheats import lies_on
+
     with open(run_dir / "events.csv") as f:
         rows = [r | {"rec": json.loads(r["record"])} for r in csv.DictReader(f)]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -161,6 +164,7 @@ def analyse(run_dir: Path, cheater: str = "cheat-0") -> dict[str, Any]:
     batches = published = 0
     evicted: dict[str, dict[str, Any]] = {}
     admitted_before = 0
+    evicted_at = float("inf")
     checks: dict[str, int] = {}
     for r in rows:
         kind, rec = r["type"], r["rec"]
@@ -173,6 +177,8 @@ def analyse(run_dir: Path, cheater: str = "cheat-0") -> dict[str, Any]:
         elif kind == "Accepted" and rec["actor"] == cheater and cheater not in evicted:
             admitted_before += 1
         elif kind == "Evicted" and rec["actor"] not in evicted:
+            if rec["actor"] == cheater:
+                evicted_at = float(r["time"])
             evicted[rec["actor"]] = {
                 "reason": rec["reason"],
                 "batch": batches,
@@ -190,15 +196,32 @@ def analyse(run_dir: Path, cheater: str = "cheat-0") -> dict[str, Any]:
             actor, _, n = part.rpartition(":")
             if actor == cheater:
                 trained += int(n)
+    # The batch whose check caught it (batch k is trained into version k); every result of the
+    # cheater in an earlier batch was trained on, none from that batch on.
+    caught = next((k for k, s in enumerate(steps, 1) if s.get("verify_failed")), None)
+    lies_admitted = lies_trained = 0
+    if mode is not None:
+        for r in rows:
+            if r["type"] != "Accepted" or r["rec"]["actor"] != cheater:
+                continue
+            prompt = r["rec"]["prompt"]
+            if not lies_on(mode, prompt):
+                continue
+            lies_admitted += float(r["time"]) <= evicted_at
+            batch = int(prompt[1:].split("-")[0])
+            lies_trained += caught is None or batch < caught
     ex = evicted.get(cheater)
     return {
         "excluded": ex is not None,
         "reason": ex["reason"] if ex else "",
+        "caught_in_batch": caught if caught is not None else "",
         "excluded_in_batch": ex["batch"] if ex else "",
         "excluded_after_step": ex["after_step"] if ex else "",
         "excluded_after_s": round(ex["after_s"], 3) if ex else "",
         "cheater_admitted_before_exclusion": admitted_before,
         "cheater_results_trained": trained,
+        "lies_admitted_before_exclusion": lies_admitted,
+        "lies_trained": lies_trained,
         "honest_excluded": sum(1 for a in evicted if a != cheater),
         "checks": sum(checks.values()),
         "checks_honest": sum(n for a, n in checks.items() if a != cheater),
@@ -440,7 +463,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         t0 = time.time()
         run_dir = real_run(cfg, out)
-        row = {"key": cfg.key, **dataclasses.asdict(cfg), **analyse(run_dir), "git_sha": sha}
+        row = {
+            "key": cfg.key,
+            **dataclasses.asdict(cfg),
+            **analyse(run_dir, cfg.cheat),
+            "git_sha": sha,
+        }
         row["run_s"] = round(time.time() - t0, 1)
         _append(path, row)
         print(json.dumps(row, default=str), flush=True)

@@ -141,3 +141,16 @@ def test_every_cheat_passes_the_payload_checks_and_fails_the_recompute(rl, mode)
         assert 0 < sum(failed) < len(failed)
     else:
         assert all(failed), failed
+
+
+def test_a_cheat_mode_is_parsed_or_refused_in_one_line_and_partial_lies_on_its_share():
+    from aurora.runtime.cheats import lies_on, parse
+
+    assert parse("random") == ("random", 1.0) and parse("partial:0.1") == ("partial", 0.1)
+    for bad in ("nonsense", "random:0.5", "partial:0", "partial:1.5"):
+        with pytest.raises(ValueError, match="cheat"):
+            parse(bad)
+    prompts = [f"b{k}-{i}" for k in range(1, 101) for i in range(32)]
+    share = sum(lies_on("partial:0.1", p) for p in prompts) / len(prompts)
+    assert 0.09 < share < 0.11  # 3,200 prompts: sd 0.005
+    assert all(lies_on("stale", p) for p in prompts[:50])

@@ -90,6 +90,13 @@ def _coin(prompt: str, salt: str) -> float:
     return (int.from_bytes(digest, "little") >> 11) / float(1 << 53)
 
 
+def lies_on(mode: str, prompt: str) -> bool:
+    """Whether an Actor cheating with ``mode`` lies about its result for ``prompt`` (every
+    prompt but a ``partial`` one's honest share)."""
+    kind, share = parse(mode)
+    return kind != "partial" or _coin(prompt, "cheat") < share
+
+
 class CheatingEngine:
     """An :class:`~aurora.runtime.compute.EngineSide` that lies about its completions only
     (module docstring)."""
