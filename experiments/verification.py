@@ -261,8 +261,8 @@ class ToleranceConfig:
     """Sampling and task seed."""
 
 
-def tolerance_points(engines: Sequence[str]) -> list[ToleranceConfig]:
-    return [ToleranceConfig(engine=e) for e in engines]
+def tolerance_points(engines: Sequence[str], batches: int = 8) -> list[ToleranceConfig]:
+    return [ToleranceConfig(engine=e, batches=batches) for e in engines]
 
 
 def _spec(engine: str, seed: int, tmp: str, prompts: int, group: int) -> Any:
@@ -432,6 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--part", default="all", choices=["tolerance", "detect", "cost", "fpr", "all"])
     p.add_argument("--engines", default="transformers")
     p.add_argument("--seeds", default="0")
+    p.add_argument("--tolerance-batches", type=int, default=8)
     p.add_argument("--cost-steps", type=int, default=30)
     p.add_argument("--fpr-steps", type=int, default=150)
     p.add_argument("--out", default="results/verification")
@@ -443,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.part in ("tolerance", "all"):
         path = out / "tolerance.csv"
         done = _done(path, "engine")
-        for tc in tolerance_points(engines):
+        for tc in tolerance_points(engines, args.tolerance_batches):
             if tc.engine in done:
                 continue
             for r in measure_tolerance(tc):
