@@ -427,9 +427,78 @@ def figure(out: Path) -> Path | None:
     return path
 
 
+def _rows(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def _g(x: str, digits: int = 3) -> str:
+    return f"{float(x):.{digits}g}" if x not in ("", None) else "-"
+
+
+def tables(out: Path) -> str:
+    """The markdown tables of docs/VERIFICATION.md, from the rows under ``out``."""
+    tol = _rows(out / "tolerance.csv")
+    lines = [
+        "| engine | results | tokens | max \\|delta\\| | max mean \\|delta\\| | lowest "
+        "recomputed log-prob | refused | recompute / generate time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in (r for r in tol if r["mode"] == "honest"):
+        ratio = float(r["recompute_s"]) / float(r["generate_s"])
+        lines.append(
+            f"| {r['engine']} | {r['results']} | {r['tokens']} | {_g(r['max_delta'])} | "
+            f"{_g(r['max_mean_delta'])} | {_g(r['min_logprob'])} | {r['refused_share']} | "
+            f"{ratio:.2f} |"
+        )
+    lines += [
+        "",
+        "| mode | engine | versions behind | results | refused | max \\|delta\\| "
+        "| max mean \\|delta\\| |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in (r for r in tol if r["mode"] != "honest"):
+        lines.append(
+            f"| {r['mode']} | {r['engine']} | {r.get('versions_behind') or '-'} | {r['results']} | "
+            f"{float(r['refused_share']):.0%} | {_g(r['max_delta'])} | {_g(r['max_mean_delta'])} |"
+        )
+    runs = _rows(out / "runs.csv")
+    lines += [
+        "",
+        "| cheat | engine | seed | steps | excluded | reason | caught checking batch | "
+        "training steps before exclusion | s after batch 1 | lies admitted before exclusion | "
+        "lies trained | honest Actors excluded | checks (honest) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in (r for r in runs if r["part"] == "detect"):
+        lines.append(
+            f"| {r['cheat']} | {r['engine']} | {r['seed']} | {r['steps']} | {r['excluded']} | "
+            f"{r['reason']} | {r['caught_in_batch']} | {r['excluded_after_step']} | "
+            f"{r['excluded_after_s']} | {r['lies_admitted_before_exclusion']} | "
+            f"{r['lies_trained']} | {r['honest_excluded']} | {r['checks']} ({r['checks_honest']}) |"
+        )
+    lines += [
+        "",
+        "| part | engine | seed | steps | verify | step time (s) | tokens/s | checks | "
+        "results | verify s | train s | honest excluded |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in (r for r in runs if r["part"] in ("cost", "fpr")):
+        lines.append(
+            f"| {r['part']} | {r['engine']} | {r['seed']} | {r['steps']} | {r['verify']} | "
+            f"{_g(r['step_time_s'])} | {_g(r['tokens_per_s'])} | {r['checks']} | "
+            f"{r['results_admitted']} | {r['verify_s']} | {r['train_s']} | {r['honest_excluded']} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="verified rollouts: tolerance, detection, cost")
-    p.add_argument("--part", default="all", choices=["tolerance", "detect", "cost", "fpr", "all"])
+    p.add_argument(
+        "--part", default="all", choices=["tolerance", "detect", "cost", "fpr", "all", "tables"]
+    )
     p.add_argument("--engines", default="transformers")
     p.add_argument("--seeds", default="0")
     p.add_argument("--tolerance-batches", type=int, default=8)
@@ -476,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fig = figure(out)
     if fig is not None:
         print(f"figure: {fig}")
+    print(tables(out))
     return 0
 
 
