@@ -529,6 +529,8 @@ class TrainerProcess:
             "verified": checked,
             "verify_failed": len(failed),
             "unverifiable": unverifiable,
+            # What the check keeps beyond the Trainer's own weights (bytes).
+            "verify_kept_bytes": self.compute.verification_bytes(),  # type: ignore[attr-defined]
         }
         return failed
 
