@@ -35,6 +35,7 @@ from aurora.policy.verification import (
     VerificationConfig,
     judge,
     measure,
+    pick_completions,
     unit,
 )
 
@@ -123,6 +124,19 @@ def test_which_results_are_checked_is_fixed_by_seed_actor_and_lease_at_the_state
     for i in range(CFG.probation):
         other.observe("a", HONEST, i)
     assert [other.plan("a", f"L{i}") for i in range(200)] != plans[:200]
+
+
+def test_a_check_recomputes_two_seeded_completions_of_a_group_and_all_of_a_small_one():
+    picks = [pick_completions(CFG, "a", f"L{i}", 8) for i in range(400)]
+    assert all(len(p) == 2 and p == tuple(sorted(set(p))) for p in picks)
+    assert picks == [pick_completions(CFG, "a", f"L{i}", 8) for i in range(400)]
+    # Every completion is picked about equally often (400 x 2 picks of 8: 100 each, sd ~9).
+    counts = [sum(j in p for p in picks) for j in range(8)]
+    assert all(55 < c < 145 for c in counts), counts
+    assert pick_completions(CFG, "a", "L1", 2) == (0, 1)
+    assert pick_completions(dataclasses.replace(CFG, completions=8), "a", "L1", 8) == tuple(
+        range(8)
+    )
 
 
 def test_a_failed_check_excludes_for_good_and_a_check_after_it_raises_and_changes_nothing():

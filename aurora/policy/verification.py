@@ -38,6 +38,11 @@ needs no random state, is the same after a restart, and an Actor cannot predict 
 job's ``seed`` (which Actors are not told beyond their sampling seed: see docs/VERIFICATION.md
 for what this does and does not hide).
 
+**How much of a result.** A checked result's ``completions`` (2) completions are recomputed,
+chosen by the same seeded coin (:func:`pick_completions`): every dishonest mode of the tests lies
+on every completion of a result it lies about, and the check then costs a quarter of a whole
+result's recompute at ``group_size`` 8.
+
 **What a failure does**: the result is refused (``Refusal.UNVERIFIED``), the Actor's record goes
 to ``EXCLUDED`` for good (no move leaves it), the Ledger releases its live leases to the pool,
 stops its membership and refuses it if it joins again (:mod:`aurora.policy.ledger`); the Trainer
@@ -135,6 +140,10 @@ class VerificationConfig:
     """Passed checks as TRUSTED that halve its fraction ..."""
     min_fraction: float = 0.02
     """... down to this floor."""
+    completions: int = 2
+    """Completions of a checked result that are recomputed (chosen by the seeded coin; all
+    when the group is no larger): a cheat on every completion of a result is caught by any
+    one, and the check costs ``completions / group_size`` of a whole result's recompute."""
     suspect_ratio: float = 0.8
     """A passing check whose largest token difference is above this x ``token_tolerance``
     marks the Actor SUSPECTED (checked at ``new_fraction`` again)."""
@@ -157,9 +166,15 @@ class VerificationConfig:
                 raise ValueError(f"VerificationConfig.{name} must be in (0, 1], got {value!r}")
         if self.min_fraction > self.fraction:
             raise ValueError("VerificationConfig.min_fraction must be <= fraction")
-        if self.probation < 1 or self.halving < 1 or self.probation_versions < 1:
+        if (
+            self.probation < 1
+            or self.halving < 1
+            or self.probation_versions < 1
+            or (self.completions < 1)
+        ):
             raise ValueError(
-                "VerificationConfig.probation, probation_versions and halving must be >= 1"
+                "VerificationConfig.probation, probation_versions, halving and completions "
+                "must be >= 1"
             )
         if not (0 < self.suspect_ratio <= 1):
             raise ValueError(
@@ -227,6 +242,17 @@ def unit(seed: int, actor: str, lease: str) -> float:
     sampling (BLAKE2b, 53 bits)."""
     digest = hashlib.blake2b(f"{seed}|{actor}|{lease}".encode(), digest_size=8).digest()
     return (int.from_bytes(digest, "little") >> 11) / float(1 << 53)
+
+
+def pick_completions(
+    config: VerificationConfig, actor: str, lease: str, group_size: int
+) -> tuple[int, ...]:
+    """Which completions of ``actor``'s result for ``lease`` (``group_size`` of them) a check
+    recomputes: the ``config.completions`` with the smallest seeded coins, in order."""
+    if group_size <= config.completions:
+        return tuple(range(group_size))
+    coins = sorted(range(group_size), key=lambda i: unit(config.seed, actor, f"{lease}#{i}"))
+    return tuple(sorted(coins[: config.completions]))
 
 
 @dataclass(slots=True)

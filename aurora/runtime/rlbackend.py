@@ -248,12 +248,15 @@ class RLTrainer:
         }
 
     def recompute(
-        self, results: Sequence[tuple[int, bytes, int]]
+        self,
+        results: Sequence[tuple[int, bytes, int]],
+        picks: Sequence[Sequence[int]] | None = None,
     ) -> list[tuple[list[list[float]], list[list[float]]] | None]:
         """For each ``(task index, payload, version)``: the (reported, recomputed) per-token
-        log-probs of its completions, recomputed under the published bf16 weights of
-        ``version`` (fp32 arithmetic, the sampling temperature); None where that version's
-        weights are not kept (older than the lag bound, or before a restart)."""
+        log-probs of its completions (only those ``picks[i]`` names, when given), recomputed
+        under the published bf16 weights of ``version`` (fp32 arithmetic, the sampling
+        temperature); None where that version's weights are not kept (older than the lag
+        bound, or before a restart)."""
         from aurora.models import load_state
         from aurora.rl.trainer import Group
 
@@ -276,6 +279,8 @@ class RLTrainer:
                 index, payload, _ = results[i]
                 body = msgpack.unpackb(payload)
                 comps = [_Sample(c["ids"], c["lp"]) for c in body["completions"]]
+                if picks is not None:
+                    comps = [comps[j] for j in picks[i]]
                 groups.append(Group(prompt=self.task.prompt(index), completions=comps, version=0))
                 reported.append([[float(x) for x in c.logprobs] for c in comps])
             lps = self.trainer.recompute_logprobs(groups, model=self._verifier)

@@ -35,11 +35,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 from aurora.delta import Segment
 from aurora.delta.announce import verify
 from aurora.jobspec import JobSpec
 from aurora.keys import trainer_identity
-from aurora.policy.verification import Plan, judge, measure
+from aurora.policy.verification import Plan, judge, measure, pick_completions
 from aurora.runtime import hopreport
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import TrainerSide, make_trainer
@@ -489,7 +491,17 @@ class TrainerProcess:
         assert cfg is not None
         todo = [k for k in kept if k[2]]
         t0 = time.perf_counter()
-        recomputed = await asyncio.to_thread(self.compute.recompute, [k[3] for k in todo])  # type: ignore[attr-defined]
+        # Which completions of each checked result (the payload decoded against the job's
+        # group size already; counted again here so that a job without one works too).
+        picks = [
+            pick_completions(cfg, actor, lease, len(msgpack.unpackb(entry[1])["completions"]))
+            for actor, lease, _, entry, _ in todo
+        ]
+        recomputed = await asyncio.to_thread(
+            self.compute.recompute,  # type: ignore[attr-defined]
+            [k[3] for k in todo],
+            picks,
+        )
         failed: set[str] = set()
         checked = unverifiable = 0
         for (actor, lease, _, entry, _), pair in zip(todo, recomputed, strict=True):
