@@ -210,6 +210,9 @@ def analyse(run_dir: Path, mode: str | None = None, cheater: str = "cheat-0") ->
             lies_admitted += float(r["time"]) <= evicted_at
             batch = int(prompt[1:].split("-")[0])
             lies_trained += caught is None or batch < caught
+    with open(run_dir / "steps.csv") as f:
+        times = [float(r["step_time_s"]) for r in csv.DictReader(f)]
+    half = times[len(times) // 2 :]
     ex = evicted.get(cheater)
     return {
         "excluded": ex is not None,
@@ -229,6 +232,7 @@ def analyse(run_dir: Path, mode: str | None = None, cheater: str = "cheat-0") ->
         "verify_s": round(sum(float(s.get("verify_s", 0.0)) for s in steps), 4),
         "train_s": round(sum(float(s.get("train_s", 0.0)) for s in steps), 4),
         "step_time_s": summary["step_time_s"],
+        "step_time_second_half_s": sum(half) / len(half) if half else "",
         "tokens_per_s": summary["tokens_per_s"],
         "wall_s": summary["wall_s"],
         "steps_completed": summary["steps_completed"],
@@ -481,14 +485,15 @@ def tables(out: Path) -> str:
         )
     lines += [
         "",
-        "| part | engine | seed | steps | verify | step time (s) | tokens/s | checks | "
-        "results | verify s | train s | honest excluded |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| part | engine | seed | steps | verify | step time (s) | second half (s) | tokens/s | "
+        "checks | results | verify s | train s | honest excluded |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in (r for r in runs if r["part"] in ("cost", "fpr")):
         lines.append(
             f"| {r['part']} | {r['engine']} | {r['seed']} | {r['steps']} | {r['verify']} | "
-            f"{_g(r['step_time_s'])} | {_g(r['tokens_per_s'])} | {r['checks']} | "
+            f"{_g(r['step_time_s'])} | {_g(r.get('step_time_second_half_s', ''))} | "
+            f"{_g(r['tokens_per_s'])} | {r['checks']} | "
             f"{r['results_admitted']} | {r['verify_s']} | {r['train_s']} | {r['honest_excluded']} |"
         )
     return "\n".join(lines)
