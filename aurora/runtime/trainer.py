@@ -157,11 +157,11 @@ class TrainerProcess:
         self._batch_tokens = 0
         self._batch_refused = 0
         """Results of the batch the Trainer refused (a payload that fails its checks)."""
+        """Messages from the Ledger other than ``batch_done`` (one queue per connection)."""
         self._batch_verify: dict[str, float | str] = {}
         """The batch's verification counts and time (``verify_s``, ``verified``, ...)."""
         self.verification = verification_config(run.spec)
         """The job's verification rule (None: results are trained unchecked)."""
-        """Messages from the Ledger other than ``batch_done`` (one queue per connection)."""
         self.probe = MemoryProbe("trainer")
         """Opt-in tracemalloc snapshots (``AURORA_TRACEMALLOC``; off by default)."""
 
