@@ -207,6 +207,8 @@ def analyse(run_dir: Path, mode: str | None = None, cheater: str = "cheat-0") ->
             prompt = r["rec"]["prompt"]
             if not lies_on(mode, prompt):
                 continue
+            if mode == "stale" and int(r["rec"]["version"]) == 0:
+                continue  # frozen on v0: its results on v0 are honest
             lies_admitted += float(r["time"]) <= evicted_at
             batch = int(prompt[1:].split("-")[0])
             lies_trained += caught is None or batch < caught
@@ -499,10 +501,26 @@ def tables(out: Path) -> str:
     return "\n".join(lines)
 
 
+def reanalyse(out: Path) -> None:
+    """Recompute every row of ``runs.csv`` from its run folder (after ``analyse`` changed)."""
+    path = out / "runs.csv"
+    rows = _rows(path)
+    fresh = []
+    for row in rows:
+        (run_dir,) = (out / "runs" / row["key"]).glob("*-s*")
+        cheat = row["cheat"] or None
+        fresh.append({**row, **analyse(run_dir, cheat)})
+    path.unlink()
+    for row in fresh:
+        _append(path, row)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="verified rollouts: tolerance, detection, cost")
     p.add_argument(
-        "--part", default="all", choices=["tolerance", "detect", "cost", "fpr", "all", "tables"]
+        "--part",
+        default="all",
+        choices=["tolerance", "detect", "cost", "fpr", "all", "tables", "reanalyse"],
     )
     p.add_argument("--engines", default="transformers")
     p.add_argument("--seeds", default="0")
@@ -515,6 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     engines = [e for e in args.engines.split(",") if e]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     sha = git_sha()
+    if args.part == "reanalyse":
+        reanalyse(out)
     if args.part in ("tolerance", "all"):
         path = out / "tolerance.csv"
         done = _done(path, "engine")
