@@ -292,7 +292,7 @@ def measure_tolerance(cfg: ToleranceConfig) -> list[dict[str, Any]]:
     """Rows (one per mode) of the offline measurement (module docstring)."""
     import tempfile
 
-    from aurora.policy.verification import VerificationConfig, judge, measure
+    from aurora.policy.verification import VerificationConfig, judge, measure, pick_completions
     from aurora.runtime.cheats import CheatingEngine
     from aurora.runtime.compute import Sampling
     from aurora.runtime.rlbackend import RLTrainer, make_rl_engine
@@ -307,19 +307,42 @@ def measure_tolerance(cfg: ToleranceConfig) -> list[dict[str, Any]]:
         n=cfg.group_size, max_new_tokens=trainer.max_new_tokens, temperature=1.0, seed=cfg.seed
     )
 
-    def judged(eng: Any, batch: int, version: int) -> tuple[list[Any], float, float]:
+    tokens: dict[str, list[float]] = {}
+
+    def judged(
+        eng: Any, batch: int, version: int, mode: str = "honest"
+    ) -> tuple[list[Any], float, float]:
+        """Measures of one batch, each over the completions a check would pick (and every
+        checked token's |delta| kept for the mode's quantiles)."""
         prompts = [(f"b{batch}-{i}", i) for i in range(cfg.prompts)]
         t0 = time.perf_counter()
         out = eng.generate(prompts, sampling)
         t1 = time.perf_counter()
+        picks = [pick_completions(rule, "tolerance", pid, cfg.group_size) for pid, _ in prompts]
         pairs = trainer.recompute(
-            [(i, g.payload, version) for (_, i), g in zip(prompts, out, strict=True)]
+            [(i, g.payload, version) for (_, i), g in zip(prompts, out, strict=True)], picks
         )
         t2 = time.perf_counter()
-        return [measure(*p) for p in pairs if p is not None], t1 - t0, t2 - t1
+        ms = [measure(*p) for p in pairs if p is not None]
+        tokens.setdefault(mode, []).extend(
+            abs(a - b)
+            for p in pairs
+            if p is not None
+            for r1, r2 in zip(*p, strict=True)
+            for a, b in zip(r1, r2, strict=True)
+        )
+        return ms, t1 - t0, t2 - t1
 
     def row(mode: str, ms: list[Any], gen_s: float, rec_s: float, **extra: Any) -> dict[str, Any]:
+        import numpy as np
+
+        q = np.quantile(tokens[mode], [0.5, 0.99, 0.999, 0.9999]) if tokens.get(mode) else []
+        tokens.pop(mode, None)
         return {
+            "token_q50": float(q[0]) if len(q) else "",
+            "token_q99": float(q[1]) if len(q) else "",
+            "token_q999": float(q[2]) if len(q) else "",
+            "token_q9999": float(q[3]) if len(q) else "",
             "engine": cfg.engine,
             "mode": mode,
             "results": len(ms),
@@ -346,7 +369,7 @@ def measure_tolerance(cfg: ToleranceConfig) -> list[dict[str, Any]]:
         cheat = CheatingEngine(engine, mode, spec)
         ms: list[Any] = []
         for b in range(2):
-            ms += judged(cheat, 100 + b, 0)[0]
+            ms += judged(cheat, 100 + b, 0, mode)[0]
         rows.append(row(mode, ms, 0.0, 0.0))
     if cfg.engine == "transformers":  # stale: v0 samples under v_k, k GRPO steps later
         stale = make_rl_engine(spec, engine="transformers")
@@ -360,7 +383,7 @@ def measure_tolerance(cfg: ToleranceConfig) -> list[dict[str, Any]]:
             trainer.publish(lambda seg: None)
             engine.load(trainer.published(), version=k, weights_hash=trainer.weights_hash)
             if k in (1, 2, 5, 10):
-                ms = judged(stale, 300 + k, trainer.version)[0]
+                ms = judged(stale, 300 + k, trainer.version, "stale")[0]
                 rows.append(row("stale", ms, 0.0, 0.0, versions_behind=k))
     return rows
 
@@ -448,14 +471,16 @@ def tables(out: Path) -> str:
     """The markdown tables of docs/VERIFICATION.md, from the rows under ``out``."""
     tol = _rows(out / "tolerance.csv")
     lines = [
-        "| engine | results | tokens | max \\|delta\\| | max mean \\|delta\\| | lowest "
-        "recomputed log-prob | refused | recompute / generate time |",
-        "|---|---|---|---|---|---|---|---|",
+        "| engine | results checked | tokens | 99.9% / 99.99% token \\|delta\\| | max token "
+        "\\|delta\\| | max mean \\|delta\\| | lowest recomputed log-prob | refused | "
+        "recompute / generate time |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in (r for r in tol if r["mode"] == "honest"):
         ratio = float(r["recompute_s"]) / float(r["generate_s"])
         lines.append(
-            f"| {r['engine']} | {r['results']} | {r['tokens']} | {_g(r['max_delta'])} | "
+            f"| {r['engine']} | {r['results']} | {r['tokens']} | {_g(r.get('token_q999', ''))} / "
+            f"{_g(r.get('token_q9999', ''))} | {_g(r['max_delta'])} | "
             f"{_g(r['max_mean_delta'])} | {_g(r['min_logprob'])} | {r['refused_share']} | "
             f"{ratio:.2f} |"
         )

@@ -126,14 +126,16 @@ def test_which_results_are_checked_is_fixed_by_seed_actor_and_lease_at_the_state
     assert [other.plan("a", f"L{i}") for i in range(200)] != plans[:200]
 
 
-def test_a_check_recomputes_two_seeded_completions_of_a_group_and_all_of_a_small_one():
-    picks = [pick_completions(CFG, "a", f"L{i}", 8) for i in range(400)]
+def test_a_check_recomputes_seeded_completions_of_a_group_and_all_of_a_small_one():
+    cfg = dataclasses.replace(CFG, completions=2)
+    picks = [pick_completions(cfg, "a", f"L{i}", 8) for i in range(400)]
     assert all(len(p) == 2 and p == tuple(sorted(set(p))) for p in picks)
-    assert picks == [pick_completions(CFG, "a", f"L{i}", 8) for i in range(400)]
+    assert picks == [pick_completions(cfg, "a", f"L{i}", 8) for i in range(400)]
     # Every completion is picked about equally often (400 x 2 picks of 8: 100 each, sd ~9).
     counts = [sum(j in p for p in picks) for j in range(8)]
     assert all(55 < c < 145 for c in counts), counts
-    assert pick_completions(CFG, "a", "L1", 2) == (0, 1)
+    assert pick_completions(CFG, "a", "L1", 4) == (0, 1, 2, 3)
+    assert len(pick_completions(CFG, "a", "L1", 8)) == CFG.completions == 4
     assert pick_completions(dataclasses.replace(CFG, completions=8), "a", "L1", 8) == tuple(
         range(8)
     )
@@ -153,14 +155,14 @@ def test_a_failed_check_excludes_for_good_and_a_check_after_it_raises_and_change
 
 
 def test_the_default_bounds_sit_between_the_measured_honest_and_dishonest_differences():
-    # docs/VERIFICATION.md: honest max / mean |delta| 8.6e-6 / 1.4e-6 (transformers engine),
-    # 0.18 / 0.017 (vLLM CPU build); a randomly initialised model of the same tokenizer: mean
-    # >= 4.0 per result.
+    # docs/VERIFICATION.md, 2,048 honest results, 4 completions checked: largest token / mean
+    # |delta| 8.8e-6 / 1.7e-6 (transformers engine), 0.32 / 0.022 (vLLM CPU build); a randomly
+    # initialised model of the same tokenizer: mean >= 4.0 per result.
     cfg = VerificationConfig(seed=0)
-    for honest_max, honest_mean in ((8.6e-6, 1.4e-6), (0.18, 0.017)):
-        m = Measures(max_delta=honest_max, mean_delta=honest_mean, min_logprob=-10.0, tokens=9)
+    for honest_max, honest_mean in ((8.8e-6, 1.7e-6), (0.32, 0.022)):
+        m = Measures(max_delta=honest_max, mean_delta=honest_mean, min_logprob=-11.5, tokens=9)
         assert judge(m, cfg) is None
-        assert honest_max * 2.5 < cfg.token_tolerance and honest_mean * 2.5 < cfg.mean_tolerance
+        assert honest_max * 3 < cfg.token_tolerance and honest_mean * 3 < cfg.mean_tolerance
         assert honest_max < cfg.suspect_ratio * cfg.token_tolerance  # not even suspected
     other = Measures(max_delta=11.6, mean_delta=4.0, min_logprob=-14.0, tokens=9)
     assert judge(other, cfg) is CheckFailure.TOKEN_MISMATCH

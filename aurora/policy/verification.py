@@ -38,9 +38,9 @@ needs no random state, is the same after a restart, and an Actor cannot predict 
 job's ``seed`` (which Actors are not told beyond their sampling seed: see docs/VERIFICATION.md
 for what this does and does not hide).
 
-**How much of a result.** A checked result's ``completions`` (2) completions are recomputed,
+**How much of a result.** A checked result's ``completions`` (4) completions are recomputed,
 chosen by the same seeded coin (:func:`pick_completions`): every dishonest mode of the tests lies
-on every completion of a result it lies about, and the check then costs a quarter of a whole
+on every completion of a result it lies about, and the check then costs half of a whole
 result's recompute at ``group_size`` 8.
 
 **What a failure does**: the result is refused (``Refusal.UNVERIFIED``), the Actor's record goes
@@ -118,14 +118,16 @@ class VerificationConfig:
 
     seed: int
     """Seed of the deterministic choice of the results to check (the job's seed)."""
-    token_tolerance: float = 0.5
-    """Largest |reported - recomputed| log-prob of any token of an honest result (nats).
-    Honest maxima measured on the tiny model (docs/VERIFICATION.md): 8.6e-6 with the
-    transformers engine (fp32 arithmetic on the bf16 weights, as the Trainer's recompute),
-    0.18 with vLLM's CPU build (bf16 arithmetic); 0.5 is 2.8x the larger."""
-    mean_tolerance: float = 0.05
-    """Largest mean |reported - recomputed| log-prob over a result's tokens (nats). Honest
-    maxima measured: 1.4e-6 (transformers), 0.017 (vLLM CPU); 0.05 is 2.9x the larger."""
+    token_tolerance: float = 1.0
+    """Largest |reported - recomputed| log-prob of any checked token of an honest result
+    (nats). Honest per-token differences measured on the tiny model over 2,048 results
+    (docs/VERIFICATION.md): at most 8.8e-6 with the transformers engine (fp32 arithmetic on
+    the bf16 weights, as the Trainer's recompute); with vLLM's CPU build (bf16 arithmetic)
+    99.99% below 0.18, the largest 0.32, a heavy tail: 1.0 is 3.1x the largest."""
+    mean_tolerance: float = 0.075
+    """Largest mean |reported - recomputed| log-prob over a check's tokens (nats). Honest
+    maxima measured over 2,048 checks of 4 completions: 1.7e-6 (transformers), 0.022 (vLLM
+    CPU); 0.075 is 3.4x the larger."""
     implausible_logprob: float = -30.0
     """A sampled token whose recomputed log-prob is below this fails (nats)."""
     new_fraction: float = 1.0
@@ -140,10 +142,11 @@ class VerificationConfig:
     """Passed checks as TRUSTED that halve its fraction ..."""
     min_fraction: float = 0.02
     """... down to this floor."""
-    completions: int = 2
+    completions: int = 4
     """Completions of a checked result that are recomputed (chosen by the seeded coin; all
     when the group is no larger): a cheat on every completion of a result is caught by any
-    one, and the check costs ``completions / group_size`` of a whole result's recompute."""
+    one, and the check costs ``completions / group_size`` of a whole result's recompute. 4,
+    not fewer: the mean over ~16 tokens halves the honest vLLM mean's worst case against 2."""
     suspect_ratio: float = 0.8
     """A passing check whose largest token difference is above this x ``token_tolerance``
     marks the Actor SUSPECTED (checked at ``new_fraction`` again)."""
