@@ -122,12 +122,13 @@ class VerificationConfig:
     """Largest |reported - recomputed| log-prob of any checked token of an honest result
     (nats). Honest per-token differences measured on the tiny model over 2,048 results
     (docs/VERIFICATION.md): at most 8.8e-6 with the transformers engine (fp32 arithmetic on
-    the bf16 weights, as the Trainer's recompute); with vLLM's CPU build (bf16 arithmetic)
-    99.99% below 0.18, the largest 0.32, a heavy tail: 1.0 is 3.1x the largest."""
+    the bf16 weights, as the Trainer's recompute); with vLLM's CPU build (bf16 arithmetic) a
+    heavy tail: 99.99% below 0.18, the largest 0.19 of 30,465 checked tokens and 0.32 of all
+    60,909 tokens of the same results: 1.0 is 3.1x the largest."""
     mean_tolerance: float = 0.075
     """Largest mean |reported - recomputed| log-prob over a check's tokens (nats). Honest
-    maxima measured over 2,048 checks of 4 completions: 1.7e-6 (transformers), 0.022 (vLLM
-    CPU); 0.075 is 3.4x the larger."""
+    maxima measured over 2,048 checks of 4 completions: 1.9e-6 (transformers), 0.023 (vLLM
+    CPU); 0.075 is 3.3x the larger."""
     implausible_logprob: float = -30.0
     """A sampled token whose recomputed log-prob is below this fails (nats)."""
     new_fraction: float = 1.0
