@@ -126,6 +126,15 @@ class JobSpec:
     """vLLM's share of GPU memory; None: the backend's default."""
     trainer_data: str | None = None
     """The Trainer's data-plane address (set by the Trainer when it registers the job)."""
+    verify: bool = False
+    """Verified rollouts (docs/VERIFICATION.md): the Trainer recomputes a sample of each
+    Actor's admitted results under the claimed version and the Ledger excludes an Actor whose
+    result fails (``aurora.policy.verification``). Needs the ``rl`` backend."""
+    verify_fraction: float | None = None
+    """Fraction of a trusted Actor's results checked; None: the rule's default (0.1)."""
+    verify_probation: int | None = None
+    """Checks a new Actor passes (every result checked) before it is trusted; None: the
+    rule's default (8)."""
 
     def encode(self) -> dict[str, Any]:
         """The JSON-ready dict sent to peers and written to files."""

@@ -154,6 +154,27 @@ class ResultsArrived:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ResultVerified:
+    """The Trainer recomputed ``actor``'s admitted result for ``lease`` (generated on
+    ``version``) under that version's weights and measured this (nats; see
+    :class:`aurora.policy.verification.Measures`). The policy judges it
+    (:func:`aurora.policy.verification.judge`): a failure refuses the result
+    (``Refusal.UNVERIFIED``) and excludes the Actor for good."""
+
+    actor: str
+    lease: str
+    version: int
+    max_delta: float
+    """Largest |reported - recomputed| log-prob of a token."""
+    mean_delta: float
+    """Mean |reported - recomputed| log-prob over the result's tokens."""
+    min_logprob: float
+    """Smallest recomputed log-prob of a sampled token."""
+    tokens: int
+    """Tokens compared."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ThroughputObserved:
     """``actor`` generated ``tokens`` in ``seconds`` of its last batch."""
 
@@ -182,6 +203,7 @@ Event = (
     | ResultArrived
     | ResultMalformed
     | ResultsArrived
+    | ResultVerified
     | ThroughputObserved
     | Tick
 )
@@ -298,6 +320,17 @@ class Released:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Evicted:
+    """``actor`` failed verification (``reason``: a
+    :class:`~aurora.policy.verification.CheckFailure` name): it is excluded from the job for
+    good; its live leases were released (``Released`` actions before this one), and the
+    driver disconnects it."""
+
+    actor: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class BatchCompleted:
     """Every prompt of batch ``batch`` has an admitted result: the Trainer may train on it.
     Emitted by :class:`aurora.policy.core.LedgerCore` (the pacer's count), right after the
@@ -319,6 +352,7 @@ Action = (
     | Refused
     | Expired
     | Released
+    | Evicted
     | BatchCompleted
 )
 
@@ -343,6 +377,7 @@ _EVENT_TYPES = {
         ResultArrived,
         ResultMalformed,
         ResultsArrived,
+        ResultVerified,
         ThroughputObserved,
         Tick,
     )
@@ -362,6 +397,7 @@ _ACTION_TYPES = {
         Refused,
         Expired,
         Released,
+        Evicted,
         BatchCompleted,
     )
 }

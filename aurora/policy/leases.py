@@ -92,6 +92,7 @@ class Refusal(Enum):
     WRONG_VERSION = "result generated on another policy version"
     WRONG_HASH = "result generated on weights whose hash differs from h(v)"
     BAD_PAYLOAD = "result whose payload is not what its lease asked for"
+    UNVERIFIED = "result whose completions failed the Trainer's recompute under pi_v"
 
 
 class Lease(NamedTuple):

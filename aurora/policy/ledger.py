@@ -56,6 +56,7 @@ from aurora.policy.events import (
     DeltaPublished,
     DeltaStaged,
     Event,
+    Evicted,
     Exclude,
     Expired,
     FallBack,
@@ -69,6 +70,7 @@ from aurora.policy.events import (
     ResultArrived,
     ResultMalformed,
     ResultsArrived,
+    ResultVerified,
     Route,
     ThroughputObserved,
     Tick,
@@ -77,6 +79,7 @@ from aurora.policy.events import (
 from aurora.policy.leases import LeaseBook, LeaseConfig, Refusal
 from aurora.policy.membership import TRAINER, ActorLife, advance, elect_relay, source_for
 from aurora.policy.staging import ActorVersions
+from aurora.policy.verification import Measures, Plan, TrustBook, VerificationConfig
 from aurora.policy.versions import Eligibility, plan_catch_up
 
 # ------------------------------------------------------------------------------------------
@@ -108,6 +111,10 @@ class LedgerConfig:
     peer_relay_fallback: bool = False
     """When a region loses its relay and none can be elected, fetch from another region's
     standalone relay instead of the Trainer (saves Trainer egress, costs a second WAN hop)."""
+    verification: VerificationConfig | None = None
+    """Verified rollouts (:mod:`aurora.policy.verification`): which admitted results the
+    Trainer recomputes and what a failure does. None: off (results are admitted on the
+    acceptance predicate alone)."""
 
     def __post_init__(self) -> None:
         if not self.trainer_region:
@@ -182,9 +189,19 @@ class LedgerState:
     hold_until: float | None = None
     """Until when dispatch keeps the shares of Actors still staging the target (s)."""
     book: LeaseBook = field(init=False)
+    trust: TrustBook | None = field(init=False)
+    """Every Actor's verification record (None: verification off)."""
 
     def __post_init__(self) -> None:
         self.book = LeaseBook(self.config.lease)
+        v = self.config.verification
+        self.trust = None if v is None else TrustBook(v)
+
+    def plan(self, actor: str, lease: str) -> Plan:
+        """What the Trainer does with ``actor``'s admitted result for ``lease``: train it,
+        check it first, or drop it (its Actor was excluded); always ``TRAIN`` when
+        verification is off."""
+        return Plan.TRAIN if self.trust is None else self.trust.plan(actor, lease)
 
 
 RETAIN_BATCHES = 4
@@ -236,6 +253,8 @@ def _on_joined(state: LedgerState, ev: ActorJoined, now: float, out: list[Action
                 f"Actor {ev.actor!r} claims version {ev.active}, which was never published "
                 f"(latest is {state.latest})"
             )
+    if state.trust is not None and state.trust.excluded(ev.actor):
+        raise ValueError(f"Actor {ev.actor!r} was excluded for failing verification")
     old = state.actors.get(ev.actor)
     life = advance(old.life if old else ActorLife.NEW, "join")
     rec = ActorRecord(
@@ -718,6 +737,47 @@ def _settle_results(
             _dispatch(state, now, out)
 
 
+def _on_verified(state: LedgerState, ev: ResultVerified, now: float, out: list[Action]) -> None:
+    """A recompute's measures (:mod:`aurora.policy.verification`): passed, the Actor's record
+    moves on; failed, the result is refused, the Actor excluded for good (its live leases
+    released to the pool, its membership ended) and the pool dispatched to the others."""
+    rec = _actor(state, ev.actor)
+    trust = state.trust
+    if trust is None:
+        raise ValueError("ResultVerified: verification is off for this job")
+    _check_version_arg("ResultVerified.version", ev.version)
+    for name in ("max_delta", "mean_delta", "min_logprob"):
+        value = getattr(ev, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            raise ValueError(f"ResultVerified.{name} must be a number, got {value!r}")
+    if isinstance(ev.tokens, bool) or not isinstance(ev.tokens, int) or ev.tokens < 1:
+        raise ValueError(f"ResultVerified.tokens must be a positive int, got {ev.tokens!r}")
+    lease = state.book.leases.get(ev.lease)
+    if lease is not None and lease.actor != ev.actor:
+        raise ValueError(f"ResultVerified: lease {ev.lease!r} is not {ev.actor!r}'s")
+    measures = Measures(
+        max_delta=float(ev.max_delta),
+        mean_delta=float(ev.mean_delta),
+        min_logprob=float(ev.min_logprob),
+        tokens=ev.tokens,
+    )
+    # IllegalTransition (no change) if the Actor is excluded already.
+    failure = trust.observe(ev.actor, measures, ev.version)
+    if failure is None:
+        return
+    out.append(Refused(lease=ev.lease, actor=ev.actor, reason=Refusal.UNVERIFIED))
+    for held in state.book.release_actor(rec.id):
+        out.append(Released(lease=held.id, actor=rec.id, prompt=held.prompt))
+    out.append(Evicted(actor=rec.id, reason=failure.name))
+    if rec.live:
+        rec.life = advance(rec.life, "leave")
+    rec.commit_sent = None
+    rec.catching_up_to = None
+    if state.region_relay.get(rec.region) == rec.id:
+        _reroute(state, rec.region, out, lost=rec.id)
+    _dispatch(state, now, out)
+
+
 def _on_throughput(
     state: LedgerState, ev: ThroughputObserved, now: float, out: list[Action]
 ) -> None:
@@ -755,6 +815,7 @@ _HANDLERS: dict[type, Any] = {
     ResultArrived: _on_result,
     ResultMalformed: _on_malformed,
     ResultsArrived: _on_results,
+    ResultVerified: _on_verified,
     ThroughputObserved: _on_throughput,
     Tick: _on_tick,
 }

@@ -579,12 +579,18 @@ class Trainer:
 
     @torch.no_grad()
     def recompute_logprobs(
-        self, groups: Sequence[Group], *, state: Mapping[str, np.ndarray] | None = None
+        self,
+        groups: Sequence[Group],
+        *,
+        state: Mapping[str, np.ndarray] | None = None,
+        model: Any | None = None,
     ) -> list[list[list[float]]]:
         """Per-token log-probs of each completion under the master weights, or under ``state``
-        (bf16 bits, e.g. :attr:`published`), computed in fp32 (under the bf16 autocast on a
-        GPU): ``out[g][i][t]``."""
-        model = self.model
+        (bf16 bits, e.g. :attr:`published`), or with ``model`` (a copy holding some version's
+        weights, e.g. a verifier's), computed in fp32 (under the bf16 autocast on a GPU):
+        ``out[g][i][t]``."""
+        if model is None:
+            model = self.model
         if state is not None and self.sharded:
             raise TrainerError("recompute_logprobs(state=...) is not available when sharded")
         if state is not None:

@@ -596,6 +596,13 @@ class ActorProcess:
         self.engine = await asyncio.to_thread(
             make_engine, job, engine=self.run.engine, engine_url=self.run.engine_url
         )
+        if hooks.get("cheat"):  # a dishonest Actor, for the tests of verified rollouts
+            from aurora.runtime.cheats import CheatingEngine
+
+            engine = self.engine
+            self.engine = await asyncio.to_thread(
+                CheatingEngine, engine, str(hooks.get("cheat")), job
+            )
         await self._start_node()
         pump = asyncio.create_task(self._pump())
         # The delta path's hop times and this loop's lag, to the Ledger (docs/REPRODUCTION.md).

@@ -26,6 +26,9 @@ hook                     effect
 ``wrong_base_forward``   relay: serve ``D_{v-1}``'s segments, a delta on another base, as ``D_v``
                          (value: v)
 ``fail_at_start``        Actor: exit with this message before it joins (value: the message)
+``cheat``                Actor: lie about its completions (value: ``random``, ``stale``,
+                         ``othermodel``, ``forged-lp`` or ``partial:F``; :mod:`aurora.runtime.
+                         cheats`), the dishonest Actors verified rollouts must exclude
 =======================  =========================================================================
 
 The relay hooks need the whole version before they serve it, so a relay carrying one is

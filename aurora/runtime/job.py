@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from aurora.jobspec import JobSpec, StrategySpec
+from aurora.policy.verification import VerificationConfig
 from aurora.strategies import strategy
 from aurora.topology import Topology
 from aurora.transport.node import TransportConfig
@@ -187,6 +188,20 @@ def make_spec(
     # The model's size follows from the other fields: decode with 0, then fill it in.
     job = JobSpec.decode({**spec, "dense_bytes": 0})
     return replace(job, dense_bytes=dense_bytes(job))
+
+
+def verification_config(spec: JobSpec) -> VerificationConfig | None:
+    """The job's verification rule (the Ledger decides with it, the Trainer judges its
+    recomputes with it: one config from one spec); None when the job does not verify."""
+    if not spec.verify:
+        return None
+    changes: dict[str, Any] = {}
+    if spec.verify_fraction is not None:
+        changes["fraction"] = spec.verify_fraction
+        changes["min_fraction"] = min(spec.verify_fraction, VerificationConfig.min_fraction)
+    if spec.verify_probation is not None:
+        changes["probation"] = spec.verify_probation
+    return VerificationConfig(seed=spec.seed, **changes)
 
 
 def digest_due(spec: JobSpec, version: int) -> bool:

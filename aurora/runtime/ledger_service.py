@@ -64,6 +64,7 @@ from aurora.policy.events import (
     Commit,
     DeltaPublished,
     Event,
+    Evicted,
     Exclude,
     Expired,
     FallBack,
@@ -74,6 +75,7 @@ from aurora.policy.events import (
     Released,
     ResultArrived,
     ResultMalformed,
+    ResultVerified,
     Route,
     ThroughputObserved,
     Tick,
@@ -278,6 +280,10 @@ class Counters:
     hash_mismatches: int = 0
     digest_mismatches: int = 0
     activations: int = 0
+    verified: int = 0
+    """Results the Trainer recomputed (verified rollouts)."""
+    evicted: dict[str, str] = field(default_factory=dict)
+    """Actor -> why it failed verification (excluded for good)."""
 
 
 class LedgerService:
@@ -504,6 +510,10 @@ class LedgerService:
                 self.counters.expired += 1
             elif isinstance(action, Released):
                 self.counters.released += 1
+            elif isinstance(action, Evicted):
+                self.counters.evicted[action.actor] = action.reason
+        if isinstance(event, ResultVerified):
+            self.counters.verified += 1
 
     def _quiet_allowed(self, actor: str) -> int:
         """How many of ``actor``'s results that change nothing the log takes (QUIET_ROWS)."""
@@ -542,6 +552,16 @@ class LedgerService:
             self._send(action.actor, msg)
         elif isinstance(action, Route | FallBack):
             self._send_route(action.actor, action.source)
+        elif isinstance(action, Evicted):
+            # Excluded for good: told to stop, and disconnected (a reconnect's join is refused
+            # by the policy, and its results are refused as from an Actor no longer counted).
+            log.warning(
+                "ledger: %s failed verification (%s): excluded", action.actor, action.reason
+            )
+            channel = self.channels.pop(action.actor, None)
+            if channel is not None:
+                channel.send_nowait({"op": "stop"})
+                asyncio.get_running_loop().call_later(0.5, channel.close)
 
     def _send_route(self, actor: str, source: str) -> None:
         self._send(actor, {"op": "route", "source": source, "addr": self._address(source)})
@@ -660,6 +680,8 @@ class LedgerService:
         out: dict[str, Any] = {
             "events": len(self.timings["decide"]),
             "accepted": self.counters.accepted,
+            "verified": self.counters.verified,
+            "evicted": dict(self.counters.evicted),
             "log_bytes": self.log.bytes_written,
             "log_path": self.config.log_path,
         }
@@ -758,6 +780,19 @@ class LedgerService:
                     self._on_published(msg)
                 elif op == "get_batch":
                     await ch.send(self._batch_message(int(msg["batch"])))
+                elif op == "verified":
+                    # Trainer-only: a recompute's measures, judged by the policy.
+                    self.feed(
+                        ResultVerified(
+                            actor=str(msg["actor"]),
+                            lease=str(msg["lease"]),
+                            version=int(msg["version"]),
+                            max_delta=float(msg["max_delta"]),
+                            mean_delta=float(msg["mean_delta"]),
+                            min_logprob=float(msg["min_logprob"]),
+                            tokens=int(msg["tokens"]),
+                        )
+                    )
                 elif op == "stats":
                     self._tell_observers({**msg, "op": "stats"})
                 elif op == "finished":
@@ -844,6 +879,7 @@ class LedgerService:
                     "prompt": a.prompt,
                     "version": a.version,
                     "payload": self.log.payload(a.actor, a.lease),
+                    "plan": self.core.plan(a.actor, a.lease).value,
                 }
             )
         return {"op": "batch", "batch": k, "complete": k in self.batch_done, "results": results}

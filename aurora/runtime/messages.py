@@ -396,6 +396,22 @@ class GetBatch(Message):
     batch: int = bound(Int(1, MAX_VERSION))
 
 
+@_message("verified")
+class Verified(Message):
+    """The Trainer recomputed ``actor``'s admitted result for ``lease`` under ``version``'s
+    weights and measured this (nats; :class:`aurora.policy.verification.Measures`). Only the
+    Trainer's session may send it: the Ledger feeds it to the policy as ``ResultVerified``,
+    which may exclude the Actor."""
+
+    actor: str = bound(Str(MAX_ID))
+    lease: str = bound(LEASE)
+    version: int = bound(VERSION)
+    max_delta: float = bound(Float(0.0, 1e12))
+    mean_delta: float = bound(Float(0.0, 1e12))
+    min_logprob: float = bound(Float(-1e12, 1.0))
+    tokens: int = bound(Int(1, MAX_TOKENS))
+
+
 @_message("stats")
 class Stats(Message):
     """A step's training statistics for observers: every other field of the map, each a
@@ -510,7 +526,8 @@ class Batch(Message):
     batch: int = bound(Int(1, MAX_VERSION))
     complete: bool = bound(Bool())
     results: tuple[dict[str, Any], ...] = bound(Seq(_MapItem(), MAX_LEASES))
-    """Each a map (actor, lease, prompt, version, payload), checked one by one by the Trainer
+    """Each a map (actor, lease, prompt, version, payload, and ``plan``: ``train``, ``check``
+    or ``drop``, :class:`aurora.policy.verification.Plan`), checked one by one by the Trainer
     (a bad one is a refused result, not a refused batch)."""
 
 
@@ -564,7 +581,9 @@ MESSAGES: dict[Direction, dict[str, type[Message]]] = {
     Direction.PEER_TO_LEDGER: _table(
         Staged, Activated, CaughtUp, Result, Throughput, Notice, Leave, Heartbeat, Span, Data
     ),
-    Direction.TRAINER_TO_LEDGER: _table(Job, Published, GetBatch, Stats, Finished, Heartbeat),
+    Direction.TRAINER_TO_LEDGER: _table(
+        Job, Published, GetBatch, Verified, Stats, Finished, Heartbeat
+    ),
     Direction.OBSERVER_TO_LEDGER: _table(Heartbeat),  # observers are read-only
     Direction.LEDGER_TO_PEER: _table(
         Welcome, Announce, Assign, Commit, Exclude, CatchUpMsg, Route, Stop

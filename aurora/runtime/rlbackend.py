@@ -201,6 +201,15 @@ class RLTrainer:
             seed=spec.seed,
             dense=strat.payload == "dense",
         )
+        self.max_lag = strat.max_lag
+        self.kept: dict[int, Mapping[str, np.ndarray]] = {}
+        """Published bf16 weights (bit patterns) of the versions a result may claim: the
+        current one and the ``max_lag`` before it, for :meth:`recompute` (verified rollouts).
+        The previous versions are the dicts :meth:`publish` replaced (kept, not copied)."""
+        self._verifier: Any = None
+        """An fp32 copy of the architecture holding one kept version's weights (loaded when a
+        recompute names another version)."""
+        self._verifier_version: int | None = None
         self.max_new_tokens = int(self.task.max_new_tokens)
         self.vocab_size: int | None = int(model.config.vocab_size)
         """Token ids a result may carry are below this (a larger one would index past the
@@ -238,8 +247,60 @@ class RLTrainer:
             "lr": learning_rate(self.spec),
         }
 
+    def recompute(
+        self,
+        results: Sequence[tuple[int, bytes, int]],
+        picks: Sequence[Sequence[int]] | None = None,
+    ) -> list[tuple[list[list[float]], list[list[float]]] | None]:
+        """For each ``(task index, payload, version)``: the (reported, recomputed) per-token
+        log-probs of its completions (only those ``picks[i]`` names, when given), recomputed
+        under the published bf16 weights of ``version`` (fp32 arithmetic, the sampling
+        temperature); None where that version's weights are not kept (older than the lag
+        bound, or before a restart)."""
+        from aurora.models import load_state
+        from aurora.rl.trainer import Group
+
+        self.kept.setdefault(self.version, self.trainer.published)
+        out: list[tuple[list[list[float]], list[list[float]]] | None] = [None] * len(results)
+        by_version: dict[int, list[int]] = {}
+        for i, (_, _, version) in enumerate(results):
+            by_version.setdefault(version, []).append(i)
+        for version, rows in sorted(by_version.items()):
+            state = self.kept.get(version)
+            if state is None:
+                continue
+            if self._verifier is None:
+                self._verifier = copy.deepcopy(self._template).to(self.device).eval()
+            if self._verifier_version != version:
+                load_state(self._verifier, state)
+                self._verifier_version = version
+            groups, reported = [], []
+            for i in rows:
+                index, payload, _ = results[i]
+                body = msgpack.unpackb(payload)
+                comps = [_Sample(c["ids"], c["lp"]) for c in body["completions"]]
+                if picks is not None:
+                    comps = [comps[j] for j in picks[i]]
+                groups.append(Group(prompt=self.task.prompt(index), completions=comps, version=0))
+                reported.append([[float(x) for x in c.logprobs] for c in comps])
+            lps = self.trainer.recompute_logprobs(groups, model=self._verifier)
+            for i, rep, rec in zip(rows, reported, lps, strict=True):
+                out[i] = (rep, rec)
+        return out
+
+    def verification_bytes(self) -> int:
+        """Memory the verification keeps beyond the Trainer's own (bytes): the bf16 weights of
+        the ``max_lag`` previous versions and the fp32 verifier copy."""
+        per_version = sum(int(a.nbytes) for a in self.trainer.published.values())
+        fp32 = 2 * per_version
+        return self.max_lag * per_version + fp32
+
     def publish(self, on_segment: Callable[[Segment], None]) -> Published:
+        self.kept[self.version] = self.trainer.published  # becomes the previous version
         pub = self.trainer.publish(on_segment)
+        self.kept[pub.version] = self.trainer.published
+        for old in [v for v in self.kept if v < pub.version - self.max_lag]:
+            del self.kept[old]
         return Published(
             version=pub.version,
             weights_hash=pub.weights_hash,
@@ -269,6 +330,9 @@ class RLTrainer:
 
     def load(self, path: str) -> None:
         self.trainer.load_checkpoint(path)
+        # The versions before the checkpoint's are not in it: their results go unchecked.
+        self.kept = {}
+        self._verifier_version = None
 
     def export(self, path: str) -> None:
         from aurora.models import save_pretrained

@@ -35,14 +35,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 from aurora.delta import Segment
 from aurora.delta.announce import verify
 from aurora.jobspec import JobSpec
 from aurora.keys import trainer_identity
+from aurora.policy.verification import Plan, judge, measure, pick_completions
 from aurora.runtime import hopreport
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.compute import TrainerSide, make_trainer
-from aurora.runtime.job import digest_due, transport_config
+from aurora.runtime.job import digest_due, transport_config, verification_config
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig, channel_limits
 from aurora.runtime.memprobe import MemoryProbe
 from aurora.runtime.messages import (
@@ -155,6 +158,10 @@ class TrainerProcess:
         self._batch_refused = 0
         """Results of the batch the Trainer refused (a payload that fails its checks)."""
         """Messages from the Ledger other than ``batch_done`` (one queue per connection)."""
+        self._batch_verify: dict[str, float | str] = {}
+        """The batch's verification counts and time (``verify_s``, ``verified``, ...)."""
+        self.verification = verification_config(run.spec)
+        """The job's verification rule (None: results are trained unchecked)."""
         self.probe = MemoryProbe("trainer")
         """Opt-in tracemalloc snapshots (``AURORA_TRACEMALLOC``; off by default)."""
 
@@ -244,6 +251,11 @@ class TrainerProcess:
 
     async def main(self) -> int:
         self.compute = await asyncio.to_thread(make_trainer, self.spec, workdir=str(self.dir))
+        if self.verification is not None and not hasattr(self.compute, "recompute"):
+            raise ValueError(
+                f"real.verify: the {self.spec.backend} backend cannot recompute log-probs "
+                "(verified rollouts need backend rl)"
+            )
         if self.spec.max_new_tokens is None:
             self.spec = replace(self.spec, max_new_tokens=self.compute.max_new_tokens)
         spec = self.spec
@@ -427,20 +439,112 @@ class TrainerProcess:
                 raise ConnectionError(msg.get("why", "closed"))
             if msg.get("op") == "batch" and int(msg["batch"]) == k:
                 break
-        out = []
         self._batch_tokens = 0
         self._batch_refused = 0
+        kept: list[tuple[str, str, bool, tuple[int, bytes, int], int]] = []
+        dropped = 0
         for r in msg.get("results") or ():
             checked = self._check_result(r)
             if checked is None:
                 self._batch_refused += 1
                 continue
             payload, version = checked
-            self._batch_tokens += payload.tokens
-            out.append((payload.index, bytes(r["payload"]), version))
+            plan = r.get("plan", Plan.TRAIN.value)
+            if plan == Plan.DROP.value:
+                dropped += 1  # its Actor failed verification: never trained on
+                continue
+            entry = (payload.index, bytes(r["payload"]), version)
+            kept.append(
+                (str(r["actor"]), str(r["lease"]), plan == Plan.CHECK.value, entry, payload.tokens)
+            )
+        failed = await self._verify(kept) if self.verification is not None else set()
+        out = []
+        trained: dict[str, int] = {}
+        for actor, _, _, entry, tokens in kept:
+            if actor in failed:
+                dropped += 1  # every result of an Actor that failed in this batch goes
+                continue
+            self._batch_tokens += tokens
+            trained[actor] = trained.get(actor, 0) + 1
+            out.append(entry)
+        self._batch_verify["dropped_results"] = dropped
+        # Whose results the step trains on ("actor:count,..."; a short string, as the
+        # observers' stats carry it), for the experiment's count of what a cheater got in.
+        shares = ",".join(f"{a}:{n}" for a, n in sorted(trained.items()))
+        if len(shares) <= 1000:
+            self._batch_verify["trained_from"] = shares
         # A deterministic order: the same batch trains to the same bytes after any restart.
         out.sort(key=lambda t: t[0])
         return out
+
+    async def _verify(
+        self, kept: list[tuple[str, str, bool, tuple[int, bytes, int], int]]
+    ) -> set[str]:
+        """Recompute the results the Ledger's plan marked ``check`` under their claimed
+        version's weights (:meth:`~aurora.runtime.rlbackend.RLTrainer.recompute`), judge each
+        with the job's rule (:func:`aurora.policy.verification.judge`) and tell the Ledger
+        every measure (it decides, durably: ``ResultVerified``); return the Actors whose
+        result failed (the Ledger excludes them; none of their results of this batch is
+        trained). An Actor's further results are not checked once one failed."""
+        assert self.compute is not None and self.channel is not None
+        cfg = self.verification
+        assert cfg is not None
+        todo = [k for k in kept if k[2]]
+        t0 = time.perf_counter()
+        # Which completions of each checked result (the payload decoded against the job's
+        # group size already; counted again here so that a job without one works too).
+        picks = [
+            pick_completions(cfg, actor, lease, len(msgpack.unpackb(entry[1])["completions"]))
+            for actor, lease, _, entry, _ in todo
+        ]
+        recomputed = await asyncio.to_thread(
+            self.compute.recompute,  # type: ignore[attr-defined]
+            [k[3] for k in todo],
+            picks,
+        )
+        failed: set[str] = set()
+        checked = unverifiable = 0
+        for (actor, lease, _, entry, _), pair in zip(todo, recomputed, strict=True):
+            if pair is None:
+                unverifiable += 1  # its version's weights are not kept (after a restart)
+                continue
+            if actor in failed:
+                continue
+            m = measure(*pair)
+            checked += 1
+            if judge(m, cfg) is not None:
+                failed.add(actor)
+                log.warning(
+                    "trainer: %s's result for %s fails verification on v%d (max %.3g, mean "
+                    "%.3g, min log-prob %.3g nats)",
+                    actor,
+                    lease,
+                    entry[2],
+                    m.max_delta,
+                    m.mean_delta,
+                    m.min_logprob,
+                )
+            await self.channel.send(
+                {
+                    "op": "verified",
+                    "actor": actor,
+                    "lease": lease,
+                    "version": entry[2],
+                    "max_delta": m.max_delta,
+                    "mean_delta": m.mean_delta,
+                    "min_logprob": m.min_logprob,
+                    "tokens": m.tokens,
+                }
+            )
+        self._batch_verify = {
+            "verify_s": time.perf_counter() - t0,
+            "verified": checked,
+            "verify_failed": len(failed),
+            "unverifiable": unverifiable,
+            # What the check keeps beyond the Trainer's own weights (bytes).
+            "verify_kept_bytes": self.compute.verification_bytes(),  # type: ignore[attr-defined]
+        }
+        return failed
 
     def _check_result(self, r: object) -> tuple[ResultPayload, int] | None:
         """One admitted result of a batch, decoded and checked against its lease (prompt and
@@ -531,6 +635,7 @@ class TrainerProcess:
             "results": len(results),
             "tokens": self._batch_tokens,
             "refused_results": self._batch_refused,
+            **self._batch_verify,
             "time": t2,
         }
         meta["version"] = k
@@ -621,6 +726,7 @@ def ledger_config(
             lease=LeaseConfig(initial_s=spec.lease_initial_s),
             max_lag=strat.max_lag,
             relays=strat.relays,
+            verification=verification_config(spec),
         ),
         log_path=log_path,
         staging_grace_s=strat.staging_grace_s,

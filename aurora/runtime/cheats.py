@@ -1,0 +1,166 @@
+"""Dishonest Actors, for the tests and the experiment of verified rollouts (issue 31).
+
+Theory of operation
+-------------------
+An Actor carrying the ``cheat`` fault hook (:mod:`aurora.runtime.hooks`; the launcher sets it for
+the process a test names, nothing else does) wraps its engine in :class:`CheatingEngine`. It stays
+a well-behaved peer in every way the control and data planes check: it stages and activates each
+version, reports the right h(v) and content digest, returns each result on time, on its lease,
+with a payload that decodes (the right prompt, ``group_size`` completions, ids in the vocabulary,
+one finite log-prob per token). Only the completions lie:
+
+* ``random``: uniformly random token ids (the honest sample's length), the honest log-probs;
+* ``stale``: samples from the first version it loaded (v0), never updated, under the current h(v);
+* ``othermodel``: samples from another model with the same tokenizer (the tiny Qwen3
+  architecture at its random initialisation, not warm-started);
+* ``forged-lp``: honest tokens, every log-prob halved (``lp / 2``: it claims each token was
+  likelier than it was, which moves GRPO's importance ratio);
+* ``partial:F``: ``random`` on a fraction ``F`` of its prompts (by a hash of the prompt id),
+  honest on the rest.
+
+``stale`` and ``othermodel`` generate on a second, transformers engine whatever the Actor's own
+engine is (a second vLLM would be a second server); the honest part of a vLLM Actor's results
+still comes from vLLM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from aurora.delta import Delta
+from aurora.jobspec import JobSpec
+from aurora.runtime.compute import EngineSide, Generated, Sampling
+
+MODES = ("random", "stale", "othermodel", "forged-lp", "partial")
+
+
+def parse(mode: str) -> tuple[str, float]:
+    """``(kind, fraction of prompts cheated)`` of a ``cheat`` hook value; ValueError otherwise."""
+    kind, _, arg = mode.partition(":")
+    if kind not in MODES:
+        raise ValueError(f"cheat: unknown mode {mode!r} (known: {', '.join(MODES)})")
+    if kind != "partial":
+        if arg:
+            raise ValueError(f"cheat: {kind} takes no argument")
+        return kind, 1.0
+    share = float(arg)
+    if not 0 < share <= 1:
+        raise ValueError(f"cheat: partial:F needs 0 < F <= 1, got {arg!r}")
+    return kind, share
+
+
+def _vocab_size(spec: JobSpec) -> int:
+    if spec.model == "tiny":
+        from aurora.models import TinyQwen3Config
+
+        return int(TinyQwen3Config().hf_config().vocab_size)
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(spec.model).vocab_size)
+
+
+def _other_model(spec: JobSpec) -> Any:
+    """An engine on the job's architecture and tokenizer at a random initialisation (seed 1):
+    another model that speaks the same tokens."""
+    import torch
+
+    from aurora.engines.transformers import TransformersEngine
+    from aurora.runtime.rlbackend import RLEngine, _task
+
+    torch.manual_seed(1)
+    if spec.model == "tiny":
+        from aurora.models import TinyQwen3Config, build_default
+
+        model, tokenizer = build_default(TinyQwen3Config(init_seed=1))
+    else:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(spec.model))
+        tokenizer = AutoTokenizer.from_pretrained(spec.model)
+    return RLEngine(spec, TransformersEngine(model, tokenizer, seed=spec.seed), _task(spec))
+
+
+def _coin(prompt: str, salt: str) -> float:
+    digest = hashlib.blake2b(f"{salt}|{prompt}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 11) / float(1 << 53)
+
+
+def lies_on(mode: str, prompt: str) -> bool:
+    """Whether an Actor cheating with ``mode`` lies about its result for ``prompt`` (every
+    prompt but a ``partial`` one's honest share)."""
+    kind, share = parse(mode)
+    return kind != "partial" or _coin(prompt, "cheat") < share
+
+
+class CheatingEngine:
+    """An :class:`~aurora.runtime.compute.EngineSide` that lies about its completions only
+    (module docstring)."""
+
+    def __init__(self, engine: EngineSide, mode: str, spec: JobSpec) -> None:
+        self.inner = engine
+        self.kind, self.share = parse(mode)
+        self.spec = spec
+        self.vocab = _vocab_size(spec)
+        self.shadow: Any = None
+        """The engine ``stale`` and ``othermodel`` sample from."""
+        self._shadow_loaded = False
+        self.cheated = 0
+        """Results it lied about."""
+        if self.kind == "stale":
+            from aurora.runtime.rlbackend import make_rl_engine
+
+            self.shadow = make_rl_engine(spec, engine="transformers")
+        elif self.kind == "othermodel":
+            self.shadow = _other_model(spec)
+
+    @property
+    def version(self) -> int | None:
+        return self.inner.version
+
+    @property
+    def weights_hash(self) -> str | None:
+        return self.inner.weights_hash
+
+    def load(self, state: Mapping[str, np.ndarray], *, version: int, weights_hash: str) -> None:
+        self.inner.load(state, version=version, weights_hash=weights_hash)
+        if self.kind == "stale" and not self._shadow_loaded:
+            self.shadow.load(state, version=version, weights_hash=weights_hash)
+            self._shadow_loaded = True  # and never updated again
+
+    def apply(self, delta: Delta) -> None:
+        self.inner.apply(delta)
+
+    def digest(self) -> str:
+        return self.inner.digest()
+
+    def generate(self, prompts: Sequence[tuple[str, int]], sampling: Sampling) -> list[Generated]:
+        if self.shadow is not None:
+            self.cheated += len(prompts)
+            return list(self.shadow.generate(prompts, sampling))
+        out = list(self.inner.generate(prompts, sampling))
+        if self.kind == "forged-lp":
+            self.cheated += len(out)
+            return [self._rewrite(g, self._halve) for g in out]
+        chosen = [g for g in out if self.kind == "random" or _coin(g.prompt, "cheat") < self.share]
+        self.cheated += len(chosen)
+        picked = {id(g) for g in chosen}
+        return [self._rewrite(g, self._randomise) if id(g) in picked else g for g in out]
+
+    def _rewrite(self, gen: Generated, how: Any) -> Generated:
+        body = msgpack.unpackb(gen.payload)
+        rng = np.random.default_rng(int(_coin(gen.prompt, "tokens") * 2**32))
+        body["completions"] = [how(c, rng) for c in body["completions"]]
+        return Generated(prompt=gen.prompt, payload=msgpack.packb(body), tokens=gen.tokens)
+
+    def _randomise(self, comp: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        ids = [int(x) for x in rng.integers(0, self.vocab, len(comp["ids"]))]
+        return {"ids": ids, "lp": comp["lp"]}
+
+    @staticmethod
+    def _halve(comp: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        return {"ids": comp["ids"], "lp": [float(x) / 2 for x in comp["lp"]]}
