@@ -154,3 +154,26 @@ def test_a_cheat_mode_is_parsed_or_refused_in_one_line_and_partial_lies_on_its_s
     share = sum(lies_on("partial:0.1", p) for p in prompts) / len(prompts)
     assert 0.09 < share < 0.11  # 3,200 prompts: sd 0.005
     assert all(lies_on("stale", p) for p in prompts[:50])
+
+
+def test_without_verification_the_trainer_keeps_no_previous_version(tmp_path):
+    """Off, a publish drops the version it replaces (a model's bf16 size each at max_lag)."""
+    pytest.importorskip("torch")
+    from aurora.runtime.job import make_spec
+    from aurora.runtime.rlbackend import RLTrainer
+    from aurora.topology import topology_from_dict
+
+    topo = topology_from_dict(
+        {
+            "name": "t",
+            "trainer": {"region": "us", "model": "qwen3-8b", "gpus": 1},
+            "regions": [{"name": "us"}],
+            "actors": [{"region": "us", "gpu": "A100", "count": 1}],
+            "real": {"group_size": 4, "prompts_per_step": 8},
+        }
+    )
+    spec = make_spec(topo, strategy="aurora", seed=0, steps=None, store=str(tmp_path))
+    assert not spec.verify
+    trainer = RLTrainer(spec, workdir=str(tmp_path))
+    trainer.publish(lambda segment: None)
+    assert trainer.kept == {} and trainer.verification_bytes() == 0

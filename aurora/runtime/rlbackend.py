@@ -202,6 +202,9 @@ class RLTrainer:
             dense=strat.payload == "dense",
         )
         self.max_lag = strat.max_lag
+        self.verify = spec.verify
+        """Keep the previous versions' weights for :meth:`recompute` (verified rollouts on):
+        off, they are dropped as soon as a publish replaces them (a model's bf16 size each)."""
         self.kept: dict[int, Mapping[str, np.ndarray]] = {}
         """Published bf16 weights (bit patterns) of the versions a result may claim: the
         current one and the ``max_lag`` before it, for :meth:`recompute` (verified rollouts).
@@ -291,16 +294,20 @@ class RLTrainer:
     def verification_bytes(self) -> int:
         """Memory the verification keeps beyond the Trainer's own (bytes): the bf16 weights of
         the ``max_lag`` previous versions and the fp32 verifier copy."""
+        if not self.verify:
+            return 0
         per_version = sum(int(a.nbytes) for a in self.trainer.published.values())
         fp32 = 2 * per_version
         return self.max_lag * per_version + fp32
 
     def publish(self, on_segment: Callable[[Segment], None]) -> Published:
-        self.kept[self.version] = self.trainer.published  # becomes the previous version
+        if self.verify:
+            self.kept[self.version] = self.trainer.published  # becomes the previous version
         pub = self.trainer.publish(on_segment)
-        self.kept[pub.version] = self.trainer.published
-        for old in [v for v in self.kept if v < pub.version - self.max_lag]:
-            del self.kept[old]
+        if self.verify:
+            self.kept[pub.version] = self.trainer.published
+            for old in [v for v in self.kept if v < pub.version - self.max_lag]:
+                del self.kept[old]
         return Published(
             version=pub.version,
             weights_hash=pub.weights_hash,
