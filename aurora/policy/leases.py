@@ -449,10 +449,24 @@ class LeaseBook:
         (``UNKNOWN_LEASE``, ``WRONG_ACTOR``, ``DUPLICATE``, ``LATE`` on an ended lease). The
         only results a sender can repeat without end are of this kind: the Ledger bounds how
         many of them it logs (``aurora.runtime.ledger_service``)."""
+        return self._untouched(lease_id, actor) is not None
+
+    def _untouched(self, lease_id: str, actor: str) -> tuple[Refusal, str | None] | None:
+        """The refusal and prompt of a result for a lease ``actor`` does not hold claimed (the
+        book left as it is), or None for the holder's claimed lease. :meth:`judge` makes the
+        same four checks written out (its per-result path saves the call);
+        ``tests/test_control_identity.py`` holds the two to each other."""
         lease = self.leases.get(lease_id)
-        return (
-            lease is None or lease.actor != actor or self.states[lease_id] is not LeaseState.CLAIMED
-        )
+        if lease is None:
+            return Refusal.UNKNOWN_LEASE, None
+        if actor != lease.actor:
+            return Refusal.WRONG_ACTOR, lease.prompt
+        state = self.states[lease_id]
+        if state is LeaseState.SETTLED:
+            return Refusal.DUPLICATE, lease.prompt
+        if state is not LeaseState.CLAIMED:
+            return Refusal.LATE, lease.prompt
+        return None
 
     def judge(
         self, lease_id: str, actor: str, version: int, weights_hash: str, now: float
@@ -498,18 +512,11 @@ class LeaseBook:
         back to the pool: the payload will not get better by waiting); anyone else's result,
         or one for a lease no longer claimed, is refused as :meth:`judge` would, lease
         untouched."""
-        lease = self.leases.get(lease_id)
-        if lease is None:
-            return Refusal.UNKNOWN_LEASE, None, False
-        if actor != lease.actor:
-            return Refusal.WRONG_ACTOR, lease.prompt, False
-        state = self.states[lease_id]
-        if state is LeaseState.SETTLED:
-            return Refusal.DUPLICATE, lease.prompt, False
-        if state is not LeaseState.CLAIMED:
-            return Refusal.LATE, lease.prompt, False
+        untouched = self._untouched(lease_id, actor)
+        if untouched is not None:
+            return untouched[0], untouched[1], False
         self._end(lease_id, "release")
-        return Refusal.BAD_PAYLOAD, lease.prompt, True
+        return Refusal.BAD_PAYLOAD, self.leases[lease_id].prompt, True
 
     def settle_run(
         self,

@@ -1059,32 +1059,23 @@ class LedgerService:
             return
         if op == "staged":
             self._staged(peer, int(msg["version"]))
-        elif op == "activated":
+        elif op in ("activated", "caught_up"):
+            version = int(msg["version"])
             self.note(
                 {
                     "type": "Activation",
                     "actor": peer,
-                    "version": int(msg["version"]),
+                    "version": version,
                     "weights_hash": msg.get("weights_hash"),
                     "digest": msg.get("digest"),
                     "pause_ms": msg.get("pause_ms"),
-                    "how": "activate",
+                    "how": "activate" if op == "activated" else "catch_up",
                 }
             )
-            self.feed(VersionActivated(actor=peer, version=int(msg["version"])))
-        elif op == "caught_up":
-            self.note(
-                {
-                    "type": "Activation",
-                    "actor": peer,
-                    "version": int(msg["version"]),
-                    "weights_hash": msg.get("weights_hash"),
-                    "digest": msg.get("digest"),
-                    "pause_ms": msg.get("pause_ms"),
-                    "how": "catch_up",
-                }
-            )
-            self.feed(CaughtUp(actor=peer, version=int(msg["version"])))
+            if op == "activated":
+                self.feed(VersionActivated(actor=peer, version=version))
+            else:
+                self.feed(CaughtUp(actor=peer, version=version))
         elif op == "result":
             lease, payload = str(msg["lease"]), bytes(msg["payload"])
             why = self._bad_payload(peer, lease, payload)
