@@ -46,6 +46,29 @@ class Quantity:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Series:
+    """One recorded number per version (v = 1, 2, ...) and where the numbers come from."""
+
+    values: tuple[float, ...]
+    """The numbers, version 1 first, in the unit the field names."""
+    source: str
+    """A measurement of ours (the run they were recorded from)."""
+
+    def __post_init__(self) -> None:
+        if not self.values:
+            raise ValueError("values must hold at least one number")
+        for v in self.values:
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"values must be finite numbers >= 0, got {v!r}")
+        if not self.source.strip():
+            raise ValueError("source must say where the numbers come from")
+
+    def at(self, version: int, default: float) -> float:
+        """Version ``version``'s number; ``default`` past either end of the series."""
+        return self.values[version - 1] if 1 <= version <= len(self.values) else default
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelTrace:
     """Sizes and Trainer-side costs of one model."""
 
@@ -67,6 +90,13 @@ class ModelTrace:
     """Bytes on the wire of one version of a dense strategy, as it ships it (the runtime's
     PrimeRL strategies send a dense copy in the delta format, smaller than raw bf16 when
     tensors compress). None: ``dense_bytes`` (the paper's PrimeRL broadcasts raw bf16)."""
+    delta_bytes_by_version: Series | None = None
+    """Bytes of each version's delta in the unit of ``delta_bytes_leb128`` (scaled by the
+    codec's ratio like it), as a recorded run published them: a run's deltas are not the same
+    size from version to version (a real Trainer's first deltas change most of the weights,
+    later ones fewer), and a link that carries them one after another is late by the larger
+    ones. Versions past the end of the series are ``delta_bytes_leb128``. None: every version
+    is ``delta_bytes_leb128`` (the paper's one number per model)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,6 +199,16 @@ class Traces:
                 f"(have {sorted(self.constants.codec_bytes_vs_leb128)})"
             )
         return self.model(model).delta_bytes_leb128.value * ratio.value
+
+    def delta_bytes_by_version(self, model: str, codec: str) -> tuple[float, ...]:
+        """Each version's delta bytes in ``codec`` (v = 1 first); empty when the trace has one
+        number for every version."""
+        series = self.model(model).delta_bytes_by_version
+        if series is None:
+            return ()
+        self.delta_bytes(model, codec)  # the same checks: a codec without a ratio raises
+        ratio = self.constants.codec_bytes_vs_leb128[codec].value
+        return tuple(b * ratio for b in series.values)
 
     def sources(self) -> list[tuple[str, float, str]]:
         """Every number as (field path, value, source): what ``docs/SIMULATOR.md`` tabulates."""

@@ -223,7 +223,7 @@ class Actors:
             plan, staged=actor.held, snapshots=actor.held, in_flight=in_flight
         )
         wanted = list(deltas)
-        size = sum(sim.version_bytes for _ in wanted)
+        size = sum(sim.bytes_of(v) for v in wanted)
         if snapshot is not None:
             size += sim.dense_bytes
             wanted.append(snapshot)
@@ -336,7 +336,7 @@ class Actors:
         sim = self.sim
         start = self.env.now
         # RDMA (Ideal-SingleDC) writes the broadcast straight into the engine's GPU memory.
-        yield self.env.timeout(0.0 if sim.cfg.strategy.rdma else sim.version_bytes / sim.apply_rate)
+        yield self.env.timeout(0.0 if sim.cfg.strategy.rdma else sim.bytes_of(v) / sim.apply_rate)
         if actor.life is not me:
             return
         actor.active = v
@@ -351,7 +351,7 @@ class Actors:
         self, actor: ActorNode, me: object, plan: CatchUpPlan
     ) -> Generator[simpy.Event, Any, None]:
         sim = self.sim
-        seconds = len(plan.deltas) * sim.version_bytes / sim.apply_rate
+        seconds = sum(sim.bytes_of(v) for v in plan.deltas) / sim.apply_rate
         if plan.snapshot is not None:
             seconds += sim.dense_bytes / sim.consts.dense_load_bytes_per_s.value
         start = self.env.now

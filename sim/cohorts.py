@@ -266,7 +266,7 @@ class Cohorts:
     ) -> Generator[simpy.Event, Any, None]:
         sim = self.sim
         start = self.env.now
-        yield self.env.timeout(0.0 if sim.cfg.strategy.rdma else sim.version_bytes / sim.apply_rate)
+        yield self.env.timeout(0.0 if sim.cfg.strategy.rdma else sim.bytes_of(v) / sim.apply_rate)
         driver = sim.driver
         for actor in members:
             if actor.cohort is not cohort:

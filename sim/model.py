@@ -105,10 +105,13 @@ class Simulation:
         self.tokens_per_rollout = traces.workload(cfg.workload).tokens_per_rollout.value
         self.finished = self.env.event()
 
-        # Payload sizes (bytes) of one published version.
+        # Payload sizes (bytes) of one published version: one number for every version, or a
+        # recorded run's own size per version where the trace has them (``bytes_of``).
         dense = self.model.dense_bytes.value
+        self.version_sizes: tuple[float, ...] = ()
         if strat.payload == "delta":
             self.version_bytes = traces.delta_bytes(topo.trainer.model, strat.codec)
+            self.version_sizes = traces.delta_bytes_by_version(topo.trainer.model, strat.codec)
             self.apply_rate = self.consts.apply_bytes_per_s.value
         else:
             wire = self.model.dense_payload_bytes
@@ -206,11 +209,17 @@ class Simulation:
         self.trainer.ready_at, self.trainer.produce_rate = -math.inf, math.inf
         self.driver.feed(
             DeltaPublished(
-                version=1, weights_hash=weights_hash(1), delta_bytes=int(self.version_bytes)
+                version=1, weights_hash=weights_hash(1), delta_bytes=int(self.bytes_of(1))
             )
         )
         self.env.run(until=done)
         return self.env.now
+
+    def bytes_of(self, v: int) -> float:
+        """Bytes of version ``v``'s payload: the trace's size of that version where it records
+        one per version, else the one number every version has."""
+        sizes = self.version_sizes
+        return sizes[v - 1] if 1 <= v <= len(sizes) else self.version_bytes
 
     def _setup(self) -> None:
         cfg, topo = self.cfg, self.cfg.topology

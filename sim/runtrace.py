@@ -44,6 +44,7 @@ trace field                        recorded from
 ``models.<m>.publish_s``           end of extraction to the Ledger's ``Published`` (store write,
                                    checkpoint, digest, announcement)
 ``models.<m>.delta_bytes_leb128``  bytes of every published D_v, in the codec the run used
+``models.<m>.delta_bytes_by_v...``  each published D_v's bytes, v1 on (the warm-up's too)
 ``models.<m>.dense_payload_...``   a dense run: the same (a dense copy in the delta format)
 ``models.<m>.dense_bytes``         bf16 bytes of the model (the Trainer's statistics)
 ``constants.apply_bytes_per_s``    apply spans: bytes of the version applied / seconds
@@ -417,6 +418,23 @@ def _q(value: float, source: str) -> dict[str, Any]:
     return {"value": float(value), "source": source}
 
 
+def _by_version(versions: dict[int, dict[str, Any]], run: str) -> dict[str, Any]:
+    """``delta_bytes_by_version``: every published version's delta size, the warm-up's
+    included (their larger deltas cross the link too, and the steps after them wait for them),
+    when the run recorded one for each of versions 1..last; else nothing (the mean serves)."""
+    last = max(versions, default=0)
+    sizes = [versions.get(v, {}).get("delta_bytes") for v in range(1, last + 1)]
+    if not sizes or not all(sizes):
+        return {}
+    return {
+        "delta_bytes_by_version": {
+            "values": [float(b) for b in sizes],
+            "source": f"{run}: the bytes of each of its {len(sizes)} published deltas "
+            f"(v1-v{last}, {min(sizes):.0f}-{max(sizes):.0f}), in the codec it used",
+        }
+    }
+
+
 def _paper_value(path: str) -> float:
     """A number from the paper's trace (for inputs a run cannot measure)."""
     obj: Any = load_traces(PAPER)
@@ -482,6 +500,7 @@ def trace_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
                 if dense_payload
                 else {}
             ),
+            **({} if dense_payload else _by_version(versions, run)),
             "train_tokens_per_s_per_gpu": {
                 TRAINER_GPU: _q(
                     tokens / train_s,

@@ -148,7 +148,7 @@ class Trainer:
         work = pub.blocking_s
         self.producing = v
         self.ready_at = start + work
-        self.produce_rate = sim.version_bytes / work if work > 0 else math.inf
+        self.produce_rate = sim.bytes_of(v) / work if work > 0 else math.inf
         sim.recorder.log("trainer", f"extract v{v}")
         sim.transfers.push(v)
         if work > 0:
@@ -172,7 +172,7 @@ class Trainer:
             DeltaPublished(
                 version=v,
                 weights_hash=weights_hash(v),
-                delta_bytes=int(sim.version_bytes),
+                delta_bytes=int(sim.bytes_of(v)),
                 snapshot_bytes=snapshot,
             )
         )
@@ -194,14 +194,14 @@ class Trainer:
         event = DeltaPublished(
             version=v,
             weights_hash=weights_hash(v),
-            delta_bytes=int(sim.version_bytes),
+            delta_bytes=int(sim.bytes_of(v)),
             snapshot_bytes=snapshot,
         )
         pub = self.pub
         work = pub.background_s
         self.ready_at = now + work
         self.producing = v
-        self.produce_rate = sim.version_bytes / work if work > 0 else math.inf
+        self.produce_rate = sim.bytes_of(v) / work if work > 0 else math.inf
         if work > 0:
             sim.later(work, lambda: sim.recorder.span("trainer", HOST, pub.background, v, now))
         if pub.cut_through or work == 0:

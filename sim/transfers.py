@@ -212,7 +212,7 @@ class Transfers:
     def send(self, v: int, src: str, dsts: list[str], size: float | None = None) -> None:
         """Start sending version ``v`` from ``src`` to ``dsts`` (grouped into cohorts)."""
         sim = self.sim
-        size = sim.version_bytes if size is None else size
+        size = sim.bytes_of(v) if size is None else size
         todo = []
         for d in dsts:
             node = self.node(d)

@@ -201,3 +201,18 @@ def test_no_module_reads_the_job_spec_by_string_key():
             if pattern.search(line):
                 found.append(f"{rel}:{n}: {line.strip()}")
     assert found == [], "\n".join(found)
+
+
+def test_aurora_without_relays_runs_real_processes_with_no_relay_and_routes_to_the_trainer():
+    from pathlib import Path
+
+    from aurora.runtime.job import plan_processes, strategy_spec
+    from aurora.topology import load_topology
+
+    geo = load_topology(Path(__file__).resolve().parent.parent / "examples" / "geo.yaml")
+    assert not strategy_spec("aurora-norelay").relays
+    assert strategy_spec("aurora").relays
+    with_relays = plan_processes(geo)
+    without = plan_processes(geo, relays=False)
+    assert with_relays.relays and not without.relays
+    assert without.actors == with_relays.actors

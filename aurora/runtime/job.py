@@ -36,8 +36,17 @@ from aurora.strategies import strategy
 from aurora.topology import Topology
 from aurora.transport.node import TransportConfig
 
-REAL_STRATEGIES = ("aurora", "prime-full", "prime-async2", "prime-async4", "ideal-singledc")
-"""Strategies ``aurora real`` runs (the simulator has more: its ablations)."""
+REAL_STRATEGIES = (
+    "aurora",
+    "aurora-norelay",
+    "prime-full",
+    "prime-async2",
+    "prime-async4",
+    "ideal-singledc",
+)
+"""Strategies ``aurora real`` runs (the simulator has more: its ablations). ``aurora-norelay``
+starts no relay process and the Ledger routes every Actor to the Trainer (the held-out
+validation's relay-off case, ``experiments.heldout``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,8 +89,11 @@ def scale_counts(counts: list[int], total: int | None) -> list[int]:
     return out
 
 
-def plan_processes(topology: Topology, *, actors: int | None = None) -> ProcessPlan:
-    """Actors and relays to start for ``topology`` (``actors`` overrides ``real.actors``)."""
+def plan_processes(
+    topology: Topology, *, actors: int | None = None, relays: bool = True
+) -> ProcessPlan:
+    """Actors and relays to start for ``topology`` (``actors`` overrides ``real.actors``;
+    ``relays`` False: a strategy without relays, none are started)."""
     real = topology.real
     want = actors if actors is not None else real.actors
     counts = scale_counts([g.count for g in topology.actors], want)
@@ -95,13 +107,15 @@ def plan_processes(topology: Topology, *, actors: int | None = None) -> ProcessP
                     engine=group.engine or real.engine,
                 )
             )
-    relays: list[tuple[str, str]] = []
-    if real.relays == "standalone":
+    standalone: list[tuple[str, str]] = []
+    if relays and real.relays == "standalone":
         remote = sorted({a.region for a in plan} - {topology.trainer.region})
         named = {r.region: r.id for r in topology.relays}
-        relays = [(named.get(region, f"relay-{region}"), region) for region in remote]
+        standalone = [(named.get(region, f"relay-{region}"), region) for region in remote]
     return ProcessPlan(
-        actors=tuple(plan), relays=tuple(relays), scaled_from=sum(g.count for g in topology.actors)
+        actors=tuple(plan),
+        relays=tuple(standalone),
+        scaled_from=sum(g.count for g in topology.actors),
     )
 
 

@@ -34,7 +34,7 @@ from aurora.jobspec import JobSpec
 from aurora.provenance import git_sha
 from aurora.runtime.channel import connect
 from aurora.runtime.injector import Injector, SpotHazard
-from aurora.runtime.job import make_spec, plan_processes
+from aurora.runtime.job import make_spec, plan_processes, strategy_spec
 from aurora.runtime.messages import Direction
 from aurora.runtime.procs import Procs
 from aurora.topology import Topology
@@ -118,7 +118,9 @@ class Launcher:
         self.run = run
         self.topo = run.topology
         self.real = run.topology.real
-        self.plan = plan_processes(run.topology, actors=run.actors)
+        self.plan = plan_processes(
+            run.topology, actors=run.actors, relays=strategy_spec(run.strategy).relays
+        )
         self.dir = run_folder(run)
         self.host = self.real.host
         self.spec: JobSpec | None = None
