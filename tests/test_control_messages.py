@@ -149,6 +149,21 @@ def test_fields_a_message_does_not_define_are_dropped():
     assert msg == m.Staged(version=1) and "extra" not in msg.to_wire()
 
 
+def test_the_hop_reports_spans_reach_the_ledger_with_every_field_they_carry():
+    # A typed Span once dropped every hop time and loop-lag figure (the Ledger keeps only what
+    # the message defines), and the delta-path tables silently came out empty.
+    from aurora.runtime import hopreport
+    from aurora.transport.node import NodeMetrics
+
+    metrics = NodeMetrics()
+    for hop in ("in_first", "in_last", "staged", "out_first", "out_last"):
+        metrics.hop(3, hop)
+    sent = [hopreport.lag_span([0.001, 0.004, 0.002], 10.0, 11.0)]
+    sent += hopreport.changed_hops(metrics, {})
+    for span in sent:
+        assert m.decode(span, P).to_wire() == span
+
+
 _ANY = st.recursive(
     st.none()
     | st.booleans()

@@ -343,13 +343,24 @@ class Heartbeat(Message):
 
 @_message("span")
 class Span(Message):
-    """A timeline span (generate, apply, catch-up) for the run's trace."""
+    """A timeline span (generate, apply, catch-up) for the run's trace; the hop reports'
+    ``delta-path`` spans (a version's wall-clock times through the node) and ``loop-lag`` spans
+    (the event loop's wake-up lateness), :mod:`aurora.runtime.hopreport`."""
 
     activity: str = bound(Str(64))
     version: int | None = bound(VERSION, optional=True)
     start: float = bound(Float(0.0, MAX_TIME))
     end: float = bound(Float(0.0, MAX_TIME))
     tokens: int | None = bound(Int(0, MAX_TOKENS), optional=True)
+    in_first: float | None = bound(Float(0.0, MAX_TIME), optional=True)
+    in_last: float | None = bound(Float(0.0, MAX_TIME), optional=True)
+    staged: float | None = bound(Float(0.0, MAX_TIME), optional=True)
+    out_first: float | None = bound(Float(0.0, MAX_TIME), optional=True)
+    out_last: float | None = bound(Float(0.0, MAX_TIME), optional=True)
+    samples: int | None = bound(Int(0, MAX_TOKENS), optional=True)
+    max_s: float | None = bound(Float(0.0, MAX_SECONDS), optional=True)
+    p50_s: float | None = bound(Float(0.0, MAX_SECONDS), optional=True)
+    p99_s: float | None = bound(Float(0.0, MAX_SECONDS), optional=True)
 
 
 @_message("data")
