@@ -1,38 +1,46 @@
 """A held-out validation of the simulator against real runs: predictions written first, the real
 runs made afterwards (issue 27).
 
-    python -m experiments.heldout predict                 # writes evidence/heldout/predictions.csv
-    python -m experiments.heldout run --seeds 0,1,2       # root, an idle machine: the real runs
-    python -m experiments.heldout table                   # predictions beside the runs, misses
+    python -m experiments.heldout predict [--set S]           # writes the set's predictions
+    python -m experiments.heldout run --seeds 0,1,2 [--set S] # root, an idle machine: real runs
+    python -m experiments.heldout table [--set S]             # predictions beside the runs
 
 Theory of operation
 -------------------
 ``sim_vs_real`` replays each run from inputs recorded in that same run, on configurations that
 were also used while the replay options were developed: a match there is partly circular. Here
 the simulator predicts configurations it has not been compared on, from inputs recorded in
-*other* runs: the committed traces of the base stand-in runs over the emulated US-Canada link
-(``evidence/sim_vs_real/traces/``: 2 Actors, 12 prompts x 4 a step, 1 Gbit/s x 0.00143,
-40 ms), each changed only where the held-out case differs, by the case's own configuration:
+*other* runs (a set's base traces), each changed only where the held-out case differs, by the
+case's own configuration. There are two sets, each predicted and committed before its runs:
 
-======================  =========================================================================
-case                    what differs from the base (aurora and prime-full unless said)
-======================  =========================================================================
-``link``                the emulated rate x 2.5 (x 0.00358) and the RTT 80 ms
-``actors``              4 Actors and 24 prompts a step (the same 24 rollouts per Actor)
-``norelay``             aurora without the relay in ca (every Actor pulls across the link), and
-                        aurora with it, on the base configuration, as the pair to compare
-======================  =========================================================================
+``standin`` (predicted at 0f646bd): the base is the stand-in runs over the emulated US-Canada
+link (``evidence/sim_vs_real/traces/``: 2 Actors, 12 prompts x 4 a step, 1 Gbit/s x 0.00143,
+40 ms; generation paced at a fixed rate, so the inputs are the same in the base and held-out
+runs).
+
+``rl`` (predicted after the per-version delta sizes, ``aurora.traces.ModelTrace``, were
+added on seeing the aurora gap in ``sim_vs_real``'s rl runs): the base is the idle-machine rl
+runs of seed 0 (``evidence/heldout/base-rl/``: the tiny Qwen3 trained by GRPO, 2 Actors,
+12 prompts x 4, 1 Gbit/s x 0.00571, 40 ms). Its cases are configurations the rl runs were never
+compared on. What a prediction cannot know: the held-out run's own delta sizes (its training
+differs where its batch does) and generation rate (the cores are shared by the Actors).
+
+==================  ======  ===================================================================
+case                set     what differs from the base (aurora and prime-full unless said)
+==================  ======  ===================================================================
+``link``            both    the emulated rate x 2.5 and the RTT 80 ms
+``actors``          standin 4 Actors and 24 prompts a step (the same 24 rollouts per Actor)
+``actors3``         rl      3 Actors and 18 prompts a step (the same 24 rollouts per Actor)
+``norelay``         both    aurora without the relay in ca (every Actor pulls across the link);
+                            standin also reruns aurora with it, as the pair to compare
+==================  ======  ===================================================================
 
 The replay options in force are those of ``sim_vs_real`` at the commit that wrote the
-predictions (including the measured wire efficiency, ``evidence/wire_overhead.json``); the file
+predictions (including the measured wire efficiency, ``evidence/wire_overhead.json``); each file
 records that commit. ``predict`` must run, and be committed, before ``run``: no option may be
 added after a held-out miss without a new held-out set. ``run`` makes the real runs through
 ``sim_vs_real`` (each also replayed from its own recording, as there), and ``table`` reports the
 prediction, the replay and the real value side by side, with every miss.
-
-The stand-in backend (generation paced at a fixed rate, not CPU-bound) keeps the inputs the same
-between the base runs and the held-out ones; the tiny Qwen3's generation rate depends on what
-else the cores do, which a prediction from another run cannot know.
 """
 
 from __future__ import annotations
@@ -52,50 +60,86 @@ from experiments import sim_vs_real, wire_overhead
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "evidence" / "sim_vs_real" / "traces"
-"""The base runs' recorded simulator inputs (``sim/`` of each run folder), one folder a
-strategy: ``aurora`` and ``prime-full``."""
+"""The stand-in set's base runs' recorded simulator inputs (``sim/`` of each run folder), one
+folder a strategy: ``aurora`` and ``prime-full``."""
 PREDICTIONS = ROOT / "evidence" / "heldout" / "predictions.csv"
-BASE_SCALE = wire_overhead.SCALES["standin"]
-CASES: dict[str, dict[str, Any]] = {
-    "link": {
-        "strategies": ("aurora", "prime-full"),
-        "rate_factor": 2.5,
-        "rtt_ms": 80.0,
-        "actors": 2,
-        "prompts_per_step": 12,
-    },
-    "actors": {
-        "strategies": ("aurora", "prime-full"),
-        "rate_factor": 1.0,
-        "rtt_ms": 40.0,
-        "actors": 4,
-        "prompts_per_step": 24,
-    },
-    "norelay": {
-        "strategies": ("aurora-norelay", "aurora"),
-        "rate_factor": 1.0,
-        "rtt_ms": 40.0,
-        "actors": 2,
-        "prompts_per_step": 12,
-    },
-}
-"""Each held-out case: what differs from the base runs (see the module docstring)."""
-STEPS = 8
 GROUP = 4
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeldOutSet:
+    """One held-out set: its base inputs, its cases and where its predictions are kept."""
+
+    name: str
+    """``standin`` or ``rl``."""
+    backend: str
+    """The real runs' backend (``sim_vs_real``'s ``standin`` or ``rl``)."""
+    traces: Path
+    """The base runs' recorded inputs, one folder a strategy."""
+    predictions: Path
+    """The committed predictions (CSV)."""
+    scale: float
+    """The base runs' emulated link scale (a case's rate factor multiplies it)."""
+    steps: int
+    """Steps of every held-out run."""
+    prefix: str
+    """The real runs' ``part`` is this plus the case's name."""
+    cases: dict[str, dict[str, Any]]
+    """Each case: its strategies, rate factor, RTT (ms), Actors and prompts a step."""
+
+
+def _case(strategies: tuple[str, ...], **changes: Any) -> dict[str, Any]:
+    base = {"rate_factor": 1.0, "rtt_ms": 40.0, "actors": 2, "prompts_per_step": 12}
+    return {"strategies": strategies, **base, **changes}
+
+
+SETS: dict[str, HeldOutSet] = {
+    "standin": HeldOutSet(
+        name="standin",
+        backend="standin",
+        traces=TRACES,
+        predictions=PREDICTIONS,
+        scale=wire_overhead.SCALES["standin"],
+        steps=8,
+        prefix="heldout-",
+        cases={
+            "link": _case(("aurora", "prime-full"), rate_factor=2.5, rtt_ms=80.0),
+            "actors": _case(("aurora", "prime-full"), actors=4, prompts_per_step=24),
+            "norelay": _case(("aurora-norelay", "aurora")),
+        },
+    ),
+    "rl": HeldOutSet(
+        name="rl",
+        backend="rl",
+        traces=ROOT / "evidence" / "heldout" / "base-rl",
+        predictions=ROOT / "evidence" / "heldout" / "predictions-rl.csv",
+        scale=0.005712453842051281,  # the base runs' link_scale (emulation.json)
+        steps=12,
+        prefix="heldout-rl-",
+        cases={
+            "link": _case(("aurora", "prime-full"), rate_factor=2.5, rtt_ms=80.0),
+            "actors3": _case(("aurora", "prime-full"), actors=3, prompts_per_step=18),
+            "norelay": _case(("aurora-norelay",)),
+        },
+    ),
+}
+"""The held-out sets (see the module docstring)."""
+CASES = SETS["standin"].cases
+"""The stand-in set's cases."""
 
 
 def _base(strategy: str) -> str:
     return "aurora" if strategy.startswith("aurora") else strategy
 
 
-def predicted_config(case: str, strategy: str, traces: Path = TRACES) -> Any:
-    """The simulator configuration predicting ``strategy`` in held-out ``case``: the base
-    run's replay with only the case's differences applied."""
+def predicted_config(case: str, strategy: str, hset: HeldOutSet = SETS["standin"]) -> Any:
+    """The simulator configuration predicting ``strategy`` in held-out ``case`` of ``hset``:
+    the base run's replay with only the case's differences applied."""
     from sim.config import strategy as named
     from sim.runtrace import replay_config
 
-    spec = CASES[case]
-    cfg = replay_config(traces / _base(strategy), record_trace=True)
+    spec = hset.cases[case]
+    cfg = replay_config(hset.traces / _base(strategy), record_trace=True)
     efficiency = wire_overhead.load()
     if efficiency is not None:
         cfg = sim_vs_real.payload_rate(cfg, efficiency)
@@ -110,21 +154,21 @@ def predicted_config(case: str, strategy: str, traces: Path = TRACES) -> Any:
         cfg,
         topology=topo,
         strategy=named(strategy),
-        steps=STEPS,
+        steps=hset.steps,
         batch_rollouts=spec["prompts_per_step"] * GROUP,
         rate_schedules=(),
     )
 
 
-def predict(traces: Path = TRACES) -> pd.DataFrame:
+def predict(hset: HeldOutSet = SETS["standin"]) -> pd.DataFrame:
     """One row per (case, strategy): the predicted step time, tokens/s and transfer per delta
     (the same definitions and warm-up as ``sim_vs_real``)."""
     from sim.model import simulate
 
     rows = []
-    for case, spec in CASES.items():
+    for case, spec in hset.cases.items():
         for strategy in spec["strategies"]:
-            result = simulate(predicted_config(case, strategy, traces))
+            result = simulate(predicted_config(case, strategy, hset))
             sim = pd.DataFrame(result.rows)
             transfers = sim_vs_real.sim_transfers(result)
             after = [t for v, t in transfers.items() if v > sim_vs_real.WARMUP]
@@ -146,32 +190,45 @@ def predict(traces: Path = TRACES) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def points(seeds: Sequence[int]) -> list[sim_vs_real.Point]:
-    """The real held-out runs (stand-in backend, emulated link)."""
+def points(seeds: Sequence[int], hset: HeldOutSet = SETS["standin"]) -> list[sim_vs_real.Point]:
+    """The real held-out runs of ``hset`` (emulated link)."""
+    extra = (
+        {"standin_tokens_per_s": sim_vs_real.STANDIN_TOKENS_PER_S}
+        if hset.backend == "standin"
+        else {}
+    )
     return [
         sim_vs_real.Point(
-            part=f"heldout-{case}",
+            part=f"{hset.prefix}{case}",
             network="emulated",
             strategy=strategy,
             seed=seed,
-            backend="standin",
-            steps=STEPS,
+            backend=hset.backend,
+            steps=hset.steps,
             actors=spec["actors"],
             prompts_per_step=spec["prompts_per_step"],
-            extra={"standin_tokens_per_s": sim_vs_real.STANDIN_TOKENS_PER_S},
+            extra=extra,
             rtt_ms=spec["rtt_ms"],
-            scale=BASE_SCALE * spec["rate_factor"],
+            scale=hset.scale * spec["rate_factor"],
         )
-        for case, spec in CASES.items()
+        for case, spec in hset.cases.items()
         for seed in seeds
         for strategy in spec["strategies"]
     ]
 
 
+def set_rows(rows: pd.DataFrame, hset: HeldOutSet) -> pd.DataFrame:
+    """The rows of ``hset``'s runs among ``sim_vs_real``'s, with their case named."""
+    mine = rows["backend"].astype(str).eq(hset.backend) & rows["part"].astype(str).isin(
+        [f"{hset.prefix}{c}" for c in hset.cases]
+    )
+    return rows[mine].assign(case=rows.loc[mine, "part"].str.removeprefix(hset.prefix))
+
+
 def table(rows: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
-    """Per case and strategy: the prediction, the mean replay and the mean real value over the
-    seeds, and the prediction's and the replay's error against the real runs."""
-    rows = rows.assign(case=rows["part"].str.removeprefix("heldout-"))
+    """Per case and strategy (``rows`` of one set, their ``case`` named): the prediction, the
+    mean replay and the mean real value over the seeds, and the prediction's and the replay's
+    error against the real runs."""
     out = []
     for (case, strategy), g in rows.groupby(["case", "strategy"], sort=False):
         pred = predictions[(predictions.case == case) & (predictions.strategy == strategy)]
@@ -198,25 +255,26 @@ def table(rows: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("what", choices=("predict", "run", "table"))
+    p.add_argument("--set", default="standin", choices=sorted(SETS), help="the held-out set")
     p.add_argument("--seeds", default="0,1,2", help="seeds of the real held-out runs")
     p.add_argument("--out", default="results", help="results root of the real runs")
     args = p.parse_args(argv)
+    hset = SETS[args.set]
     if args.what == "predict":
-        got = predict()
-        PREDICTIONS.parent.mkdir(parents=True, exist_ok=True)
-        got.to_csv(PREDICTIONS, index=False)
+        got = predict(hset)
+        hset.predictions.parent.mkdir(parents=True, exist_ok=True)
+        got.to_csv(hset.predictions, index=False)
         print(got.to_string(index=False, float_format="%.4g"))
-        print(f"predictions: {PREDICTIONS} (commit them before any held-out run)")
+        print(f"predictions: {hset.predictions} (commit them before any held-out run)")
         return
     root = Path(args.out)
     if args.what == "run":
         efficiency = wire_overhead.load()
-        pts = points([int(s) for s in args.seeds.split(",")])
+        pts = points([int(s) for s in args.seeds.split(",")], hset)
         sim_vs_real.run_points(pts, root, wire_efficiency=efficiency)
-    rows = pd.read_csv(root / sim_vs_real.NAME / "rows.csv")
-    rows = rows[rows["part"].astype(str).str.startswith("heldout-")]
-    got = table(rows, pd.read_csv(PREDICTIONS))
-    out = root / "heldout" / "table.csv"
+    rows = set_rows(pd.read_csv(root / sim_vs_real.NAME / "rows.csv"), hset)
+    got = table(rows, pd.read_csv(hset.predictions))
+    out = root / "heldout" / f"table-{hset.name}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     got.to_csv(out, index=False)
     print(got.to_string(index=False, float_format="%.4g"))

@@ -9,13 +9,16 @@ import pytest
 from experiments import heldout
 from sim.runtrace import replay_config
 
+_CASES = [(name, case) for name, hset in heldout.SETS.items() for case in hset.cases]
 
-@pytest.mark.parametrize("case", list(heldout.CASES))
-def test_a_prediction_changes_only_what_its_held_out_case_changes(case):
-    spec = heldout.CASES[case]
+
+@pytest.mark.parametrize(("name", "case"), _CASES)
+def test_a_prediction_changes_only_what_its_held_out_case_changes(name, case):
+    hset = heldout.SETS[name]
+    spec = hset.cases[case]
     for strategy in spec["strategies"]:
-        base = replay_config(heldout.TRACES / heldout._base(strategy))
-        cfg = heldout.predicted_config(case, strategy)
+        base = replay_config(hset.traces / heldout._base(strategy))
+        cfg = heldout.predicted_config(case, strategy, hset)
         assert cfg.strategy.name == strategy
         assert cfg.traces == base.traces  # every recorded input is the base run's
         (lk,) = cfg.topology.links
@@ -26,9 +29,11 @@ def test_a_prediction_changes_only_what_its_held_out_case_changes(case):
         assert cfg.batch_rollouts == spec["prompts_per_step"] * heldout.GROUP
 
 
-def test_the_committed_predictions_are_what_the_committed_inputs_predict():
-    committed = pd.read_csv(heldout.PREDICTIONS)
-    again = heldout.predict()
+@pytest.mark.parametrize("name", list(heldout.SETS))
+def test_the_committed_predictions_are_what_the_committed_inputs_predict(name):
+    hset = heldout.SETS[name]
+    committed = pd.read_csv(hset.predictions)
+    again = heldout.predict(hset)
     assert list(committed.case) == list(again.case)
     for col in ("pred_step_time_s", "pred_tokens_per_s", "pred_transfer_s"):
         assert committed[col].to_numpy() == pytest.approx(again[col].to_numpy(), rel=1e-9)
@@ -61,7 +66,31 @@ def test_the_held_out_table_reports_prediction_replay_and_real_with_their_errors
             }
         ]
     )
+    rows = heldout.set_rows(rows.assign(backend="standin"), heldout.SETS["standin"])
     t = heldout.table(rows, preds).set_index("metric")
     assert t.loc["step_time_s", "pred_error"] == pytest.approx(0.2)
     assert t.loc["step_time_s", "replay_error"] == pytest.approx(-0.1)
     assert t.loc["transfer_s", "pred_error"] == pytest.approx(0.0)
+
+
+def test_each_sets_rows_are_told_apart_by_part_and_backend():
+    rows = pd.DataFrame(
+        [
+            {"part": "heldout-link", "backend": "standin"},
+            {"part": "heldout-rl-link", "backend": "rl"},
+            {"part": "compare", "backend": "rl"},
+        ]
+    )
+    standin = heldout.set_rows(rows, heldout.SETS["standin"])
+    rl = heldout.set_rows(rows, heldout.SETS["rl"])
+    assert list(standin.case) == ["link"] and list(rl.case) == ["link"]
+    assert list(rl.part) == ["heldout-rl-link"]
+
+
+def test_the_rl_base_traces_carry_each_versions_delta_size():
+    from aurora.traces import load_traces
+
+    traces = load_traces(heldout.SETS["rl"].traces / "aurora" / "trace.yaml")
+    (model,) = traces.models.values()
+    assert model.delta_bytes_by_version is not None
+    assert len(model.delta_bytes_by_version.values) == heldout.SETS["rl"].steps
