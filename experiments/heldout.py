@@ -25,15 +25,28 @@ runs of seed 0 (``evidence/heldout/base-rl/``: the tiny Qwen3 trained by GRPO, 2
 compared on. What a prediction cannot know: the held-out run's own delta sizes (its training
 differs where its batch does) and generation rate (the cores are shared by the Actors).
 
-==================  ======  ===================================================================
-case                set     what differs from the base (aurora and prime-full unless said)
-==================  ======  ===================================================================
-``link``            both    the emulated rate x 2.5 and the RTT 80 ms
-``actors``          standin 4 Actors and 24 prompts a step (the same 24 rollouts per Actor)
-``actors3``         rl      3 Actors and 18 prompts a step (the same 24 rollouts per Actor)
-``norelay``         both    aurora without the relay in ca (every Actor pulls across the link);
-                            standin also reruns aurora with it, as the pair to compare
-==================  ======  ===================================================================
+``standin2`` and ``rl2`` (the third set, predicted after the simulator stopped charging an
+Actor's ``DeltaStaged`` report the control delay twice, found while locating the stand-in set's
+transfer miss): the same bases, new configurations.
+
+==================  ========  =================================================================
+case                set       what differs from the base (aurora and prime-full unless said)
+==================  ========  =================================================================
+``link``            standin,  the emulated rate x 2.5 and the RTT 80 ms
+                    rl
+``actors``          standin   4 Actors and 24 prompts a step (the same 24 rollouts per Actor)
+``actors3``         rl,       3 Actors and 18 prompts a step (the same 24 rollouts per Actor)
+                    standin2
+``norelay``         standin,  aurora without the relay in ca (every Actor pulls across the
+                    rl        link); standin also reruns aurora with it, as the pair to compare
+``slow``            standin2  the emulated rate x 0.5 and the RTT 20 ms
+``slow``            rl2       the emulated rate x 0.5
+``rtt120``          rl2       the RTT 120 ms
+==================  ========  =================================================================
+
+A set whose predictions were made before a later simulator change is marked ``superseded``: its
+predictions stand as written (at the commit the file records) and its table still compares
+them with its runs, but this tree no longer recomputes them.
 
 The replay options in force are those of ``sim_vs_real`` at the commit that wrote the
 predictions (including the measured wire efficiency, ``evidence/wire_overhead.json``); each file
@@ -86,12 +99,21 @@ class HeldOutSet:
     """The real runs' ``part`` is this plus the case's name."""
     cases: dict[str, dict[str, Any]]
     """Each case: its strategies, rate factor, RTT (ms), Actors and prompts a step."""
+    superseded: str | None = None
+    """None: the predictions are what this tree's simulator predicts (a test recomputes
+    them). Else the simulator change after which they were made: they stand as written, at
+    the commit their file records, and are not recomputed."""
 
 
 def _case(strategies: tuple[str, ...], **changes: Any) -> dict[str, Any]:
     base = {"rate_factor": 1.0, "rtt_ms": 40.0, "actors": 2, "prompts_per_step": 12}
     return {"strategies": strategies, **base, **changes}
 
+
+_STAGED_ONCE = (
+    "the simulator charged an Actor's DeltaStaged report the control delay twice (found with "
+    "the stand-in set's transfer miss; fixed after these predictions)"
+)
 
 SETS: dict[str, HeldOutSet] = {
     "standin": HeldOutSet(
@@ -107,6 +129,7 @@ SETS: dict[str, HeldOutSet] = {
             "actors": _case(("aurora", "prime-full"), actors=4, prompts_per_step=24),
             "norelay": _case(("aurora-norelay", "aurora")),
         },
+        superseded=_STAGED_ONCE,
     ),
     "rl": HeldOutSet(
         name="rl",
@@ -120,6 +143,33 @@ SETS: dict[str, HeldOutSet] = {
             "link": _case(("aurora", "prime-full"), rate_factor=2.5, rtt_ms=80.0),
             "actors3": _case(("aurora", "prime-full"), actors=3, prompts_per_step=18),
             "norelay": _case(("aurora-norelay",)),
+        },
+        superseded=_STAGED_ONCE,
+    ),
+    "standin2": HeldOutSet(
+        name="standin2",
+        backend="standin",
+        traces=TRACES,
+        predictions=ROOT / "evidence" / "heldout" / "predictions-standin2.csv",
+        scale=wire_overhead.SCALES["standin"],
+        steps=8,
+        prefix="heldout3-",
+        cases={
+            "slow": _case(("aurora", "prime-full"), rate_factor=0.5, rtt_ms=20.0),
+            "actors3": _case(("aurora", "prime-full"), actors=3, prompts_per_step=18),
+        },
+    ),
+    "rl2": HeldOutSet(
+        name="rl2",
+        backend="rl",
+        traces=ROOT / "evidence" / "heldout" / "base-rl",
+        predictions=ROOT / "evidence" / "heldout" / "predictions-rl2.csv",
+        scale=0.005712453842051281,
+        steps=12,
+        prefix="heldout3-rl-",
+        cases={
+            "rtt120": _case(("aurora", "prime-full"), rtt_ms=120.0),
+            "slow": _case(("aurora", "prime-full"), rate_factor=0.5),
         },
     ),
 }

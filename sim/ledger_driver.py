@@ -218,13 +218,16 @@ class LedgerDriver:
     def _staged_now(self, actor: str, v: int) -> None:
         event = self.core.staged(actor, v)
         if event is not None:
-            self.feed(event)
+            # The report has crossed the link already (``staged`` charged its delay).
+            self.feed(event, arrived=True)
 
     def published(self, v: int) -> None:
         """``v`` was just announced: report the Actors that staged it before (the core keeps
         them)."""
         for event in self.core.early(v):
-            self.feed(event)
+            # Reports the Ledger received before the announcement: they crossed the link
+            # when they were made, so they take effect now, with no second crossing.
+            self.feed(event, arrived=True)
             self.no_longer_waited_for(event.actor)
 
     def _cut_off(self, actor: str) -> str | None:
