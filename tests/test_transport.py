@@ -590,9 +590,9 @@ def _late_ticks(node: Node) -> list[float]:
     tick = node._tick
 
     async def watched(now: float) -> None:
-        # Node._tick's own test, on the ticks that reach it (those with a live stream).
-        if node._live() and node._is_late(now):
-            gaps.append(now - node._last_tick)
+        # The receive machine's own test, on the ticks that reach it (those with a live stream).
+        if node._live() and node.receiver.is_late(now):
+            gaps.append(now - node.receiver.last_tick)
         await tick(now)
 
     node._tick = watched  # the watchdog looks it up on every tick
@@ -733,7 +733,7 @@ def test_a_late_watchdog_tick_closes_no_stream_and_the_next_tick_on_time_does():
         node._upstream = [up]
         now = time.monotonic()
         r.last_byte = now - 2 * SILENT_LIMIT_STALLS * CFG.stall_s  # silent for twice the limit
-        node._last_tick = now - 3 * CFG.stall_s  # late: more than 2 x stall_s
+        node.receiver.last_tick = now - 3 * CFG.stall_s  # late: more than 2 x stall_s
         await node._tick(now)
         after_late = up.aborted
         await node._tick(now + CFG.stall_s / 2)  # on time

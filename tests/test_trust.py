@@ -70,8 +70,9 @@ def windows_lost(node: Node) -> list[float]:
     tick = node._tick
 
     async def watched(now: float) -> None:
-        if node._live() and node._waiting() and node._is_late(now):
-            lost.append(now - node._progress_mark[0])
+        rx = node.receiver
+        if node._live() and rx.waiting() and rx.is_late(now):
+            lost.append(now - rx.progress_mark[0])
         await tick(now)
 
     node._tick = watched  # the watchdog looks it up on every tick

@@ -22,6 +22,7 @@ from typing import Any
 from aurora.delta import Segment
 from aurora.delta.announce import describe_parts, public_key_of, sign
 from aurora.transport import Node, TransportConfig
+from aurora.transport.table import is_whole
 
 
 def sign_parts(job: str, version: int, first: Segment, trailer: Segment, key: bytes) -> bytes:
@@ -31,17 +32,6 @@ def sign_parts(job: str, version: int, first: Segment, trailer: Segment, key: by
     if ann.version != version:
         raise ValueError(f"publish v{version}: the segments are of D_{ann.version}")
     return sign(ann, key)
-
-
-def _whole(segments: Iterable[Segment]) -> bool:
-    """A sequence from segment 0 to the trailer: the delta exists whole."""
-    return (
-        isinstance(segments, Sequence)
-        and len(segments) > 0
-        and segments[0].seq == 0
-        and segments[-1].trailer
-        and segments[-1].seq == len(segments) - 1
-    )
 
 
 class TrainerNode(Node):
@@ -64,7 +54,7 @@ class TrainerNode(Node):
         before any segment when ``segments`` is the whole delta, else when the trailer comes."""
         if announcement is not None:
             return await super().publish(version, segments, announcement=announcement)
-        if _whole(segments):
+        if is_whole(segments):
             assert isinstance(segments, Sequence)
             signed = self._sign(version, segments[0], segments[-1])
             return await super().publish(version, segments, announcement=signed)

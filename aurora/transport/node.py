@@ -70,8 +70,15 @@ from aurora.transport.config import (
 )
 from aurora.transport.receiver import Receiver
 from aurora.transport.server import Server
-from aurora.transport.table import VersionState
-from aurora.transport.upstream import DELIVERING_S, Upstream, delivering, open_streams
+from aurora.transport.table import VersionState, is_whole
+from aurora.transport.upstream import (
+    DELIVERING_S,
+    Connector,
+    Upstream,
+    announcement_in,
+    delivering,
+    open_streams,
+)
 from aurora.transport.wire import ProtocolError
 
 log = logging.getLogger("aurora.transport")
@@ -132,12 +139,16 @@ class Node:
             fallback=fallback is not None,
         )
         self.server = Server(node_id, config, self, metrics=self.metrics, log=self._log)
-        self._upstream: list[Upstream] = []
+        self.up = Connector(
+            node_id,
+            config,
+            self.receiver,
+            lambda source, host, port: self._connect(source, host, port),
+            log=self._log,
+            sources=self.sources,
+        )
         self._tasks: set[asyncio.Task] = set()
         self._changed = asyncio.Event()
-        self._reconnecting = False
-        self._sources_gen = 0
-        """Bumped by :meth:`set_sources` (see :meth:`_connect_round`)."""
         self._watching = False
 
     def _names(self) -> list[str]:
@@ -226,11 +237,8 @@ class Node:
         if new == self.sources:
             return
         self.sources = new
-        self._sources_gen += 1
         self.receiver.set_sources(self._names())
-        for s in self._upstream:
-            s.abort()
-        self._upstream = []
+        self.up.replace(new)
         if self._watching and self.sources:
             self._spawn(self._reconnect())
 
@@ -364,13 +372,7 @@ class Node:
             if ann.version != version:
                 raise ValueError(f"publish v{version} with the announcement of v{ann.version}")
             self._carry(table.own_announcement(ann, bytes(announcement), now))
-        whole = (
-            isinstance(segments, Sequence)
-            and len(segments) > 0
-            and segments[0].seq == 0
-            and segments[-1].trailer
-            and segments[-1].seq == len(segments) - 1
-        )
+        whole = is_whole(segments)
         st = self.versions.get(version)
         if whole and (st is None or st.signed is None):
             raise ValueError(
@@ -393,67 +395,20 @@ class Node:
 
     # -- upstream --------------------------------------------------------------------------------
 
-    def _live(self) -> list[Upstream]:
-        return [s for s in self._upstream if s.alive]
+    @property
+    def _upstream(self) -> list[Upstream]:
+        """The connections to the current source (some may have died since)."""
+        return self.up.streams
 
-    def _waiting(self) -> list[int]:
-        return self.receiver.waiting()
+    @_upstream.setter
+    def _upstream(self, streams: list[Upstream]) -> None:
+        self.up.streams = streams
+
+    def _live(self) -> list[Upstream]:
+        return self.up.live()
 
     async def _connect_round(self) -> list[str]:
-        """Connect to the next usable source (then the ones after it) until one answers;
-        returns why each one tried failed. A round that :meth:`set_sources` overtakes (the
-        Ledger re-routed this node while it was connecting: set_sources cannot start its own
-        round while this one runs) drops what it reached and starts over on the new list."""
-        errors: list[str] = []
-        if self._reconnecting:
-            return errors
-        self._reconnecting = True
-        try:
-            while True:
-                gen = self._sources_gen
-                await self._try_sources(gen, errors)
-                if gen == self._sources_gen:
-                    return errors
-                self._log.warning("rerouted", "%s: re-routed while connecting", self.id)
-        finally:
-            self._reconnecting = False
-
-    async def _try_sources(self, gen: int, errors: list[str]) -> None:
-        """One pass of :meth:`_connect_round` over the sources of generation ``gen``; it
-        returns early, keeping nothing, once they have been replaced."""
-        for _ in range(len(self.sources)):
-            source = self.receiver.next_source()
-            if source is None:
-                return
-            host, port = self.sources[source]
-            where = f"{host}:{port}"
-            try:
-                streams = await asyncio.wait_for(
-                    self._connect(source, host, port), self.config.connect_timeout_s
-                )
-            except (OSError, asyncio.IncompleteReadError, TimeoutError, ConnectionError) as exc:
-                if gen != self._sources_gen:
-                    return  # ``source`` indexes the old list: nothing to record against it
-                reason = (
-                    f"no answer within {self.config.connect_timeout_s:g} s"
-                    if isinstance(exc, TimeoutError)
-                    else one_line(exc)
-                )
-                errors.append(f"{where}: {reason}")
-                self._log.warning(
-                    f"connect:{source}", "%s: cannot use %s: %s", self.id, where, reason
-                )
-                self.receiver.unreachable(source, reason, time.monotonic())
-                continue
-            if gen != self._sources_gen:
-                for up in streams:
-                    up.abort()
-                return
-            self.receiver.connected(source, time.monotonic())
-            self._upstream = streams
-            log.info("%s: subscribed to %s with %d streams", self.id, where, len(streams))
-            streams[0].send([wire.control(self.receiver.subscription())])
-            return
+        return await self.up.round()
 
     async def _connect(self, source: int, host: str, port: int) -> list[Upstream]:
         return await open_streams(
@@ -474,9 +429,7 @@ class Node:
         self._log.warning(
             f"switch:{source}", "%s: leaving %s: %s", self.id, self._where(source), why
         )
-        for s in self._upstream:
-            s.abort()
-        self._upstream = []
+        self.up.drop()
         self._spawn(self._reconnect())
 
     async def _reconnect(self) -> None:
@@ -496,15 +449,7 @@ class Node:
             self._carry(self.receiver.switch(why, time.monotonic()))
             return
         try:
-            if kind != wire.CONTROL:
-                raise ProtocolError(f"unexpected frame type {kind} from the source")
-            msg = wire.parse_control(body)
-            op = msg["op"]
-            if op != "announce":
-                raise ProtocolError(f"unknown message {str(op)[:40]!r}")
-            signed = msg.get("a")
-            if not isinstance(signed, bytes):
-                raise ProtocolError("announce without the signed bytes")
+            signed = announcement_in(kind, body)
             try:
                 ann = self.receiver.verify(signed)
             except AnnouncementError as exc:
@@ -562,21 +507,6 @@ class Node:
             except Exception as exc:  # a bug here must not end the node's recovery
                 log.error("%s: watchdog: %s: %s", self.id, type(exc).__name__, one_line(exc))
 
-    def _is_late(self, now: float) -> bool:
-        return self.receiver.is_late(now)
-
-    @property
-    def _last_tick(self) -> float:
-        return self.receiver.last_tick
-
-    @_last_tick.setter
-    def _last_tick(self, value: float) -> None:
-        self.receiver.last_tick = value
-
-    @property
-    def _progress_mark(self) -> tuple[float, int]:
-        return self.receiver.progress_mark
-
     async def _tick(self, now: float) -> None:
         live = self._live()
         if not live:
@@ -585,7 +515,7 @@ class Node:
                 self.receiver.lost(now)
                 self._upstream = []
                 self.metrics.source_switches += 1
-            if self.receiver.choice.ready(now) and not self._reconnecting:
+            if self.receiver.choice.ready(now) and not self.up.running:
                 await self._connect_round()
             self._carry(self.receiver.check_refusals())
             return
@@ -593,13 +523,7 @@ class Node:
         # process was paused is read first), not restarted: the first tick on time after a
         # pause (stall_s / 2 later) closes a stream that was already silent for the limit.
         if not self.receiver.is_late(now):
-            for s in live:
-                if s.stuck(now, SILENT_LIMIT_STALLS * self.config.stall_s):
-                    # Stuck, not slow: close it, which hands its slot back for the re-fetch.
-                    self._log.warning(
-                        "silent", "%s: an upstream stream is silent mid-frame; closing it", self.id
-                    )
-                    s.abort()
+            self.up.close_stuck(now, SILENT_LIMIT_STALLS * self.config.stall_s)
         live = [s for s in live if s.alive]
         arriving = any(s.reader is not None and s.reader.frame_since for s in live)
         self._carry(self.receiver.tick(now, connected=bool(live), arriving=arriving))

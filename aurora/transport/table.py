@@ -14,6 +14,7 @@ whole versions (:meth:`VersionTable.trim`). No I/O, no clock: ``now`` is passed 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from aurora.delta import Delta, Reassembler, Segment
@@ -50,6 +51,17 @@ class VersionState:
     @property
     def whole(self) -> bool:
         return self.delta is not None or self.published
+
+
+def is_whole(segments: Iterable[Segment]) -> bool:
+    """``segments`` is a sequence from segment 0 to the trailer: the delta exists whole."""
+    return (
+        isinstance(segments, Sequence)
+        and len(segments) > 0
+        and segments[0].seq == 0
+        and segments[-1].trailer
+        and segments[-1].seq == len(segments) - 1
+    )
 
 
 class VersionTable:

@@ -8,8 +8,9 @@ it is believed to come from the job) and tuned (socket buffers, congestion contr
 :class:`~aurora.transport.framing.FrameReader` whose callbacks the node wires to its receive
 machine: a segment's bytes go straight into the slot the machine gives. :func:`open_streams`
 makes them; :class:`Upstream` is one of them, which this node only ever sends small control
-frames on. Which source to connect to, and when to leave it, is the receive machine's
-(:class:`~aurora.transport.sources.SourceChoice`); this module knows nothing of versions.
+frames on; :class:`Connector` runs the rounds of connection attempts. Which source to connect to,
+and when to leave it, is the receive machine's (:class:`~aurora.transport.sources.SourceChoice`,
+asked through :class:`Chooser`); this module knows nothing of versions.
 
 Two per-connection judgments live here, on clocks the node reads: :meth:`Upstream.stuck` (in the
 middle of a frame and silent for a limit: close it, which hands its slot back for the re-fetch)
@@ -20,12 +21,18 @@ for what is missing now would have it sent twice).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from aurora.transport import wire
-from aurora.transport.config import TransportConfig
+from aurora.transport.config import RateLimitedLog, TransportConfig, one_line
 from aurora.transport.framing import FrameReader, SlotFn
+from aurora.transport.wire import ProtocolError
+
+log = logging.getLogger("aurora.transport")
 
 DELIVERING_S = 0.05
 """A connection that received a byte this recently (s) is still delivering (between two
@@ -63,6 +70,21 @@ class Upstream:
             self.reader.stop()
         if self.transport is not None:
             self.transport.abort()
+
+
+def announcement_in(kind: int, body: bytes) -> bytes:
+    """The signed bytes of the announcement a source's control frame carries (the only message
+    a source sends); ProtocolError for anything else."""
+    if kind != wire.CONTROL:
+        raise ProtocolError(f"unexpected frame type {kind} from the source")
+    msg = wire.parse_control(body)
+    op = msg["op"]
+    if op != "announce":
+        raise ProtocolError(f"unknown message {str(op)[:40]!r}")
+    signed = msg.get("a")
+    if not isinstance(signed, bytes):
+        raise ProtocolError("announce without the signed bytes")
+    return signed
 
 
 def delivering(up: Upstream, now: float) -> bool:
@@ -129,3 +151,123 @@ async def open_streams(
             s.abort()
         raise
     return streams
+
+
+class Chooser(Protocol):
+    """What a connection round asks the receive machine (:class:`~aurora.transport.receiver.
+    Receiver` is one)."""
+
+    def next_source(self) -> int | None: ...
+
+    def unreachable(self, source: int, reason: str, now: float) -> None: ...
+
+    def connected(self, source: int, now: float) -> None: ...
+
+    def subscription(self) -> dict[str, object]: ...
+
+
+class Connector:
+    """The connections of one node to its current source, and the rounds that make them: the
+    source the machine chooses, then the next, until one answers (it is sent the machine's
+    ``subscribe``). One round at a time; a round that :meth:`replace` overtakes (the Ledger
+    re-routed this node while it was connecting) drops what it reached and starts over on the
+    new list."""
+
+    def __init__(
+        self,
+        node_id: str,
+        config: TransportConfig,
+        machine: Chooser,
+        connect: Callable[[int, str, int], Awaitable[list[Upstream]]],
+        *,
+        log: RateLimitedLog,
+        sources: list[tuple[str, int]],
+    ) -> None:
+        self.id, self.config, self.machine, self.connect = node_id, config, machine, connect
+        self._log = log
+        self.sources = sources
+        self.streams: list[Upstream] = []
+        """The connections to the current source (some may have died since)."""
+        self.running = False
+        """A round is under way."""
+        self.gen = 0
+        """Bumped by :meth:`replace`: a round of an older generation keeps nothing."""
+
+    def live(self) -> list[Upstream]:
+        return [s for s in self.streams if s.alive]
+
+    def drop(self) -> None:
+        """Close every connection to the current source."""
+        for s in self.streams:
+            s.abort()
+        self.streams = []
+
+    def close_stuck(self, now: float, limit_s: float) -> None:
+        """Close every connection silent mid-frame for ``limit_s``: stuck, not slow (closing it
+        hands its slot back for the re-fetch)."""
+        for s in self.live():
+            if s.stuck(now, limit_s):
+                self._log.warning(
+                    "silent", "%s: an upstream stream is silent mid-frame; closing it", self.id
+                )
+                s.abort()
+
+    def replace(self, sources: list[tuple[str, int]]) -> None:
+        """A new list of sources: the current connections go."""
+        self.sources = sources
+        self.gen += 1
+        self.drop()
+
+    async def round(self) -> list[str]:
+        """Connect to the next usable source (then the ones after it) until one answers;
+        returns why each one tried failed."""
+        errors: list[str] = []
+        if self.running:
+            return errors
+        self.running = True
+        try:
+            while True:
+                gen = self.gen
+                await self._try_sources(gen, errors)
+                if gen == self.gen:
+                    return errors
+                self._log.warning("rerouted", "%s: re-routed while connecting", self.id)
+        finally:
+            self.running = False
+
+    async def _try_sources(self, gen: int, errors: list[str]) -> None:
+        """One pass over the sources of generation ``gen``; it returns early, keeping nothing,
+        once they have been replaced."""
+        for _ in range(len(self.sources)):
+            source = self.machine.next_source()
+            if source is None:
+                return
+            host, port = self.sources[source]
+            where = f"{host}:{port}"
+            try:
+                streams = await asyncio.wait_for(
+                    self.connect(source, host, port), self.config.connect_timeout_s
+                )
+            except (OSError, asyncio.IncompleteReadError, TimeoutError, ConnectionError) as exc:
+                if gen != self.gen:
+                    return  # ``source`` indexes the old list: nothing to record against it
+                reason = (
+                    f"no answer within {self.config.connect_timeout_s:g} s"
+                    if isinstance(exc, TimeoutError)
+                    else one_line(exc)
+                )
+                errors.append(f"{where}: {reason}")
+                self._log.warning(
+                    f"connect:{source}", "%s: cannot use %s: %s", self.id, where, reason
+                )
+                self.machine.unreachable(source, reason, time.monotonic())
+                continue
+            if gen != self.gen:
+                for up in streams:
+                    up.abort()
+                return
+            self.machine.connected(source, time.monotonic())
+            self.streams = streams
+            log.info("%s: subscribed to %s with %d streams", self.id, where, len(streams))
+            streams[0].send([wire.control(self.machine.subscription())])
+            return
