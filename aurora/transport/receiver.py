@@ -66,7 +66,7 @@ from aurora.transport.actions import (
     Switch,
 )
 from aurora.transport.arenas import ArenaPool
-from aurora.transport.config import UNANNOUNCED_FIRST, NodeMetrics, TransportConfig, one_line
+from aurora.transport.config import NodeMetrics, TransportConfig, one_line
 from aurora.transport.sources import SourceChoice
 from aurora.transport.table import VersionState, VersionTable
 
@@ -92,7 +92,7 @@ class Receiver:
         self.active = active
         """(version, weights hash) the weights run, the base deltas are checked against; None
         for a pure relay (it stages nothing)."""
-        self.table = VersionTable(node_id, config.cache_versions)
+        self.table = VersionTable(node_id, config, arenas)
         self.versions = self.table.versions
         """The table's versions (the same dict)."""
         self.staged: dict[int, Delta] = {}
@@ -132,28 +132,13 @@ class Receiver:
         return now - self.last_tick > 2 * self.config.stall_s
 
     def subscription(self) -> dict[str, object]:
-        """The ``subscribe`` request for a new source: from the oldest incomplete version on,
-        with what is held of each."""
-        open_ = {v: st for v, st in self.versions.items() if not st.whole and v not in self.refused}
-        have = [[v, sorted(st.segments)] for v, st in open_.items() if st.segments]
-        start = self.active[0] + 1 if self.active is not None else 0
-        done = [v for v, st in self.versions.items() if st.whole]
-        first = min(open_) if open_ else max([start, *(v + 1 for v in done)])
-        return {
-            "op": "subscribe",
-            "from": first,
-            "have": have,
-            "done": [v for v in done if v >= first],
-        }
+        """The ``subscribe`` request for a new source (:meth:`VersionTable.subscription`)."""
+        return self.table.subscription(self.refused, self.active)
 
     def missing(self, version: int) -> Fetch | None:
-        """What to ask for of ``version`` now that the source is idle (nothing when it is whole
-        or refused): everything not held, nor arriving."""
-        st = self.versions.get(version)
-        if st is None or st.whole or version in self.refused:
-            return None
-        receiving = st.reassembler.receiving() if st.reassembler is not None else set()
-        return Fetch(version, tuple(sorted(set(st.segments) | receiving)))
+        """What to ask for of ``version`` once the source is idle: everything not held, nor
+        arriving (None when it is whole or refused)."""
+        return self.table.missing(version, self.refused)
 
     # -- sources -----------------------------------------------------------------------------------
 
@@ -244,7 +229,7 @@ class Receiver:
         st.progress = now
         out: list[Action] = []
         self.table.learn(ann, signed, st)
-        self._drop_stray_provisional()
+        self.table.drop_stray_provisional(self.active[0] if self.active is not None else None)
         if st.reassembler is not None:
             try:
                 dropped = st.reassembler.expect(ann)
@@ -274,27 +259,6 @@ class Receiver:
             out.append(FetchWhenIdle(v))
         return tuple(out)
 
-    def _drop_stray_provisional(self) -> None:
-        """Unannounced data of any version but the one after the newest announced is dropped."""
-        keep = self._provisional_version()
-        for v, st in list(self.versions.items()):
-            if st.ann is None and st.reassembler is not None and v != keep:
-                del self.versions[v]
-
-    def _provisional_version(self) -> int | None:
-        """The one version whose segments are taken before its announcement (None: any one)."""
-        known = [v for v in (self.table.newest_announced,) if v is not None]
-        if self.active is not None:
-            known.append(self.active[0])
-        return max(known) + 1 if known else None
-
-    def _unannounced_budget(self) -> int:
-        if self.config.unannounced_bytes is not None:
-            return self.config.unannounced_bytes
-        if self.table.largest_announced == 0:
-            return UNANNOUNCED_FIRST
-        return min(self.config.max_delta_bytes, self.table.largest_announced * 5 // 4 + (1 << 20))
-
     # -- segments ----------------------------------------------------------------------------------
 
     def slot(
@@ -316,30 +280,9 @@ class Receiver:
         if st is not None and st.whole:
             return None, NONE
         if st is None or st.ann is None:
-            # Not announced yet: the one provisional version, within the budget, no trailer.
-            provisional = self._provisional_version()
-            if provisional is not None and version != provisional:
-                return None, NONE
-            if provisional is None and any(
-                s.ann is None and s.reassembler is not None and v != version
-                for v, s in self.versions.items()
-            ):
-                return None, NONE
-            if offset + length > self.config.max_delta_bytes:
-                return None, NONE
-            if st is None:
-                st = self.versions[version] = VersionState(progress=now)
-            if trailer:
-                st.missed = True
-                return None, NONE
-            if st.reassembler is None:
-                st.reassembler = Reassembler(
-                    key=key, arena=self.arenas.take(), budget=self._unannounced_budget()
-                )
-            view = st.reassembler.slot(key, seq, offset, length, trailer)
-            if view is None and key == st.reassembler.key and seq not in st.segments:
-                st.missed = True  # over the budget, most likely: fetch it once announced
-            return view, NONE
+            active = self.active[0] if self.active is not None else None
+            where = (version, key, seq, offset, length, trailer)
+            return self.table.unannounced_slot(*where, active=active, now=now), NONE
         if st.reassembler is None:  # the first wanted byte of an announced version
             st.reassembler = Reassembler(arena=self.arenas.take(), expected=st.ann)
         refuted = st.reassembler.refutes(key, seq, offset, length, trailer)

@@ -9,17 +9,25 @@ from through :meth:`VersionTable.cached`, :meth:`~VersionTable.serving` and
 :meth:`~VersionTable.held`. A source's own versions (the Trainer's) go in the same table
 (:meth:`VersionTable.own_segment`): it publishes announcements it is given, signed by the
 Trainer role, and signs nothing itself. A source or relay keeps the newest ``cache_versions``
-whole versions (:meth:`VersionTable.trim`). No I/O, no clock: ``now`` is passed in.
+whole versions (:meth:`VersionTable.trim`).
+
+Before a version's announcement only one version is taken - the one after the newest announced
+(or active) - and at most ``unannounced_bytes`` of it, no trailer
+(:meth:`VersionTable.unannounced_slot`); what was dropped for it is fetched the moment the
+announcement comes, and data of any other unannounced version is dropped. No I/O, no clock:
+``now`` is passed in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from aurora.delta import Delta, Reassembler, Segment
 from aurora.delta.announce import VersionAnnouncement
-from aurora.transport.actions import NONE, Action, Announce, Dropped, Forward
+from aurora.transport.actions import NONE, Action, Announce, Dropped, Fetch, Forward
+from aurora.transport.arenas import ArenaPool
+from aurora.transport.config import UNANNOUNCED_FIRST, TransportConfig
 
 
 @dataclass
@@ -67,9 +75,9 @@ def is_whole(segments: Iterable[Segment]) -> bool:
 class VersionTable:
     """Every version one node holds (see the module docstring)."""
 
-    def __init__(self, node_id: str, cache_versions: int) -> None:
-        self.id = node_id
-        self.cache_versions = cache_versions
+    def __init__(self, node_id: str, config: TransportConfig, arenas: ArenaPool) -> None:
+        self.id, self.config, self.arenas = node_id, config, arenas
+        self.cache_versions = config.cache_versions
         self.versions: dict[int, VersionState] = {}
         self.announcements: dict[int, VersionAnnouncement] = {}
         """Verified announcements by version (kept as long as the version is)."""
@@ -84,6 +92,97 @@ class VersionTable:
         self.largest_announced = max(self.largest_announced, ann.size)
         if self.newest_announced is None or ann.version > self.newest_announced:
             self.newest_announced = ann.version
+
+    # -- before the announcement ---------------------------------------------------------------
+
+    def provisional_version(self, active: int | None) -> int | None:
+        """The one version whose segments are taken before its announcement: the one after the
+        newest announced or active (None: any one, while neither is known)."""
+        known = [v for v in (self.newest_announced, active) if v is not None]
+        return max(known) + 1 if known else None
+
+    def drop_stray_provisional(self, active: int | None) -> None:
+        """Unannounced data of any version but the provisional one is dropped."""
+        keep = self.provisional_version(active)
+        for v, st in list(self.versions.items()):
+            if st.ann is None and st.reassembler is not None and v != keep:
+                del self.versions[v]
+
+    def unannounced_budget(self) -> int:
+        """Bytes of the provisional version taken (``unannounced_bytes``; by default 1.25 x the
+        largest delta announced + 1 MiB, ``UNANNOUNCED_FIRST`` before any)."""
+        if self.config.unannounced_bytes is not None:
+            return self.config.unannounced_bytes
+        if self.largest_announced == 0:
+            return UNANNOUNCED_FIRST
+        return min(self.config.max_delta_bytes, self.largest_announced * 5 // 4 + (1 << 20))
+
+    def unannounced_slot(
+        self,
+        version: int,
+        key: str,
+        seq: int,
+        offset: int,
+        length: int,
+        trailer: bool,
+        *,
+        active: int | None,
+        now: float,
+    ) -> memoryview | None:
+        """Where a segment of a version not announced yet goes: only the provisional version,
+        within the budget, no trailer (what is dropped for it is noted: fetched once announced)."""
+        provisional = self.provisional_version(active)
+        if provisional is not None and version != provisional:
+            return None
+        if provisional is None and any(
+            s.ann is None and s.reassembler is not None and v != version
+            for v, s in self.versions.items()
+        ):
+            return None
+        if offset + length > self.config.max_delta_bytes:
+            return None
+        st = self.versions.get(version)
+        if st is None:
+            st = self.versions[version] = VersionState(progress=now)
+        if trailer:
+            st.missed = True
+            return None
+        if st.reassembler is None:
+            st.reassembler = Reassembler(
+                key=key, arena=self.arenas.take(), budget=self.unannounced_budget()
+            )
+        view = st.reassembler.slot(key, seq, offset, length, trailer)
+        if view is None and key == st.reassembler.key and seq not in st.segments:
+            st.missed = True  # over the budget, most likely: fetch it once announced
+        return view
+
+    # -- what to ask a source for ----------------------------------------------------------------
+
+    def subscription(
+        self, refused: Container[int], active: tuple[int, str] | None
+    ) -> dict[str, object]:
+        """The ``subscribe`` request for a new source: from the oldest incomplete version on,
+        with what is held of each."""
+        open_ = {v: st for v, st in self.versions.items() if not st.whole and v not in refused}
+        have = [[v, sorted(st.segments)] for v, st in open_.items() if st.segments]
+        start = active[0] + 1 if active is not None else 0
+        done = [v for v, st in self.versions.items() if st.whole]
+        first = min(open_) if open_ else max([start, *(v + 1 for v in done)])
+        return {
+            "op": "subscribe",
+            "from": first,
+            "have": have,
+            "done": [v for v in done if v >= first],
+        }
+
+    def missing(self, version: int, refused: Container[int]) -> Fetch | None:
+        """What to ask for of ``version`` now that the source is idle (nothing when it is whole
+        or refused): everything not held, nor arriving."""
+        st = self.versions.get(version)
+        if st is None or st.whole or version in refused:
+            return None
+        receiving = st.reassembler.receiving() if st.reassembler is not None else set()
+        return Fetch(version, tuple(sorted(set(st.segments) | receiving)))
 
     # -- what a server serves ------------------------------------------------------------------
 
