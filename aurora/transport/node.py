@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 
 from aurora.delta import Delta, Segment
 from aurora.delta.announce import AnnouncementError, VersionAnnouncement
@@ -70,7 +70,7 @@ from aurora.transport.config import (
 )
 from aurora.transport.receiver import Receiver
 from aurora.transport.server import Server
-from aurora.transport.table import VersionState, is_whole
+from aurora.transport.table import VersionState
 from aurora.transport.upstream import (
     DELIVERING_S,
     Connector,
@@ -138,7 +138,14 @@ class Node:
             now=time.monotonic(),
             fallback=fallback is not None,
         )
-        self.server = Server(node_id, config, self, metrics=self.metrics, log=self._log)
+        self.server = Server(
+            node_id,
+            config,
+            self.receiver.table,
+            cached=lambda version, seq: self._cached(version, seq),
+            metrics=self.metrics,
+            log=self._log,
+        )
         self.up = Connector(
             node_id,
             config,
@@ -197,18 +204,9 @@ class Node:
         """Segments refused as corrupt or refuted (a counter for tests and logs)."""
         return self.metrics.refused["segment"]
 
-    # The catalog the server serves from (aurora.transport.server.Catalog).
-    def cached(self, version: int, seq: int) -> Segment | None:
-        return self._cached(version, seq)
-
     def _cached(self, version: int, seq: int) -> Segment | None:
+        """What the server sends for a queued (version, seq): fault injection overrides it."""
         return self.receiver.table.cached(version, seq)
-
-    def serving(self, version: int) -> tuple[bytes | None, list[int]] | None:
-        return self.receiver.table.serving(version)
-
-    def held(self) -> list[int]:
-        return self.receiver.table.held()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -365,29 +363,8 @@ class Node:
         or the Checkpoint Store kept it) is verified and sent first; it must come no later than
         the trailer. Given with a whole delta (a sequence from segment 0 to the trailer), the
         trailer goes first, so every hop verifies each segment on arrival."""
-        table = self.receiver.table
-        now = time.monotonic()
-        if announcement is not None:
-            ann = self.receiver.verify(announcement)
-            if ann.version != version:
-                raise ValueError(f"publish v{version} with the announcement of v{ann.version}")
-            self._carry(table.own_announcement(ann, bytes(announcement), now))
-        whole = is_whole(segments)
-        st = self.versions.get(version)
-        if whole and (st is None or st.signed is None):
-            raise ValueError(
-                f"node {self.id}: publishing D_{version} needs its signed announcement (the "
-                "Trainer role signs: aurora.runtime.publisher)"
-            )
-        if whole:
-            assert isinstance(segments, Sequence)
-            segments = [segments[-1], *segments[:-1]]  # the trailer first
-        for seg in segments:
-            self._carry(table.own_segment(version, seg, now))
-            await asyncio.sleep(0)  # let the writers run while the producer works
-        signed, actions = table.own_done(version)
-        self._carry(actions)
-        return signed
+        ann = None if announcement is None else self.receiver.verify(announcement)
+        return await self.server.publish(self.receiver.table, version, segments, ann, announcement)
 
     def segment(self, version: int, seq: int) -> Segment | None:
         """Segment ``seq`` of ``version`` as this node holds it (None if it does not)."""

@@ -2,24 +2,22 @@
 
 Theory of operation
 -------------------
-:class:`Receiver` holds what a node knows about each version (:class:`VersionState`): the
-Trainer's verified announcement, the :class:`~aurora.delta.Reassembler` its bytes land in, the
-verified segments (served on to subscribers), the whole delta. The node's shell
+:class:`Receiver` holds the node's version table (:mod:`aurora.transport.table`: announcement,
+reassembler, verified segments, whole delta per version), what is staged and refused, and the
+source choice (:class:`~aurora.transport.sources.SourceChoice`). The node's shell
 (:mod:`aurora.transport.node`) feeds it events - an announcement, the header of an arriving
 segment (:meth:`Receiver.slot`), a verified segment, a watchdog tick, a connection made or lost -
 and carries out the actions it returns (:class:`Fetch`, :class:`Switch`, :class:`Staged`, ...).
 Nothing here does I/O or reads a clock: every event that needs the time carries ``now``
 (monotonic s), so every rule below is tested with exact action traces (``tests/test_receiver.
-py``). Which source comes next is :class:`~aurora.transport.sources.SourceChoice`, held here.
+py``).
 
 * **Trust.** Only an announcement that verifies under the job's key is believed
   (:meth:`Receiver.verify`); from then on only segments on its grid are taken for that version
   (expected key, not first key) and the version is whole only if it hashes to the announced id.
-* **Before the announcement** segments of one version only are taken - the one after the newest
-  announced (or active) - and at most ``unannounced_bytes`` of them (by default 1.25 x the largest
-  delta announced so far + 1 MiB, ``UNANNOUNCED_FIRST`` before any), no trailer. What was dropped
-  for it is fetched the moment the announcement comes; what the announcement does not describe
-  is dropped.
+* **Before the announcement** one version only is taken, within a budget, no trailer
+  (:meth:`~aurora.transport.table.VersionTable.unannounced_slot`); what was dropped for it is
+  fetched the moment the announcement comes, and what the announcement does not describe dropped.
 * **Blame and switch.** A source that sends what the announcement refutes is not used again for
   that version and, if it is the current one, is left (:class:`Switch`). So is one that makes no
   verified progress (fewer than ``min_rate_bytes_s`` x ``progress_s`` wanted bytes over
@@ -36,10 +34,9 @@ py``). Which source comes next is :class:`~aurora.transport.sources.SourceChoice
 * **Bounded.** A relay (no weights) keeps the newest ``cache_versions`` whole versions
   (:class:`Dropped` names those that left); an Actor what it has not activated.
 
-A source's own versions (the Trainer's, :meth:`Receiver.own_segment`) live in the same table,
-so one catalog serves subscribers. An illegal event (a conflicting own announcement, a catch-up
-backwards, a trailer published before the version is announced) raises ``ValueError`` and
-changes nothing.
+A source's own versions live in the same table, so one catalog serves subscribers. An illegal
+event (a catch-up backwards here; a conflicting own announcement or a trailer published before
+its announcement in the table) raises ``ValueError`` and changes nothing.
 """
 
 from __future__ import annotations

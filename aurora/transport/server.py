@@ -31,12 +31,15 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aurora.delta import Segment
+from aurora.delta.announce import VersionAnnouncement
 from aurora.transport import wire
+from aurora.transport.actions import Action, Announce, Dropped, Forward
 from aurora.transport.config import (
     MAX_LIST,
     OWN_LIMIT,
@@ -46,17 +49,15 @@ from aurora.transport.config import (
     TransportConfig,
     one_line,
 )
+from aurora.transport.table import VersionTable, is_whole
 from aurora.transport.wire import AuthError, ProtocolError
 
 log = logging.getLogger("aurora.transport")
 
 
 class Catalog(Protocol):
-    """What a server serves from (the node's versions)."""
-
-    def cached(self, version: int, seq: int) -> Segment | None:
-        """Segment ``seq`` of ``version`` if held, else None (resolved when a stream takes it)."""
-        ...
+    """What a server serves from (the node's versions: :class:`~aurora.transport.table.
+    VersionTable` is one)."""
 
     def serving(self, version: int) -> tuple[bytes | None, list[int]] | None:
         """(signed announcement or None, held seqs in serving order: the trailer first) of
@@ -94,7 +95,7 @@ class Stream:
                 if self.own:
                     pieces = self.own.popleft()
                 else:
-                    taken = self.sub.take(self.server.catalog)
+                    taken = self.sub.take(self.server.cached)
                     if taken is None:
                         self.wake.clear()
                         await self.wake.wait()
@@ -174,13 +175,13 @@ class Subscriber:
         for s in self.live():
             s.wake.set()
 
-    def take(self, catalog: Catalog) -> tuple[int, list[bytes]] | None:
+    def take(self, cached: Callable[[int, int], Segment | None]) -> tuple[int, list[bytes]] | None:
         """The version and frame of the next queued segment still cached (skipping any that is
         not)."""
         while self.pending:
             version, seq = next(iter(self.pending))
             del self.pending[(version, seq)]
-            seg = catalog.cached(version, seq)
+            seg = cached(version, seq)
             if seg is not None:
                 return version, wire.segment_frame(version, seg)
         return None
@@ -203,12 +204,15 @@ class Server:
         config: TransportConfig,
         catalog: Catalog,
         *,
+        cached: Callable[[int, int], Segment | None],
         metrics: NodeMetrics,
         log: RateLimitedLog,
     ) -> None:
         self.id = node_id
         self.config = config
         self.catalog = catalog
+        self.cached = cached
+        """Segment ``seq`` of ``version`` if held, else None (resolved when a stream takes it)."""
         self.metrics = metrics
         self._log = log
         self.subscribers: dict[tuple[str, bytes], Subscriber] = {}
@@ -269,6 +273,49 @@ class Server:
                         f"it still had v{v} queued when v{v} left the cache "
                         f"({self.config.cache_versions} versions)",
                     )
+
+    async def publish(
+        self,
+        table: VersionTable,
+        version: int,
+        segments: Iterable[Segment],
+        ann: VersionAnnouncement | None,
+        signed: bytes | None,
+    ) -> bytes | None:
+        """Serve this node's own ``D_version`` segment by segment as it is produced, in one call
+        or several, under ``ann`` (verified, its ``signed`` bytes sent first; it must come no
+        later than the trailer); returns the signed bytes once every segment is published. A
+        whole delta (a sequence from segment 0 to the trailer) is served trailer first, so every
+        hop verifies each segment on arrival."""
+        now = time.monotonic()
+        if ann is not None and signed is not None:
+            if ann.version != version:
+                raise ValueError(f"publish v{version} with the announcement of v{ann.version}")
+            self._carry(table.own_announcement(ann, bytes(signed), now))
+        if is_whole(segments):
+            st = table.versions.get(version)
+            if st is None or st.signed is None:
+                raise ValueError(
+                    f"node {self.id}: publishing D_{version} needs its signed announcement (the "
+                    "Trainer role signs: aurora.runtime.publisher)"
+                )
+            assert isinstance(segments, Sequence)
+            segments = [segments[-1], *segments[:-1]]  # the trailer first
+        for seg in segments:
+            self._carry(table.own_segment(version, seg, now))
+            await asyncio.sleep(0)  # let the writers run while the producer works
+        out, actions = table.own_done(version)
+        self._carry(actions)
+        return out
+
+    def _carry(self, actions: Iterable[Action]) -> None:
+        for a in actions:
+            if isinstance(a, Forward):
+                self.queue(a.version, a.seqs)
+            elif isinstance(a, Announce):
+                self.announce(a.signed)
+            elif isinstance(a, Dropped):
+                self.forget(a.versions)
 
     # -- connections -------------------------------------------------------------------------------
 
@@ -437,8 +484,3 @@ def _ints(value: object, what: str) -> list[int]:
     if not isinstance(value, list | tuple) or len(value) > MAX_LIST:
         raise ProtocolError(f"{what} must be a list of at most {MAX_LIST} integers")
     return [_int(x, what) for x in value]
-
-
-parse_int: Callable[[object, str], int] = _int
-"""A non-negative integer field of a control message, or ProtocolError (the upstream side
-parses its sources' messages with the same rule)."""
