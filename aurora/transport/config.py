@@ -84,7 +84,7 @@ class TransportConfig:
     cache_versions: int = 8
     """Versions a source or relay keeps in memory to serve late subscribers and re-fetches; older
     ones are dropped (catch-up further back comes from the Checkpoint Store). An Actor keeps what
-    it has not yet activated (:meth:`Node.activate`)."""
+    it has not yet activated (:meth:`Node.set_active`)."""
     prefault_bytes: int = 0
     """Receive memory committed when the node is made, before the first delta (bytes): set it to
     the expected delta size so that the first one, too, arrives into committed pages."""
