@@ -1076,8 +1076,8 @@ def test_an_announcement_from_elsewhere_fetches_once_the_source_is_idle_and_not_
         s = SEGS[2]
         st.reassembler.slot(s.key, s.seq, s.offset, len(s.data), False)  # arriving now
         asked: list = []
-        real = actor._fetch_msg
-        actor._fetch_msg = lambda fetch: (
+        real = actor.up.fetch_msg
+        actor.up.fetch_msg = lambda fetch: (
             asked.append((fetch.version, set(fetch.have))),
             real(fetch),
         )[1]
@@ -1089,7 +1089,7 @@ def test_an_announcement_from_elsewhere_fetches_once_the_source_is_idle_and_not_
         for up in actor._live():
             up.reader.frame_since = None
             up.reader.last_byte = time.monotonic() - 1.0
-        actor._fetch_when_idle(1)  # what the pending re-check does once the source is quiet
+        actor.up.fetch_when_idle(1)  # what the pending re-check does once the source is quiet
         idle = asked[-1]
         await close(actor, trainer)
         return while_pushing, idle

@@ -43,22 +43,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from aurora.delta import Delta, Segment
 from aurora.delta.announce import AnnouncementError, VersionAnnouncement
-from aurora.transport import wire
-from aurora.transport.actions import (
-    Action,
-    Announce,
-    Blame,
-    Complete,
-    Dropped,
-    Fallback,
-    Fetch,
-    FetchWhenIdle,
-    Forward,
-    Note,
-    Refused,
-    Staged,
-    Switch,
-)
+from aurora.transport import actions as act
 from aurora.transport.arenas import ArenaPool
 from aurora.transport.config import (
     SILENT_LIMIT_STALLS,
@@ -71,14 +56,7 @@ from aurora.transport.config import (
 from aurora.transport.receiver import Receiver
 from aurora.transport.server import Server
 from aurora.transport.table import VersionState
-from aurora.transport.upstream import (
-    DELIVERING_S,
-    Connector,
-    Upstream,
-    announcement_in,
-    delivering,
-    open_streams,
-)
+from aurora.transport.upstream import Connector, Upstream, announcement_in, open_streams
 from aurora.transport.wire import ProtocolError
 
 log = logging.getLogger("aurora.transport")
@@ -255,23 +233,21 @@ class Node:
 
     # -- carrying out the machine's actions ------------------------------------------------------
 
-    def _carry(self, actions: Iterable[Action]) -> None:
+    def _carry(self, actions: Iterable[act.Action]) -> None:
         any_ = False
         for a in actions:
             any_ = True
-            if isinstance(a, Forward):
+            if isinstance(a, act.Forward):
                 self.server.queue(a.version, a.seqs)
-            elif isinstance(a, Fetch):
-                live = self._live()
-                if live:
-                    live[0].send([self._fetch_msg(a)])
-            elif isinstance(a, FetchWhenIdle):
-                self._fetch_when_idle(a.version)
-            elif isinstance(a, Announce):
+            elif isinstance(a, act.Fetch):
+                self.up.fetch(a)
+            elif isinstance(a, act.FetchWhenIdle):
+                self.up.fetch_when_idle(a.version)
+            elif isinstance(a, act.Announce):
                 self.server.announce(a.signed)
-            elif isinstance(a, Switch):
+            elif isinstance(a, act.Switch):
                 self._leave(a.source, a.why)
-            elif isinstance(a, Blame):
+            elif isinstance(a, act.Blame):
                 self._log.warning(
                     f"blame:{a.source}:{a.version}",
                     "%s: %s sent %s for v%d; not using it again for that version",
@@ -280,22 +256,22 @@ class Node:
                     a.what,
                     a.version,
                 )
-            elif isinstance(a, Complete):
+            elif isinstance(a, act.Complete):
                 self.metrics.hop(a.version, "in_last")
-            elif isinstance(a, Staged):
+            elif isinstance(a, act.Staged):
                 self.metrics.hop(a.delta.version, "staged")
                 if self.on_staged is not None:
                     self._call_back("on_staged", self.on_staged, a.delta, a.ann)
-            elif isinstance(a, Refused):
+            elif isinstance(a, act.Refused):
                 r = a.reason
                 log.warning("%s: %s", self.id, r if r.startswith("D_") else f"D_{a.version}: {r}")
                 if self.on_refused is not None:
                     self._call_back("on_refused", self.on_refused, a.version, a.reason)
-            elif isinstance(a, Fallback):
+            elif isinstance(a, act.Fallback):
                 self._spawn(self._from_fallback(a.version, a.reason))
-            elif isinstance(a, Dropped):
+            elif isinstance(a, act.Dropped):
                 self.server.forget(a.versions)
-            elif isinstance(a, Note):
+            elif isinstance(a, act.Note):
                 if a.info:
                     log.info("%s: %s", self.id, a.message)
                 else:
@@ -319,21 +295,6 @@ class Node:
                 type(exc).__name__,
                 one_line(exc),
             )
-
-    def _fetch_msg(self, fetch: Fetch) -> bytes:
-        return wire.control({"op": "fetch", "version": fetch.version, "have": list(fetch.have)})
-
-    def _fetch_when_idle(self, v: int) -> None:
-        live = self._live()
-        if not live or self.receiver.missing(v) is None:
-            return
-        now = time.monotonic()
-        if any(delivering(u, now) for u in live if u.source == live[0].source):
-            asyncio.get_running_loop().call_later(DELIVERING_S, self._fetch_when_idle, v)
-            return
-        fetch = self.receiver.missing(v)
-        assert fetch is not None
-        live[0].send([self._fetch_msg(fetch)])
 
     # -- announcements and publishing ----------------------------------------------------------
 

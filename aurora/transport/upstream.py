@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from aurora.transport import wire
+from aurora.transport.actions import Fetch
 from aurora.transport.config import RateLimitedLog, TransportConfig, one_line
 from aurora.transport.framing import FrameReader, SlotFn
 from aurora.transport.wire import ProtocolError
@@ -165,6 +166,8 @@ class Chooser(Protocol):
 
     def subscription(self) -> dict[str, object]: ...
 
+    def missing(self, version: int) -> Fetch | None: ...
+
 
 class Connector:
     """The connections of one node to its current source, and the rounds that make them: the
@@ -201,6 +204,30 @@ class Connector:
         for s in self.streams:
             s.abort()
         self.streams = []
+
+    def fetch(self, fetch: Fetch) -> None:
+        """Ask the current source for what ``fetch`` does not hold (nothing without one)."""
+        live = self.live()
+        if live:
+            live[0].send([self.fetch_msg(fetch)])
+
+    def fetch_msg(self, fetch: Fetch) -> bytes:
+        return wire.control({"op": "fetch", "version": fetch.version, "have": list(fetch.have)})
+
+    def fetch_when_idle(self, version: int) -> None:
+        """Ask for what is missing of ``version`` once the current source is not sending
+        (asking while it pushes would have it sent twice): looked at again every
+        ``DELIVERING_S``."""
+        live = self.live()
+        if not live or self.machine.missing(version) is None:
+            return
+        now = time.monotonic()
+        if any(delivering(u, now) for u in live if u.source == live[0].source):
+            asyncio.get_running_loop().call_later(DELIVERING_S, self.fetch_when_idle, version)
+            return
+        fetch = self.machine.missing(version)
+        assert fetch is not None
+        live[0].send([self.fetch_msg(fetch)])
 
     def close_stuck(self, now: float, limit_s: float) -> None:
         """Close every connection silent mid-frame for ``limit_s``: stuck, not slow (closing it
