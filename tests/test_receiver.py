@@ -165,6 +165,21 @@ def test_a_source_refuted_by_every_source_goes_to_the_fallback_then_is_refused()
     assert 1 in rx.refused and rx.metrics.refused["version"] == 1
 
 
+def test_a_corrupt_segment_from_the_only_source_refuses_the_version_and_raises_nothing():
+    rx = _rx(sources=["relay:1"])
+    rx.connected(0, now=0.0)
+    _announce(rx, 1, via=0)
+    seg = D1[1]
+    view, _ = rx.slot(0, 1, seg.key, seg.seq, seg.offset, len(seg.data), False, 1.0)
+    view[:] = bytes(len(seg.data))  # not the bytes its checksum names
+    got = Segment(seg.key, seg.seq, seg.offset, view, seg.checksum, False)
+    acts = rx.segment(0, 1, got, 1.0)
+    assert [type(a) for a in acts] == [Blame, Switch, Refused]
+    assert acts[2].reason.startswith("no source can complete it: relay:1 sent segment 1")
+    assert rx.versions[1].reassembler is None and rx.versions[1].segments == {}
+    assert _deliver(rx, 1, D1[2], now=1.1) == ()  # a refused version takes nothing more
+
+
 def test_the_progress_rule_leaves_a_source_that_delivers_nothing_after_progress_s():
     rx = _rx()
     rx.connected(0, now=0.0)

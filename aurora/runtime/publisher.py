@@ -52,7 +52,8 @@ class TrainerNode(Node):
     ) -> bytes | None:
         """:meth:`aurora.transport.Node.publish`, signing the announcement when none is given:
         before any segment when ``segments`` is the whole delta, else when the trailer comes."""
-        if announcement is not None:
+        st = self.versions.get(version)
+        if announcement is not None or (st is not None and st.signed is not None):
             return await super().publish(version, segments, announcement=announcement)
         if is_whole(segments):
             assert isinstance(segments, Sequence)

@@ -313,8 +313,8 @@ class Receiver:
                 return tuple(out)
             complete = ra.complete  # the trailer is in; it refuted segments others sent
         out += self._refuted_by_trailer(version, st, now)
-        if not ra.holds(seg.seq, trailer=seg.trailer):
-            return tuple(out)
+        if st.reassembler is not ra or not ra.holds(seg.seq, trailer=seg.trailer):
+            return tuple(out)  # refused meanwhile, or not this segment: nothing to keep
         st.segments[seg.seq] = seg
         st.origin[seg.seq] = source
         st.progress = now
@@ -343,7 +343,8 @@ class Receiver:
 
     def _refuted_by_trailer(self, version: int, st: VersionState, now: float) -> list[Action]:
         """Segments the trailer just refuted: drop them, blame whoever sent them."""
-        assert st.reassembler is not None
+        if st.reassembler is None:
+            return []  # refused meanwhile (its last source was just blamed): nothing to refute
         refuted = st.reassembler.take_refuted()
         out: list[Action] = []
         for seq in refuted:
