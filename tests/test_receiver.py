@@ -303,3 +303,108 @@ def test_a_relay_keeps_the_newest_cache_versions_whole_and_names_those_that_left
         signed, acts = rx.table.own_done(v)
         assert signed == SIGNED[v]
     assert acts == (Dropped((1,)),) and rx.table.held() == [2]
+
+
+def _on_time(start: float, end: float) -> list[float]:
+    """Watchdog ticks every stall_s / 2 (0.25 s) after ``start``, up to ``end``."""
+    n = round((end - start) / 0.25)
+    return [start + 0.25 * i for i in range(1, n + 1)]
+
+
+def test_a_source_left_for_no_progress_attempts_times_is_refused_naming_its_tries():
+    config = TransportConfig(
+        secret=b"s" * 16, job=JOB, public_key=public_key_of(KEY), attempts=2, progress_s=1.0
+    )
+    rx = _rx(config=config, sources=["relay:1"])
+    rx.connected(0, now=0.0)
+    _announce(rx, 1, via=0)
+    switches, refusals = [], []
+    for start in (0.0, 1.0):
+        if start:
+            rx.connected(0, now=start)  # the reconnection the switch asked for
+        for now in _on_time(start, start + 1.0):
+            switches += rx.tick(now, connected=True, arriving=True)
+        refusals.append(rx.check_refusals())  # as the shell does after each reconnection
+    why = "0 wanted bytes in 1.0 s while v1 is incomplete (slower than 65536 B/s)"
+    assert switches == [Switch(0, why), Switch(0, why)]
+    reason = f"no source can complete it: relay:1 failed 2 tries (last: {why})"
+    assert refusals == [(), (Refused(1, reason),)] and rx.refused == {1: reason}
+
+
+def test_leaving_a_source_before_anything_verified_backs_off_the_next_round():
+    rx = _rx(sources=["trainer:2"])  # backoff_s 0.5, doubled per failed round
+    for at, delay in ((0.0, 0.5), (1.0, 1.0), (3.0, 2.0)):
+        rx.connected(0, now=at)
+        assert rx.switch("it sent an announcement that does not verify", at) == (
+            Switch(0, "it sent an announcement that does not verify"),
+        )
+        assert not rx.choice.ready(at + delay - 0.01) and rx.choice.ready(at + delay)
+    rx.connected(0, now=6.0)
+    _announce(rx, 1, via=0, now=6.0)
+    _deliver(rx, 1, D1[-1], now=6.1)  # verified bytes: the backoff starts again from zero
+    assert rx.choice.delay() == 0.0
+
+
+def test_segments_over_the_unannounced_budget_are_fetched_once_it_is_announced():
+    config = TransportConfig(
+        secret=b"s" * 16, job=JOB, public_key=public_key_of(KEY), unannounced_bytes=4096
+    )
+    rx = _rx(config=config)
+    rx.connected(0, now=0.0)
+    assert _deliver(rx, 1, D1[0]) == (Forward(1, (0,)),)
+    assert _deliver(rx, 1, D1[1]) == ()  # one page is the budget: dropped, noted
+    assert _announce(rx, 1, via=0) == (Announce(SIGNED[1]), Fetch(1, (0,)))
+
+
+def test_a_refused_version_asked_for_again_forgets_its_history_and_is_fetched():
+    rx = _rx(sources=["relay:1"])
+    rx.connected(0, now=0.0)
+    _announce(rx, 1, via=0)
+    seg = D2[1]
+    rx.slot(0, 1, seg.key, seg.seq, seg.offset, len(seg.data), False, 1.0)
+    assert 1 in rx.refused
+    rx.connected(0, now=2.0)
+    assert rx.request(1, 1, now=2.0) == (Fetch(1, ()),)
+    assert 1 not in rx.refused and rx.choice.usable(1, 0) and rx.versions[1].ann is not None
+
+
+def test_a_whole_file_is_checked_against_its_announcement_then_served_and_staged():
+    rx = _rx()
+    _announce(rx, 1, via=None)
+    forged = b"".join(bytes(s.data) for s in OTHER_D1)
+    with pytest.raises(Exception, match="id"):
+        rx.add_file(forged, now=1.0)
+    assert rx.versions[1].delta is None and rx.staged == {}
+    delta, acts = rx.add_file(b"".join(bytes(s.data) for s in D1), now=1.0)
+    order = tuple(s.seq for s in _trailer_first(D1))
+    assert acts == (Announce(SIGNED[1]), Forward(1, order), Staged(delta, rx.announcements[1]))
+
+
+def test_a_stream_silent_mid_frame_for_the_limit_is_closed_and_a_slow_one_is_not():
+    from aurora.transport import wire
+    from aurora.transport.config import RateLimitedLog
+    from aurora.transport.upstream import Connector, Upstream
+
+    class Reader:
+        closed = False
+
+        def __init__(self, frame_since, last_byte):
+            self.frame_since, self.last_byte = frame_since, last_byte
+
+        def stop(self):
+            self.closed = True
+
+    def up(frame_since, last_byte):
+        u = Upstream(0, "relay:1", wire.TokenBucket(64.0, 256))
+        u.reader = Reader(frame_since, last_byte)
+        return u
+
+    limit = 10 * CFG.stall_s
+    c = Connector("ca-0", CFG, _rx(), None, log=RateLimitedLog(), sources=[("relay", 1)])
+    silent, slow, idle = up(0.0, 0.0), up(0.0, limit - 0.1), up(None, 0.0)
+    c.streams = [silent, slow, idle]
+    c.close_stuck(limit - 0.01, limit)
+    assert not (silent.aborted or slow.aborted or idle.aborted)
+    c.close_stuck(limit, limit)
+    assert silent.aborted and not slow.aborted and not idle.aborted  # between frames: not stuck
+    assert c.live() == [slow, idle]
