@@ -7,7 +7,8 @@ reassembler, verified segments, whole delta per version), what is staged and ref
 source choice (:class:`~aurora.transport.sources.SourceChoice`). The node's shell
 (:mod:`aurora.transport.node`) feeds it events - an announcement, the header of an arriving
 segment (:meth:`Receiver.slot`), a verified segment, a watchdog tick, a connection made or lost -
-and carries out the actions it returns (:class:`Fetch`, :class:`Switch`, :class:`Staged`, ...).
+and carries out the actions it returns (:mod:`aurora.transport.actions`: ``Fetch``, ``Switch``,
+``Staged``, ...).
 Nothing here does I/O or reads a clock: every event that needs the time carries ``now``
 (monotonic s), so every rule below is tested with exact action traces (``tests/test_receiver.
 py``).
@@ -19,12 +20,12 @@ py``).
   (:meth:`~aurora.transport.table.VersionTable.unannounced_slot`); what was dropped for it is
   fetched the moment the announcement comes, and what the announcement does not describe dropped.
 * **Blame and switch.** A source that sends what the announcement refutes is not used again for
-  that version and, if it is the current one, is left (:class:`Switch`). So is one that makes no
+  that version and, if it is the current one, is left (``Switch``). So is one that makes no
   verified progress (fewer than ``min_rate_bytes_s`` x ``progress_s`` wanted bytes over
   ``progress_s``) while an announced version is incomplete. When no source is left for a version
-  it goes to the fallback once (:class:`Fallback`), then is refused (:class:`Refused`).
+  it goes to the fallback once (``Fallback``), then is refused (``Refused``).
 * **Stall.** No progress on an incomplete version for ``stall_s`` while no segment is arriving:
-  :class:`Fetch` what is missing. A tick that comes late (more than 2 x ``stall_s`` after the
+  ``Fetch`` what is missing. A tick that comes late (more than 2 x ``stall_s`` after the
   last: the process was paused) judges no source: the progress window starts again (and the
   node's stuck-connection rule waits for the next tick).
 * **Staging** (a node with weights: ``active`` set) asks
@@ -32,7 +33,7 @@ py``).
   one place that knows what the data plane has staged (:attr:`Receiver.staged`); the Actor tells
   it what its weights run (:meth:`Receiver.set_active`), which releases everything up to it.
 * **Bounded.** A relay (no weights) keeps the newest ``cache_versions`` whole versions
-  (:class:`Dropped` names those that left); an Actor what it has not activated.
+  (``Dropped`` names those that left); an Actor what it has not activated.
 
 A source's own versions live in the same table, so one catalog serves subscribers. An illegal
 event (a catch-up backwards here; a conflicting own announcement or a trailer published before
@@ -47,21 +48,8 @@ from aurora.delta.announce import verify as verify_signed
 from aurora.delta.errors import DeltaError
 from aurora.delta.reader import parse_header, read_delta, segments_of
 from aurora.policy.staging import Verdict, judge_staging
-from aurora.transport.actions import (
-    NONE,
-    Action,
-    Announce,
-    Blame,
-    Complete,
-    Fallback,
-    Fetch,
-    FetchWhenIdle,
-    Forward,
-    Note,
-    Refused,
-    Staged,
-    Switch,
-)
+from aurora.transport import actions as act
+from aurora.transport.actions import NONE, Action
 from aurora.transport.arenas import ArenaPool
 from aurora.transport.config import NodeMetrics, TransportConfig, one_line
 from aurora.transport.sources import SourceChoice
@@ -132,7 +120,7 @@ class Receiver:
         """The ``subscribe`` request for a new source (:meth:`VersionTable.subscription`)."""
         return self.table.subscription(self.refused, self.active)
 
-    def missing(self, version: int) -> Fetch | None:
+    def missing(self, version: int) -> act.Fetch | None:
         """What to ask for of ``version`` once the source is idle: everything not held, nor
         arriving (None when it is whole or refused)."""
         return self.table.missing(version, self.refused)
@@ -162,7 +150,7 @@ class Receiver:
             return NONE
         source, self.current = self.current, None
         self.choice.left(source, self.waiting(), why, now=now)
-        return (Switch(source, why),)
+        return (act.Switch(source, why),)
 
     def lost(self, now: float) -> bool:
         """Every connection to the current source is gone; True if there was one."""
@@ -206,7 +194,7 @@ class Receiver:
                 return NONE
             self.metrics.refused["announcement"] += 1
             return (
-                Note(
+                act.Note(
                     f"conflict:{v}",
                     f"a second, different announcement of D_{v} (id {ann.delta_id[:12]}.., first "
                     f"{st.ann.delta_id[:12]}..) is ignored: the Trainer signed two deltas for one "
@@ -232,7 +220,7 @@ class Receiver:
                 dropped = st.reassembler.expect(ann)
             except DeltaError as exc:
                 why = f"dropping what arrived for v{v} before its announcement: {one_line(exc)}"
-                out.append(Note(f"early:{v}", why, info=True))
+                out.append(act.Note(f"early:{v}", why, info=True))
                 st.reassembler = None
                 st.segments.clear()
                 st.origin.clear()
@@ -240,20 +228,20 @@ class Receiver:
                 for seq in dropped:
                     st.segments.pop(seq, None)
                     st.origin.pop(seq, None)
-        out.append(Announce(signed))
+        out.append(act.Announce(signed))
         if st.whole:
             return tuple(out)
         if st.missed:
             # Something came before it and was dropped: ask for what is missing now.
             st.missed = False
-            out.append(Fetch(v, tuple(sorted(st.segments))))
+            out.append(act.Fetch(v, tuple(sorted(st.segments))))
         elif via is None or via != self.current:
             # Learned elsewhere: ask for what is missing rather than wait for a stall - once the
             # source is not sending. The Ledger's copy of an announcement can beat the source's
             # own push (a store-and-forward source sends a whole version at once), and asking
             # then had every dense version sent twice (sim_vs_real over the emulated WAN: 2.2 MB
             # on the link for 1.4 MB of versions).
-            out.append(FetchWhenIdle(v))
+            out.append(act.FetchWhenIdle(v))
         return tuple(out)
 
     # -- segments ----------------------------------------------------------------------------------
@@ -321,12 +309,12 @@ class Receiver:
         self.metrics.bytes_verified += len(seg.data)
         self.choice.progressed()
         if self.config.cut_through:
-            out.append(Forward(version, (seg.seq,)))  # cut-through: forward once verified
+            out.append(act.Forward(version, (seg.seq,)))  # cut-through: forward once verified
         if complete:
             st.received_at = now
             if not self.config.cut_through:
                 # Store-and-forward (the PrimeRL baselines' relays): the whole version, now.
-                out.append(Forward(version, tuple(sorted(st.segments))))
+                out.append(act.Forward(version, tuple(sorted(st.segments))))
             out += self._complete(version, st)
         return tuple(out)
 
@@ -335,7 +323,7 @@ class Receiver:
         self.metrics.refused[kind] += 1
         out: list[Action] = []
         if self.choice.refute(version, source, what):
-            out.append(Blame(source, version, what))
+            out.append(act.Blame(source, version, what))
         if self.current == source:
             out += self.switch(f"it sent {what} for v{version}", now)
         out += self.check_refusals()
@@ -355,13 +343,13 @@ class Receiver:
             self.metrics.refused["segment"] += 1
             what = f"segment {seq} that the trailer refutes"
             if self.choice.refute(version, source, what):
-                out.append(Blame(source, version, what))
+                out.append(act.Blame(source, version, what))
             if self.current == source:
                 out += self.switch(
                     f"it sent segment {seq} of v{version} that the trailer refutes", now
                 )
         if refuted:
-            out.append(Fetch(version, tuple(sorted(st.segments))))
+            out.append(act.Fetch(version, tuple(sorted(st.segments))))
             out += self.check_refusals()
         return out
 
@@ -374,7 +362,7 @@ class Receiver:
         st.delta = delta
         st.reassembler = None
         self.choice.done(version, self.current)
-        return [Complete(version), *self._settle(version)]
+        return [act.Complete(version), *self._settle(version)]
 
     def _settle(self, version: int) -> list[Action]:
         """A version just became whole: a relay trims its cache, a node with weights stages."""
@@ -410,7 +398,7 @@ class Receiver:
                 return out + self._refuse(version, reason)
             assert st is not None and st.ann is not None
             self.staged[version] = delta
-            out.append(Staged(delta, st.ann))
+            out.append(act.Staged(delta, st.ann))
             version += 1
 
     def set_active(self, version: int, weights_hash: str) -> tuple[Action, ...]:
@@ -452,7 +440,7 @@ class Receiver:
             st.segments.clear()
             st.origin.clear()
         self.choice.done(version)
-        return [Refused(version, reason)]
+        return [act.Refused(version, reason)]
 
     def check_refusals(self) -> tuple[Action, ...]:
         """Every waiting version that no source can complete goes to the fallback once, then
@@ -468,7 +456,7 @@ class Receiver:
             if self.fallback and not st.fallback_tried:
                 st.fallback_tried = True
                 self.in_fallback.add(v)
-                out.append(Fallback(v, reason))
+                out.append(act.Fallback(v, reason))
             elif v not in self.in_fallback:
                 out += self._refuse(v, reason)
         return tuple(out)
@@ -503,7 +491,7 @@ class Receiver:
         self.refused.pop(v, None)
         served = self.table.serving(v)
         assert served is not None and st.signed is not None
-        return delta, (Announce(st.signed), Forward(v, tuple(served[1])), *self._settle(v))
+        return delta, (act.Announce(st.signed), act.Forward(v, tuple(served[1])), *self._settle(v))
 
     def request(self, first: int, last: int, now: float) -> tuple[Action, ...]:
         """Ask for ``D_first .. D_last`` again: their refusals and source history are forgotten
@@ -521,7 +509,7 @@ class Receiver:
                     self.versions[v] = VersionState(progress=now, ann=old.ann, signed=old.signed)
             st = self.versions.get(v)
             if st is None or not st.whole:
-                out.append(Fetch(v, tuple(sorted(st.segments)) if st is not None else ()))
+                out.append(act.Fetch(v, tuple(sorted(st.segments)) if st is not None else ()))
         return tuple(out)
 
     # -- the watchdog ------------------------------------------------------------------------------
@@ -562,5 +550,5 @@ class Receiver:
                 and now - st.progress > self.config.stall_s
             ):
                 st.progress = now
-                out.append(Fetch(v, tuple(sorted(st.segments))))
+                out.append(act.Fetch(v, tuple(sorted(st.segments))))
         return tuple(out)
