@@ -46,7 +46,7 @@ from aurora.delta import Delta, Reassembler, Segment
 from aurora.delta.announce import AnnouncementError, SnapshotAnnouncement, VersionAnnouncement
 from aurora.delta.announce import verify as verify_signed
 from aurora.delta.errors import DeltaError
-from aurora.delta.reader import parse_header, read_delta, segments_of
+from aurora.delta.reader import segments_of
 from aurora.policy.staging import Verdict, judge_staging
 from aurora.transport import actions as act
 from aurora.transport.actions import NONE, Action
@@ -470,15 +470,7 @@ class Receiver:
     ) -> tuple[Delta, tuple[Action, ...]]:
         """``D_v`` as a whole file, verified against its announcement (which this node must
         have); raises a DeltaError (AnnouncementError when the version is not announced)."""
-        head, _ = parse_header(data)
-        v = head["version"]
-        st = self.versions.get(v)
-        if st is None or st.ann is None:
-            raise AnnouncementError(f"D_{v} is not announced here: hand its announcement first")
-        ann = st.ann
-        delta = read_delta(data, expected_id=ann.delta_id, expected_hash=ann.weights_hash)
-        if delta.size != ann.size:
-            raise AnnouncementError(f"D_{v} is {delta.size} bytes, announced {ann.size}")
+        v, st, delta = self.table.checked_file(data)
         self.in_fallback.discard(v)
         if st.whole:
             return (st.delta if st.delta is not None else delta), NONE

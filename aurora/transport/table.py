@@ -24,7 +24,8 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from aurora.delta import Delta, Reassembler, Segment
-from aurora.delta.announce import VersionAnnouncement
+from aurora.delta.announce import AnnouncementError, VersionAnnouncement
+from aurora.delta.reader import parse_header, read_delta
 from aurora.transport.actions import NONE, Action, Announce, Dropped, Fetch, Forward
 from aurora.transport.arenas import ArenaPool
 from aurora.transport.config import UNANNOUNCED_FIRST, TransportConfig
@@ -183,6 +184,21 @@ class VersionTable:
             return None
         receiving = st.reassembler.receiving() if st.reassembler is not None else set()
         return Fetch(version, tuple(sorted(set(st.segments) | receiving)))
+
+    def checked_file(self, data: bytes | bytearray | memoryview) -> tuple[int, VersionState, Delta]:
+        """(v, its state, the delta) of ``D_v`` given as a whole file, verified against its
+        announcement (which must be here); raises a DeltaError (AnnouncementError when the
+        version is not announced). Changes nothing."""
+        head, _ = parse_header(data)
+        v = head["version"]
+        st = self.versions.get(v)
+        if st is None or st.ann is None:
+            raise AnnouncementError(f"D_{v} is not announced here: hand its announcement first")
+        ann = st.ann
+        delta = read_delta(data, expected_id=ann.delta_id, expected_hash=ann.weights_hash)
+        if delta.size != ann.size:
+            raise AnnouncementError(f"D_{v} is {delta.size} bytes, announced {ann.size}")
+        return v, st, delta
 
     # -- what a server serves ------------------------------------------------------------------
 
