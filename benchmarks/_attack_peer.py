@@ -22,6 +22,8 @@ import numpy as np
 
 from aurora.delta import DeltaEncoder, Segment, leaf_hash, weights_hash
 from aurora.delta.announce import describe_parts, public_key_of, sign
+from aurora.runtime.actor import activate
+from aurora.runtime.publisher import TrainerNode
 from aurora.transport import Node, TransportConfig, wire
 
 SECRET = b"attack-benchmark-secret"
@@ -58,7 +60,7 @@ def _weights(mb: float) -> dict[str, np.ndarray]:
 
 def victim(attacked: bool, mb: float, versions: int, to_outside, from_outside, result) -> None:  # type: ignore[no-untyped-def]
     async def main() -> int:
-        trainer = Node("trainer", _cfg(), signing_key=KEY)
+        trainer = TrainerNode("trainer", _cfg(), signing_key=KEY)
         tport = await trainer.serve()
         sources = [("127.0.0.1", tport)]
         if attacked:
@@ -179,7 +181,7 @@ def outside(attacked: bool, mb: float, garbage_mb: float, to_victim, from_victim
         to_victim.put("ready")
         while True:
             v = await staged.get()
-            actor.activate(v)
+            activate(actor, v)
             to_victim.put(v)
 
     with contextlib.suppress(KeyboardInterrupt):

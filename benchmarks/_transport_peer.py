@@ -19,6 +19,8 @@ import numpy as np
 
 from aurora.delta import DeltaEncoder, weights_hash
 from aurora.delta.announce import public_key_of
+from aurora.runtime.actor import activate
+from aurora.runtime.publisher import TrainerNode
 from aurora.transport import Node, TransportConfig
 
 SECRET = b"benchmark-secret-0123"
@@ -57,7 +59,7 @@ def segments(mb: float):
 
 async def serve(host: str, port: int, mb: float, streams: int) -> None:
     segs, _ = segments(mb)
-    node = Node(
+    node = TrainerNode(
         "trainer", TransportConfig(secret=SECRET, streams=streams, **TRUST), signing_key=KEY
     )
     await node.serve(host, port)
@@ -114,7 +116,7 @@ async def receive_wall(host: str, port: int, mb: float, streams: int, name: str)
 
 async def serve_chain(host: str, port: int, mb: float, streams: int, n: int, gap: float) -> None:
     deltas, _ = chain(mb, n)
-    node = Node(
+    node = TrainerNode(
         "trainer", TransportConfig(secret=SECRET, streams=streams, **TRUST), signing_key=KEY
     )
     await node.serve(host, port)
@@ -145,7 +147,7 @@ async def receive_chain(host: str, port: int, mb: float, streams: int, n: int) -
         # time.monotonic is one clock for every process of the machine
         at = node.versions[v].received_at
         print(json.dumps({"v": v, "received": at, "bytes": sizes[v - 1]}), flush=True)
-        node.activate(v)
+        activate(node, v)
     await node.close()
 
 

@@ -15,6 +15,8 @@ import pytest
 
 from aurora.delta import DeltaEncoder, weights_hash
 from aurora.delta.announce import public_key_of
+from aurora.runtime.actor import activate
+from aurora.runtime.publisher import TrainerNode
 from aurora.transport import Node, TransportConfig
 
 pytestmark = pytest.mark.benchmark(group="transport")
@@ -39,7 +41,7 @@ async def _run(versions: int) -> tuple[list[int], int, int]:
         job="soak",
         public_key=public_key_of(KEY),
     )
-    trainer = Node("trainer", cfg, signing_key=KEY)
+    trainer = TrainerNode("trainer", cfg, signing_key=KEY)
     relay = Node("relay", cfg, sources=[("127.0.0.1", await trainer.serve())])
     actor = Node("actor", cfg, sources=[("127.0.0.1", await relay.serve())], active=(0, h0))
     await relay.subscribe()
@@ -62,7 +64,7 @@ async def _run(versions: int) -> tuple[list[int], int, int]:
         size = sum(len(s.data) for s in segments)
         await trainer.publish(v, segments)
         await actor.wait_for(lambda v=v: v in actor.staged, 30)
-        actor.activate(v)
+        activate(actor, v)
         weights, h = new, enc.weights_hash
         if v % 10 == 0:
             rss.append(_rss_bytes())

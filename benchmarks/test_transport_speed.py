@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from aurora.runtime.actor import activate
+from aurora.runtime.publisher import TrainerNode
 from aurora.transport import Node, TransportConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -31,7 +33,7 @@ def _serve(streams: int, versions: int, q, go) -> None:  # type: ignore[no-untyp
     deltas, h0 = chain(200, versions)
 
     async def main() -> None:
-        node = Node(
+        node = TrainerNode(
             "trainer", TransportConfig(secret=SECRET, streams=streams, **TRUST), signing_key=KEY
         )
         port = await node.serve()
@@ -109,7 +111,7 @@ def test_loopback_goodput_of_one_verified_delta(benchmark, streams, prefault):
             await node.wait_for(lambda v=v: v in node.staged, 120)
             times.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)
-            node.activate(v)  # applied: its arena goes back to the pool
+            activate(node, v)  # applied: its arena goes back to the pool
         assert node._arenas.reused >= versions - 1
         await node.close()
         return times

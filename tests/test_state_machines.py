@@ -116,3 +116,16 @@ def test_actor_lifecycle_legal_path():
 def test_actor_lifecycle_illegal_moves_raise(life, trigger):
     with pytest.raises(IllegalTransition, match=trigger):
         advance(life, trigger)
+
+
+def test_staging_judges_a_delta_by_its_base_the_one_rule_the_data_plane_asks():
+    from aurora.policy.staging import Verdict, judge_staging
+
+    held = {3: "a" * 64, 4: "b" * 64}  # active v3 and a staged v4, by weights hash
+    judge = lambda v, base, h: judge_staging(v, base=base, base_hash=h, active=3, held=held)  # noqa: E731
+    assert judge(5, 4, "b" * 64) == (Verdict.STAGE, "")
+    assert judge(6, 5, "c" * 64) == (Verdict.WAIT, "")  # its base may still come
+    verdict, why = judge(5, 4, "c" * 64)
+    assert verdict is Verdict.REFUSE and "which this node does not hold" in why
+    assert judge(5, 2, "a" * 64) == (Verdict.REFUSE, "D_5 is based on v2, older than the active v3")
+    assert judge(3, 2, "a" * 64)[0] is Verdict.REFUSE  # not newer than the active version

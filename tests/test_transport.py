@@ -14,8 +14,10 @@ import pytest
 
 from aurora.delta import DeltaEncoder, Segment, apply_delta, weights_hash
 from aurora.delta.announce import describe_parts, public_key_of, sign
+from aurora.runtime.actor import activate
+from aurora.runtime.publisher import TrainerNode
 from aurora.transport import Node, TransportConfig, wire
-from aurora.transport.node import _SILENT_LIMIT_STALLS
+from aurora.transport.config import SILENT_LIMIT_STALLS
 
 SECRET = b"job-secret-0123456789abcdef"
 KEY = bytes(range(32))
@@ -56,7 +58,7 @@ def run(coro):
 
 
 async def _tree(n_actors: int, *, relay: bool = True, h0: str, cfg: TransportConfig = CFG):
-    trainer = Node("trainer", cfg, signing_key=KEY)
+    trainer = TrainerNode("trainer", cfg, signing_key=KEY)
     tport = await trainer.serve()
     nodes = [trainer]
     sources = [("127.0.0.1", tport)]
@@ -83,9 +85,8 @@ def test_a_delta_reaches_every_actor_through_a_relay_and_applies_bit_exactly():
     async def main():
         trainer, relay, actors, nodes = await _tree(4, h0=h0)
         await trainer.publish(1, segments)
-        await trainer.commit(1)
         for a in actors:
-            await a.wait_for(lambda a=a: 1 in a.staged and 1 in a.committed, 10)
+            await a.wait_for(lambda a=a: 1 in a.staged, 10)
         sent_by_trainer = {s.id: len(s.streams) for s in trainer.subscribers.values()}
         for n in nodes:
             await n.close()
@@ -194,7 +195,7 @@ def test_a_peer_with_the_wrong_secret_is_disconnected_and_gets_nothing(caplog):
     _, _, h0, segments = _step()
 
     async def main():
-        trainer = Node("trainer", CFG, signing_key=KEY)
+        trainer = TrainerNode("trainer", CFG, signing_key=KEY)
         port = await trainer.serve()
         await trainer.publish(1, segments)
         intruder = Node(
@@ -236,16 +237,15 @@ def test_a_late_subscriber_gets_the_cached_chain_from_its_relay():
     async def main():
         trainer, relay, _, nodes = await _tree(0, h0=h0)
         await trainer.publish(1, segments)
-        await trainer.commit(1)
-        await relay.wait_for(lambda: 1 in relay.committed, 10)
+        await relay.wait_for(lambda: (st := relay.versions.get(1)) is not None and st.whole, 10)
         late = Node(
             "ca-late",
             CFG,
-            sources=[("127.0.0.1", relay._server.sockets[0].getsockname()[1])],
+            sources=[("127.0.0.1", relay.server.listener.sockets[0].getsockname()[1])],
             active=(0, h0),
         )
         await late.subscribe()
-        await late.wait_for(lambda: 1 in late.staged and 1 in late.committed, 10)
+        await late.wait_for(lambda: 1 in late.staged, 10)
         for n in nodes + [late]:
             await n.close()
         return late
@@ -435,8 +435,8 @@ def test_a_node_that_activates_each_version_receives_the_next_into_the_reused_ar
         state = {k: v.copy() for k, v in old.items()}
         apply_delta(actor.staged[1], state, active_version=0, active_hash=h0)
         with pytest.raises(ValueError, match="not staged"):
-            actor.activate(2)
-        actor.activate(1)
+            activate(actor, 2)
+        activate(actor, 1)
         assert actor.active == (1, h1) and 1 not in actor.versions
         await trainer.publish(2, segments2)
         await actor.wait_for(lambda: 2 in actor.staged, 10)
@@ -469,10 +469,10 @@ def test_a_node_activates_a_staged_delta_only_onto_its_base():
         await trainer.publish(2, segments2)
         await actor.wait_for(lambda: {1, 2} <= set(actor.staged), 10)
         with pytest.raises(ValueError, match="illegal transition 'activate onto base 0'"):
-            actor.activate(2)  # the staging rule of aurora.policy.staging
+            activate(actor, 2)  # the staging rule of aurora.policy.staging
         unchanged = actor.active == (0, h0) and sorted(actor.staged) == [1, 2]
-        actor.activate(1)
-        actor.activate(2)
+        activate(actor, 1)
+        activate(actor, 2)
         for n in nodes:
             await n.close()
         return unchanged, actor.active
@@ -511,7 +511,7 @@ def test_a_relay_and_the_trainer_keep_only_the_newest_versions_in_memory():
 
 def test_a_peer_that_announces_a_huge_frame_before_authenticating_is_cut_off(caplog):
     async def main():
-        trainer = Node("trainer", CFG, signing_key=KEY)
+        trainer = TrainerNode("trainer", CFG, signing_key=KEY)
         port = await trainer.serve()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(wire._HEAD.pack(200 << 20, wire.HELLO))  # and never the 200 MB
@@ -590,9 +590,9 @@ def _late_ticks(node: Node) -> list[float]:
     tick = node._tick
 
     async def watched(now: float) -> None:
-        # Node._tick's own test, on the ticks that reach it (those with a live stream).
-        if node._live() and node._is_late(now):
-            gaps.append(now - node._last_tick)
+        # The receive machine's own test, on the ticks that reach it (those with a live stream).
+        if node._live() and node.receiver.is_late(now):
+            gaps.append(now - node.receiver.last_tick)
         await tick(now)
 
     node._tick = watched  # the watchdog looks it up on every tick
@@ -629,7 +629,7 @@ def test_a_stream_silent_in_the_middle_of_a_frame_is_closed_and_its_segment_fetc
     # them); then ~37 segments of 4 KiB are fetched again on loopback. 2 s of room for those,
     # the connection and a busy machine: 3.2 s with no late tick (~1.05 s measured here), short
     # of the 5 s a limit that ignored stall_s (the default's) would take.
-    limit_s = _SILENT_LIMIT_STALLS * cfg.stall_s
+    limit_s = SILENT_LIMIT_STALLS * cfg.stall_s
     assert elapsed < limit_s + 2 * cfg.stall_s + sum(late) + 2.0, (elapsed, late)
 
 
@@ -640,7 +640,7 @@ def test_a_slow_stream_that_keeps_receiving_is_never_closed_even_across_a_pause(
     by the next one the piece the source sent after it has been read: the stream is never
     closed and the node never leaves its source."""
     stall_s = 0.05
-    pause_s = _SILENT_LIMIT_STALLS * stall_s + 0.1  # longer than the stuck limit (0.5 s)
+    pause_s = SILENT_LIMIT_STALLS * stall_s + 0.1  # longer than the stuck limit (0.5 s)
 
     async def send(writer, segments):
         loop = asyncio.get_running_loop()
@@ -721,19 +721,19 @@ def test_a_late_watchdog_tick_closes_no_stream_and_the_next_tick_on_time_does():
     """A stream silent mid-frame for longer than the stuck limit, seen by a tick that comes more
     than 2 x stall_s after the last (this process was paused: what the source sent meanwhile
     is not read yet), is left open; the next tick, on time, closes it if it is still silent."""
-    from aurora.transport.node import _Upstream
+    from aurora.transport.upstream import Upstream
 
     async def main():
         node = Node("ca-0", CFG, sources=[("127.0.0.1", 9)], active=(0, "00" * 32))
         r, _, _ = _reader()
         seg = Segment("k" * 32, 0, 0, bytes(4000), "c" * 64)
         _feed(r, b"".join(bytes(p) for p in wire.segment_frame(1, seg))[:2000])  # mid-frame
-        up = _Upstream(0, "127.0.0.1:9", wire.TokenBucket(CFG.control_rate, CFG.control_burst))
+        up = Upstream(0, "127.0.0.1:9", wire.TokenBucket(CFG.control_rate, CFG.control_burst))
         up.reader, up.transport = r, r.transport
         node._upstream = [up]
         now = time.monotonic()
-        r.last_byte = now - 2 * _SILENT_LIMIT_STALLS * CFG.stall_s  # silent for twice the limit
-        node._last_tick = now - 3 * CFG.stall_s  # late: more than 2 x stall_s
+        r.last_byte = now - 2 * SILENT_LIMIT_STALLS * CFG.stall_s  # silent for twice the limit
+        node.receiver.last_tick = now - 3 * CFG.stall_s  # late: more than 2 x stall_s
         await node._tick(now)
         after_late = up.aborted
         await node._tick(now + CFG.stall_s / 2)  # on time
@@ -806,7 +806,7 @@ def test_a_node_re_routed_while_it_connects_ends_on_the_new_source():
             return await super()._connect(source, host, port)
 
     async def main():
-        trainer = Node("trainer", CFG, signing_key=KEY)
+        trainer = TrainerNode("trainer", CFG, signing_key=KEY)
         tport = await trainer.serve()
         relay = Node("relay-ca", CFG, sources=[("127.0.0.1", tport)])
         rport = await relay.serve()

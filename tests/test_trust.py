@@ -20,6 +20,7 @@ import pytest
 
 from aurora.delta import DeltaEncoder, Segment, apply_delta, leaf_hash, weights_hash
 from aurora.delta.announce import describe_parts, public_key_of, sign
+from aurora.runtime.publisher import TrainerNode
 from aurora.transport import Node, TransportConfig, wire
 from aurora.transport.node import VersionRefused
 
@@ -69,8 +70,9 @@ def windows_lost(node: Node) -> list[float]:
     tick = node._tick
 
     async def watched(now: float) -> None:
-        if node._live() and node._waiting() and node._is_late(now):
-            lost.append(now - node._progress_mark[0])
+        rx = node.receiver
+        if node._live() and rx.waiting() and rx.is_late(now):
+            lost.append(now - rx.progress_mark[0])
         await tick(now)
 
     node._tick = watched  # the watchdog looks it up on every tick
@@ -133,7 +135,7 @@ class HostileRelay(Node):
 async def tree(relay_cls=None, *, serve=None, actor_sources="relay+trainer", **kw):
     """Trainer -> relay (hostile when ``relay_cls``) -> Actor; returns (trainer, relay, actor)."""
     c = cfg(**kw)
-    trainer = Node("trainer", c, signing_key=KEY)
+    trainer = TrainerNode("trainer", c, signing_key=KEY)
     tport = await trainer.serve()
     relay = (relay_cls or Node)(
         "relay", c, sources=[("127.0.0.1", tport)], **({"serve": serve} if serve else {})
@@ -263,7 +265,7 @@ def test_a_man_in_the_middle_without_the_secret_gains_nothing_on_plain_tcp(caplo
     leaves it and stages the Trainer's bytes."""
 
     async def main():
-        trainer = Node("trainer", cfg(), signing_key=KEY)
+        trainer = TrainerNode("trainer", cfg(), signing_key=KEY)
         tport = await trainer.serve()
         await trainer.publish(1, SEGS)
 
@@ -343,7 +345,7 @@ def test_on_tls_a_relayed_handshake_fails_because_proofs_are_bound_to_the_sessio
     client_ctx.verify_mode = ssl.CERT_NONE
 
     async def main():
-        trainer = Node("trainer", cfg(ssl_server=server_ctx), signing_key=KEY)
+        trainer = TrainerNode("trainer", cfg(ssl_server=server_ctx), signing_key=KEY)
         tport = await trainer.serve()
         await trainer.publish(1, SEGS)
         relayed = []
@@ -489,7 +491,7 @@ def test_one_bad_frame_from_a_source_does_not_wedge_the_version(attack, caplog):
             return self.timed(super()._accept, *a)
 
     async def main():
-        trainer = Node("trainer", cfg(), signing_key=KEY)
+        trainer = TrainerNode("trainer", cfg(), signing_key=KEY)
         tport = await trainer.serve()
         await trainer.publish(1, SEGS)
         server, port = await raw_source(bad + honest)
@@ -572,7 +574,7 @@ def test_a_source_that_drips_one_byte_at_a_time_is_left_then_refused_when_alone(
     frames = [frame_of(1, s) for s in [SEGS[-1], *SEGS[:-2]]]
 
     async def main(with_trainer):
-        trainer = Node("trainer", cfg(), signing_key=KEY)
+        trainer = TrainerNode("trainer", cfg(), signing_key=KEY)
         tport = await trainer.serve()
         await trainer.publish(1, SEGS)
         server, port = await raw_source(frames, drip=last)
@@ -640,14 +642,14 @@ def test_a_restarted_trainer_with_other_bytes_gets_a_refusal_not_a_wedge_and_a_r
     store's bytes (what a restarted Trainer must do), a retry stages it."""
 
     async def main():
-        first = Node("trainer", cfg(), signing_key=KEY)
+        first = TrainerNode("trainer", cfg(), signing_key=KEY)
         port = await first.serve()
         actor = Node("actor", cfg(), sources=[("127.0.0.1", port)], active=(0, H0))
         await actor.subscribe()
         await first.publish(1, SEGS[:3])  # the announcement is not out yet (cut-through)
         actor.announce(SIGNED)  # ... but the Ledger handed it to the Actor
         await first.close()
-        second = Node("trainer", cfg(), signing_key=KEY)
+        second = TrainerNode("trainer", cfg(), signing_key=KEY)
         await second.serve(port=port)
         await second.publish(1, FORGED)
         t = time.monotonic()
@@ -655,7 +657,7 @@ def test_a_restarted_trainer_with_other_bytes_gets_a_refusal_not_a_wedge_and_a_r
             await actor.delta(1, 5)
         elapsed = time.monotonic() - t
         await second.close()
-        third = Node("trainer", cfg(), signing_key=KEY)
+        third = TrainerNode("trainer", cfg(), signing_key=KEY)
         await third.serve(port=port)
         await third.publish(1, SEGS, announcement=SIGNED)
         actor.request(1, 1)
@@ -708,7 +710,7 @@ def test_garbage_before_the_announcement_is_capped_and_released_and_after_it_bou
                 seen[key] = max(seen.get(key, 0), st.reassembler.charged)
 
     async def main():
-        trainer = Node("trainer", cfg(), signing_key=KEY)
+        trainer = TrainerNode("trainer", cfg(), signing_key=KEY)
         tport = await trainer.serve()
         await trainer.publish(1, SEGS)
         frames = garbage + [wire.control({"op": "announce", "a": SIGNED})] + on_grid
@@ -758,7 +760,7 @@ def test_a_subscriber_that_stops_reading_is_dropped_and_pins_no_version(caplog):
         weights = weights_next
 
     async def main():
-        trainer = Node(
+        trainer = TrainerNode(
             "trainer",
             cfg(cache_versions=2, send_timeout_s=0.5, buffer_bytes=64 << 10),
             signing_key=KEY,
@@ -782,7 +784,7 @@ def test_a_subscriber_that_stops_reading_is_dropped_and_pins_no_version(caplog):
 
 def test_a_flood_of_subscribe_frames_is_cut_off_and_queues_nothing_twice(caplog):
     async def main():
-        trainer = Node("trainer", cfg(), signing_key=KEY)
+        trainer = TrainerNode("trainer", cfg(), signing_key=KEY)
         port = await trainer.serve()
         await trainer.publish(1, SEGS)
         reader, writer = await _raw_subscriber(port)
@@ -818,7 +820,7 @@ def test_a_connection_that_never_starts_a_handshake_is_closed_within_the_deadlin
             ("plain", cfg(connect_timeout_s=deadline_s)),
             ("tls", cfg(connect_timeout_s=deadline_s, ssl_server=tls)),
         ]:
-            trainer = Node("trainer", c, signing_key=KEY)
+            trainer = TrainerNode("trainer", c, signing_key=KEY)
             port = await trainer.serve()
             t = time.monotonic()  # before connecting: the server's deadline starts after it
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -841,12 +843,12 @@ def test_one_host_cannot_hold_more_unauthenticated_connections_than_the_cap(capl
     deadline_s = 4.0  # the four held connections stay pending throughout, even on a busy machine
 
     async def main():
-        trainer = Node(
+        trainer = TrainerNode(
             "trainer", cfg(max_pending_handshakes=4, connect_timeout_s=deadline_s), signing_key=KEY
         )
         port = await trainer.serve()
         conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
-        await trainer.wait_for(lambda: sum(trainer._pending_handshakes.values()) == 4, HANG_S)
+        await trainer.wait_for(lambda: sum(trainer.server.pending_handshakes.values()) == 4, HANG_S)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         t = time.monotonic()
         await asyncio.wait_for(reader.read(), HANG_S)
@@ -877,7 +879,7 @@ def test_a_bad_first_source_is_skipped_and_never_ends_the_recovery(caplog):
             await asyncio.sleep(2)
 
     async def main():
-        trainer = Node("trainer", cfg(), signing_key=KEY)
+        trainer = TrainerNode("trainer", cfg(), signing_key=KEY)
         tport = await trainer.serve()
         other = Node("other", TransportConfig(secret=b"another-secret-0123456", **TRUST, **FAST))
         oport = await other.serve()
@@ -913,7 +915,7 @@ def test_a_bad_first_source_is_skipped_and_never_ends_the_recovery(caplog):
 
 def test_another_peer_using_an_actors_id_takes_nothing_from_it():
     async def main():
-        trainer = Node("trainer", cfg(), signing_key=KEY)
+        trainer = TrainerNode("trainer", cfg(), signing_key=KEY)
         port = await trainer.serve()
         actor = Node("ca-0", cfg(), sources=[("127.0.0.1", port)], active=(0, H0))
         await actor.subscribe()
@@ -938,18 +940,18 @@ def test_another_peer_using_an_actors_id_takes_nothing_from_it():
 def test_malformed_or_deeply_nested_control_messages_are_dropped_one_by_one(caplog):
     nested = wire.frame(wire.CONTROL, b"\x91" * 100_000 + b"\xc0")
     frames = [
-        wire.control({"op": "commit", "version": "x"}),
+        wire.control({"op": "announce", "a": "not bytes"}),
         nested,
-        wire.control({"op": "commit"}),
+        wire.control({"op": "commit", "version": 1}),  # no such message on the data plane
         *[frame_of(1, s) for s in [SEGS[-1], *SEGS[:-1]]],
-        wire.control({"op": "commit", "version": 1}),
+        wire.control({"op": "announce"}),
     ]
 
     async def main():
         server, port = await raw_source(frames)
         actor = Node("actor", cfg(), sources=[("127.0.0.1", port)], active=(0, H0))
         await actor.subscribe()
-        await actor.wait_for(lambda: 1 in actor.staged and 1 in actor.committed, 5)
+        await actor.wait_for(lambda: 1 in actor.staged, 5)
         server.close()
         await close(actor)
         return actor
@@ -957,13 +959,14 @@ def test_malformed_or_deeply_nested_control_messages_are_dropped_one_by_one(capl
     with caplog.at_level(logging.WARNING, logger="aurora.transport"):
         actor = run(main())
     assert_bit_exact(actor)
-    assert "version must be a non-negative integer" in caplog.text
+    assert "announce without the signed bytes" in caplog.text
+    assert "unknown message 'commit'" in caplog.text
     assert "nested too deeply" in caplog.text and actor.metrics.source_switches == 0
 
 
 def test_a_deeply_nested_hello_is_refused_with_a_reason(caplog):
     async def main():
-        trainer = Node("trainer", cfg(), signing_key=KEY)
+        trainer = TrainerNode("trainer", cfg(), signing_key=KEY)
         port = await trainer.serve()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(wire.frame(wire.HELLO, b"\x91" * 3000 + b"\xc0"))
@@ -1024,7 +1027,7 @@ def test_a_delta_cut_through_past_the_unannounced_budget_still_completes_without
     moment it arrives, well inside the stall period it would otherwise wait."""
 
     async def main():
-        trainer = Node("trainer", cfg(), signing_key=KEY)
+        trainer = TrainerNode("trainer", cfg(), signing_key=KEY)
         port = await trainer.serve()
         actor = Node(
             "actor",
@@ -1061,22 +1064,22 @@ def test_an_announcement_from_elsewhere_fetches_once_the_source_is_idle_and_not_
     source is not sending, and not for the segments it is receiving, which the source would
     otherwise send a second time."""
     from aurora.delta import Reassembler
-    from aurora.transport import node as node_mod
+    from aurora.transport.table import VersionState
 
     async def main() -> tuple[list, list]:
-        trainer = Node("trainer", cfg(), signing_key=KEY)
+        trainer = TrainerNode("trainer", cfg(), signing_key=KEY)
         port = await trainer.serve()
         actor = Node("actor", cfg(), sources=[("127.0.0.1", port)], active=(0, H0))
         await actor.subscribe()
-        st = actor.versions.setdefault(1, node_mod._Version())
+        st = actor.versions.setdefault(1, VersionState(progress=time.monotonic()))
         st.reassembler = Reassembler()
         s = SEGS[2]
         st.reassembler.slot(s.key, s.seq, s.offset, len(s.data), False)  # arriving now
         asked: list = []
-        real = actor._fetch_msg
-        actor._fetch_msg = lambda v, st, also_have=(): (
-            asked.append((v, set(also_have))),
-            real(v, st, also_have),
+        real = actor.up.fetch_msg
+        actor.up.fetch_msg = lambda fetch: (
+            asked.append((fetch.version, set(fetch.have))),
+            real(fetch),
         )[1]
         for up in actor._live():
             up.reader.frame_since = time.monotonic()  # the source is mid-push
@@ -1086,7 +1089,7 @@ def test_an_announcement_from_elsewhere_fetches_once_the_source_is_idle_and_not_
         for up in actor._live():
             up.reader.frame_since = None
             up.reader.last_byte = time.monotonic() - 1.0
-        actor._fetch_when_idle(1)  # what the pending re-check does once the source is quiet
+        actor.up.fetch_when_idle(1)  # what the pending re-check does once the source is quiet
         idle = asked[-1]
         await close(actor, trainer)
         return while_pushing, idle

@@ -378,7 +378,8 @@ def test_an_unknown_source_is_refused_and_changes_nothing():
 
 
 def test_a_transport_config_needs_the_job_and_its_public_key_and_names_a_bad_field():
-    from aurora.transport import Node, TransportConfig
+    from aurora.runtime.publisher import TrainerNode
+    from aurora.transport import TransportConfig
 
     with pytest.raises(TypeError, match="job"):
         TransportConfig(secret=b"s" * 16, public_key=PUB)  # type: ignore[call-arg]
@@ -387,7 +388,9 @@ def test_a_transport_config_needs_the_job_and_its_public_key_and_names_a_bad_fie
     with pytest.raises(ValueError, match="TransportConfig.progress_s must be > 0"):
         TransportConfig(secret=b"s" * 16, job=JOB, public_key=PUB, progress_s=0)
     with pytest.raises(ValueError, match="signing key does not match"):
-        Node("t", TransportConfig(secret=b"s" * 16, job=JOB, public_key=PUB), signing_key=bytes(32))
+        TrainerNode(
+            "t", TransportConfig(secret=b"s" * 16, job=JOB, public_key=PUB), signing_key=bytes(32)
+        )
 
 
 # ---- job ids ---------------------------------------------------------------------------------

@@ -12,6 +12,12 @@ enforced here and nowhere else:
   than the active one;
 * activate ``D_v`` only if the active version is its base ``v-1``.
 
+Which complete, verified deltas a receiver stages is :func:`judge_staging`: its base must be
+the active version or a staged one, with the same weights hash; a base that is newer than the
+active version may still come (wait); any other base can never be here (refuse, with the reason).
+The data plane's receive machine (:mod:`aurora.transport.receiver`) asks it and keeps no rule of
+its own.
+
 A join or catch-up moves the active version forward in one jump (:meth:`ActorVersions.catch_up`)
 after the data plane has verified a snapshot and/or a chain of deltas. Entries at or below the
 active version are dropped: they can never be activated again. Every method either completes or
@@ -20,6 +26,7 @@ raises :class:`~aurora.policy._fsm.IllegalTransition` with the object unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 
 from aurora.policy._fsm import IllegalTransition, step
@@ -120,3 +127,29 @@ class ActorVersions:
 
     def __repr__(self) -> str:
         return f"ActorVersions(active={self.active}, deltas={self._deltas})"
+
+
+class Verdict(Enum):
+    STAGE = "stage"
+    WAIT = "wait"
+    REFUSE = "refuse"
+
+
+def judge_staging(
+    version: int, *, base: int, base_hash: str, active: int, held: Mapping[int, str]
+) -> tuple[Verdict, str]:
+    """Whether a complete, verified ``D_version`` on ``base`` (whose weights hash it names as
+    ``base_hash``) is staged now, with the one-line reason when it is refused. ``held`` maps the
+    active version and every staged one to its weights hash."""
+    if version <= active:
+        return Verdict.REFUSE, f"D_{version} is not newer than the active v{active}; not staged"
+    if base not in held:
+        if base > active:
+            return Verdict.WAIT, ""  # its base is on its way: staged when that one is
+        return Verdict.REFUSE, f"D_{version} is based on v{base}, older than the active v{active}"
+    if held[base] != base_hash:
+        return Verdict.REFUSE, (
+            f"D_{version} is based on v{base} (h={base_hash[:12]}..), which this node does not "
+            f"hold (it has h={held[base][:12]}..); not staged"
+        )
+    return Verdict.STAGE, ""

@@ -52,6 +52,7 @@ from aurora.policy.actor import (
     to_fetch,
 )
 from aurora.policy.membership import fetch_order
+from aurora.policy.staging import ActorVersions
 from aurora.policy.versions import CatchUpPlan
 from aurora.runtime import hooks, hopreport
 from aurora.runtime.channel import Channel, connect
@@ -93,6 +94,33 @@ class ActorRun:
     """Preemption notice on SIGTERM: time to drain before leaving (s)."""
     connect_timeout_s: float = 30.0
     """How long to keep trying to reach the Ledger at start (s)."""
+
+
+def activate(node: Node, version: int) -> None:
+    """The Actor's weights now run staged ``D_version`` (applied by the caller): checked by the
+    rule of :mod:`aurora.policy.staging` (only a staged delta, only onto its base ``v-1``), then
+    the node is told (:meth:`~aurora.transport.Node.set_active`: later deltas are checked against
+    it, it and everything older are released and its arena goes back to the pool). Raises
+    ValueError (IllegalTransition) with nothing changed when the rule refuses."""
+    if version not in node.staged:
+        staged = sorted(node.staged)
+        raise ValueError(f"node {node.id}: v{version} is not staged (staged: {staged})")
+    rule = ActorVersions(node.active[0] if node.active is not None else None)
+    rule.stage(version)
+    rule.activate(version)
+    node.set_active(version, node.staged[version].weights_hash)
+
+
+def caught_up(node: Node, version: int, weights_hash: str) -> None:
+    """The Actor's weights jumped to ``version`` (a verified snapshot and/or chain applied by the
+    caller, or it had no weights yet): the node checks later deltas against it, releases
+    everything up to it and stages complete versions above it that build on it. Raises
+    ValueError, with nothing changed, backwards."""
+    if node.active is not None and version < node.active[0]:
+        raise ValueError(
+            f"node {node.id}: cannot catch up backwards from v{node.active[0]} to v{version}"
+        )
+    node.set_active(version, weights_hash)
 
 
 KEY_CHECKS = 3
@@ -386,7 +414,7 @@ class ActorProcess:
         self.snapshots.clear()
         assert self.node is not None and self.engine.version is not None
         assert self.engine.weights_hash is not None
-        self.node.caught_up(self.engine.version, self.engine.weights_hash)
+        caught_up(self.node, self.engine.version, self.engine.weights_hash)
         self.stats["catch_ups"] += 1
         digest = await self._digest(self.engine.version)
         self.send(
@@ -539,7 +567,7 @@ class ActorProcess:
             hooks.die()
         await asyncio.to_thread(self.engine.apply, staged[v])
         if self.node is not None and v in self.node.staged:
-            self.node.activate(v)
+            activate(self.node, v)
         self.fetched.pop(v, None)
         t1 = time.time()
         if self.pending_commit is not None and self.pending_commit <= v:

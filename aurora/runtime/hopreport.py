@@ -5,7 +5,7 @@ Theory of operation
 The simulator and a real run disagree on how long a delta takes from the Trainer to the Actors
 (``docs/REPRODUCTION.md``, "the aurora gap"); an end-to-end interval cannot say where the time
 goes. Every data-plane node notes wall-clock times (``time.time()``, s) of each version at its
-hops (:attr:`aurora.transport.node.NodeMetrics.hops`: ``in_first``, ``in_last``, ``staged``,
+hops (:attr:`aurora.transport.config.NodeMetrics.hops`: ``in_first``, ``in_last``, ``staged``,
 ``out_first``, ``out_last``). A role runs :func:`report` beside its work: every ``interval_s``
 it sends one ``delta-path`` span per version whose times changed since the last report (the
 latest values: a relay's ``out_last`` moves with each subscriber it serves), and one
@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aurora.transport.node import NodeMetrics
+from aurora.transport.config import NodeMetrics
 
 REPORTS = ("delta-path", "loop-lag")
 """The span activities this module sends (not work: a timeline leaves them out)."""

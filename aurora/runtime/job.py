@@ -34,7 +34,7 @@ from aurora.jobspec import JobSpec, StrategySpec
 from aurora.policy.verification import VerificationConfig
 from aurora.strategies import strategy
 from aurora.topology import Topology
-from aurora.transport.node import TransportConfig
+from aurora.transport.config import TransportConfig
 
 REAL_STRATEGIES = (
     "aurora",

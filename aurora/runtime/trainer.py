@@ -61,9 +61,9 @@ from aurora.runtime.messages import (
     decode_result_payload,
     task_index,
 )
+from aurora.runtime.publisher import TrainerNode
 from aurora.store import CheckpointStore
 from aurora.store.files import write_atomic
-from aurora.transport import Node
 
 log = logging.getLogger("aurora.runtime.trainer")
 
@@ -148,7 +148,7 @@ class TrainerProcess:
         """Signed announcements of the newest versions published by this process (or
         re-served); an older one is read from the store."""
         self.ledger_service: LedgerService | None = None
-        self.node: Node | None = None
+        self.node: TrainerNode | None = None
         self.channel: Channel | None = None
         self._hops: asyncio.Task[None] | None = None
         self.done_batches: set[int] = set()
@@ -275,7 +275,7 @@ class TrainerProcess:
         self.hashes = {int(k): v for k, v in meta["hashes"].items()}
         v = int(meta["version"])
         config = transport_config(spec, secret=self.run.secret, public_key=self.run.public_key)
-        self.node = Node(
+        self.node = TrainerNode(
             "trainer", config, active=(v, self.hashes[v]), signing_key=self.run.signing_key
         )
         await self._refill_cache(v)
