@@ -85,3 +85,17 @@ def test_purity_check_catches_a_forbidden_import_and_a_file_write(tmp_path):
     assert imported_modules(bad) & FORBIDDEN_POLICY == {"time"}
     assert imported_modules(bad) & FORBIDDEN_DELTA == {"os", "time"}
     assert called_names(bad) & WRITES == {"open"}
+
+
+def test_the_transport_machines_read_no_clock_and_do_no_io():
+    # The receive machine, its version table, its actions and the source choice take `now` as
+    # an argument (issue 30): only the asyncio shell (node.py, server.py, upstream.py) and the
+    # metrics (config.py: hop times) read clocks.
+    machines = ("receiver.py", "table.py", "actions.py", "sources.py")
+    bad = {
+        name: imported_modules(ROOT / "transport" / name) & FORBIDDEN_POLICY for name in machines
+    }
+    assert {k: v for k, v in bad.items() if v} == {}
+    for name in machines:
+        calls = called_names(ROOT / "transport" / name)
+        assert not calls & {"hop", "monotonic", "sleep"}, name
