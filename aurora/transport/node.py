@@ -469,8 +469,9 @@ class Node:
     # -- whole files, requests, the active version -----------------------------------------------
 
     async def _from_fallback(self, version: int, why: str) -> None:
-        assert self.fallback is not None
-        try:
+        try:  # whatever happens, the version leaves in_fallback (else it is never refused)
+            if self.fallback is None:
+                raise RuntimeError("no fallback is set")
             data = await self.fallback(version)
             self.add_file(data)
         except Exception as exc:  # anything the fallback raises is its one-line reason
