@@ -964,6 +964,28 @@ def test_malformed_or_deeply_nested_control_messages_are_dropped_one_by_one(capl
     assert "nested too deeply" in caplog.text and actor.metrics.source_switches == 0
 
 
+@pytest.mark.parametrize(
+    ("msg", "why"),
+    [
+        ({"op": "fetch", "version": "x"}, "version must be a non-negative integer"),
+        ({"op": "fetch", "version": -1}, "version must be a non-negative integer"),
+        ({"op": "fetch", "version": True}, "version must be a non-negative integer"),
+        ({"op": "subscribe", "from": 2**63}, "from must be a non-negative integer"),
+        ({"op": "subscribe", "have": [[1, ["a"]]]}, "have must be a non-negative integer"),
+        ({"op": "subscribe", "have": [[1]]}, "'have' must be a short list"),
+        ({"op": "rewind"}, "unknown request 'rewind'"),
+    ],
+)
+def test_a_subscribers_malformed_request_is_refused_with_a_reason(msg, why):
+    # The source side of the old COMMIT test: the server checks every number a subscriber
+    # sends before it looks anything up (the shell drops the message, not the connection).
+    from aurora.transport.wire import ProtocolError
+
+    node = TrainerNode("trainer", cfg(), signing_key=KEY)
+    with pytest.raises(ProtocolError, match=why):
+        node.server.on_request(None, msg)  # type: ignore[arg-type]
+
+
 def test_a_deeply_nested_hello_is_refused_with_a_reason(caplog):
     async def main():
         trainer = TrainerNode("trainer", cfg(), signing_key=KEY)
