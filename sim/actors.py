@@ -33,6 +33,7 @@ from simpy.events import URGENT
 
 from aurora.faults import Fault
 from aurora.policy import actor as actor_policy
+from aurora.policy._fast import maker
 from aurora.policy.actor import Activate, ApplyPlan, Decision, Drop, Generate, Wait, Work
 from aurora.policy.events import (
     ActorJoined,
@@ -51,10 +52,13 @@ from sim.nodes import ActorNode
 from sim.trainer import weights_hash
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from sim.ledger_driver import ReportRun
     from sim.model import Simulation
 
 GBPS = 1e9 / 8
 """Bytes/s in one Gbit/s."""
+_work = maker(Work)
+"""``Work(version, leases)``, positionally (:mod:`aurora.policy._fast`): one per assignment."""
 
 
 class Actors:
@@ -154,7 +158,7 @@ class Actors:
 
     def assign(self, action: Assign) -> None:
         actor = self.nodes[action.actor]
-        actor.queue.append(Work(action.version, action.leases))
+        actor.queue.append(_work(action.version, action.leases))
         rec = self.sim.recorder
         if rec.on:  # the message costs more than the rest of an assignment at 10^5 Actors
             rec.log(action.actor, f"assign {len(action.leases)} on v{action.version}")
@@ -200,12 +204,16 @@ class Actors:
         idle._ok, idle._value = True, decision  # succeed(decision), but URGENT
         self.env.schedule(idle, URGENT)
 
-    def staged(self, actor: ActorNode, v: int) -> None:
-        """``actor`` holds version ``v`` whole (verified)."""
-        sim = self.sim
+    def staged(self, actor: ActorNode, v: int, run: ReportRun | None = None) -> None:
+        """``actor`` holds version ``v`` whole (verified); its report goes into ``run`` if
+        given (:class:`sim.ledger_driver.ReportRun`), else to the Ledger now."""
         if actor.active is not None and v > actor.active:
-            sim.driver.staged(actor.id, v)
-            sim.driver.no_longer_waited_for(actor.id)
+            if run is not None:
+                run.staged(actor.id, v)
+            else:
+                driver = self.sim.driver
+                driver.staged(actor.id, v)
+                driver.no_longer_waited_for(actor.id)
         self.kick(actor)
 
     def catch_up(self, actor: ActorNode, plan: CatchUpPlan) -> None:

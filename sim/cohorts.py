@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import simpy
 from simpy.events import URGENT
 
+from aurora.policy._fast import maker
 from aurora.policy.actor import Activate, Decision, Generate, Wait, Work
 from aurora.policy.events import ResultsArrived, ThroughputObserved, VersionActivated
 from sim.nodes import ActorNode
@@ -50,6 +51,10 @@ from sim.trainer import weights_hash
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from sim.actors import Actors
+
+_results = maker(ResultsArrived)
+_throughput = maker(ThroughputObserved)
+"""A member's reports when it finishes, positionally (:mod:`aurora.policy._fast`)."""
 
 
 class Cohort:
@@ -227,26 +232,19 @@ class Cohorts:
         decide = self.actors.decide
         proportional = sim.cfg.strategy.proportional
         rec = sim.recorder
+        hashed, h = -1, ""  # the version whose hash h is (one f-string per version, not result)
         for actor, work, tokens in finished:
             cohort.generating.discard(actor)
             if actor.cohort is not cohort:
                 continue  # lost while generating: the rollouts are gone
             if rec.on:
                 rec.span("actor", actor.id, "generate", work.version, start)
-            feed(
-                ResultsArrived(
-                    actor=actor.id,
-                    leases=work.leases,
-                    version=work.version,
-                    weights_hash=weights_hash(work.version),
-                )
-            )
+            version = work.version
+            if version != hashed:
+                hashed, h = version, weights_hash(version)
+            feed(_results(actor.id, work.leases, version, h))
             if proportional:
-                feed(
-                    ThroughputObserved(
-                        actor=actor.id, tokens=max(1, round(tokens)), seconds=seconds
-                    )
-                )
+                feed(_throughput(actor.id, max(1, round(tokens)), seconds))
             if actor.cohort is not cohort:
                 continue
             decision = decide(actor)
@@ -268,14 +266,29 @@ class Cohorts:
         start = self.env.now
         yield self.env.timeout(0.0 if sim.cfg.strategy.rdma else sim.version_bytes / sim.apply_rate)
         driver = sim.driver
+        rec = sim.recorder
+        # The members' reports decided in runs (sim.ledger_driver.ReportRun), in member order.
+        run = driver.together()
         for actor in members:
             if actor.cohort is not cohort:
-                continue
+                continue  # lost (a fault that struck with a batch requested at this instant)
             actor.active = v
             if actor.pending_commit is not None and actor.pending_commit <= v:
                 actor.pending_commit = None
-            if sim.recorder.on:
-                sim.recorder.span("actor", actor.id, "apply", v, start)
-                sim.recorder.log(actor.id, f"activate v{v}")
-            driver.feed(VersionActivated(actor=actor.id, version=v))
-            driver.no_longer_waited_for(actor.id)
+            if rec.on:
+                rec.span("actor", actor.id, "apply", v, start)
+                rec.log(actor.id, f"activate v{v}")
+            if run is not None:
+                run.activated(actor.id, v)
+            else:
+                driver.feed(VersionActivated(actor=actor.id, version=v))
+                driver.no_longer_waited_for(actor.id)
+        if run is not None:
+            run.flush()
+            # A Commit of v the Ledger sent a member while that member's report waited in the
+            # run (one by one: sent before the member came, and cleared then) is served; one
+            # sent after its report was decided can only be of v + 1.
+            for actor in members:
+                pending = actor.pending_commit
+                if actor.cohort is cohort and pending is not None and pending <= v:
+                    actor.pending_commit = None

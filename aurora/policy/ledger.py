@@ -37,10 +37,12 @@ the pacer that requests batches and counts them complete is :mod:`aurora.policy.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aurora.policy import allocation
+from aurora.policy._fast import maker
 from aurora.policy._fsm import IllegalTransition
 from aurora.policy.events import (
     Accepted,
@@ -81,6 +83,11 @@ from aurora.policy.membership import TRAINER, ActorLife, advance, elect_relay, s
 from aurora.policy.staging import ActorVersions
 from aurora.policy.verification import Measures, Plan, TrustBook, VerificationConfig
 from aurora.policy.versions import Eligibility, plan_catch_up
+
+_assign = maker(Assign)
+_commit = maker(Commit)
+_accepted = maker(Accepted)
+"""The actions made per Actor per step, built positionally (:mod:`aurora.policy._fast`)."""
 
 # ------------------------------------------------------------------------------------------
 # Configuration
@@ -229,6 +236,27 @@ def decide(state: LedgerState, event: Event, *, now: float) -> tuple[LedgerState
     actions: list[Action] = []
     handler(state, event, now, actions)
     return state, actions
+
+
+def decide_each(state: LedgerState, events: Sequence[Event], *, now: float) -> list[list[Action]]:
+    """:func:`decide` for each of ``events`` in order at ``now``: the actions of each, and the
+    state, are those of the calls one after another (each is its handler, called as
+    :func:`decide` calls it; ``now`` is checked once). A ``ValueError`` from an event leaves
+    the events before it decided and it and those after it not: as the loop of calls would.
+    For many Actors' reports at one instant (a cohort of the simulator staging or activating a
+    version together), where the per-call overhead is a third of the cost."""
+    if not (type(now) is float or isinstance(now, int | float)) or not math.isfinite(now):
+        raise ValueError(f"now must be a finite number of seconds, got {now!r}")
+    handlers = _HANDLERS
+    out: list[list[Action]] = []
+    for event in events:
+        handler = handlers.get(type(event))
+        if handler is None:
+            raise ValueError(f"unknown event type {type(event).__name__}")
+        actions: list[Action] = []
+        handler(state, event, now, actions)
+        out.append(actions)
+    return out
 
 
 def _by_id(state: LedgerState) -> list[ActorRecord]:
@@ -669,17 +697,9 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
         claimants, claims, claimed, strict=True
     ):
         if actor in needs_commit and rec.commit_sent != target:
-            out.append(Commit(actor=actor, version=target))
+            out.append(_commit(actor, target))
             rec.commit_sent = target
-        out.append(
-            Assign(
-                actor=actor,
-                version=version,
-                leases=tuple(lids),
-                prompts=tuple(prompts),
-                expiry=expiry,
-            )
-        )
+        out.append(_assign(actor, version, tuple(lids), tuple(prompts), expiry))
     assert holding or book.pool_size == 0
 
 
@@ -747,7 +767,7 @@ def _settle_results(
                 rec.stalled = False
                 out.extend(
                     [
-                        Accepted(lease=lease, actor=actor, prompt=prompt, version=version)
+                        _accepted(lease, actor, prompt, version)
                         for lease, prompt in zip(leases[i : i + len(prompts)], prompts, strict=True)
                     ]
                 )
@@ -759,7 +779,7 @@ def _settle_results(
         if refusal is None:
             rec.stalled = False  # it works: an admitted result shows it
             assert prompt is not None
-            out.append(Accepted(lease=lease, actor=actor, prompt=prompt, version=version))
+            out.append(_accepted(lease, actor, prompt, version))
             if book.pool_size and not held.get(actor):
                 _dispatch(state, now, out)  # an idle Actor takes more of a held-back pool
             continue
