@@ -317,11 +317,33 @@ class Actors:
         trace = sim.cfg.traces.gpus[actor.gpu]
         tokens = leases * sim.tokens_per_lease
         cv = trace.cv.value
-        sigma = math.sqrt(math.log1p(cv * cv))
-        noise = float(np.exp(actor.rng.normal(-sigma * sigma / 2, sigma))) if cv > 0 else 1.0
+        noise = 1.0
+        if cv > 0:
+            drawn = actor.noise
+            if drawn:
+                noise = drawn.pop()  # the next draw, made ahead (draw_noise)
+            else:
+                sigma = math.sqrt(math.log1p(cv * cv))
+                noise = float(np.exp(actor.rng.normal(-sigma * sigma / 2, sigma)))
         drift = 1.0 + trace.drift_per_hour.value * self.env.now / 3600.0
         rate = actor.rate * noise * max(drift, 0.05)
         return tokens / rate, tokens
+
+    def draw_noise(self, actor: ActorNode, count: int = 16) -> None:
+        """Draw ``actor``'s next ``count`` throughput noises ahead, if it has none left
+        (``ActorNode.noise``): one generator call and one ``np.exp`` for ``count`` generations
+        instead of one each (~2 us). A generator's ``normal(size=n)`` gives the values of ``n``
+        scalar calls, and ``np.exp`` of an array those of each element (one loop): the noises
+        :meth:`generation_seconds` would draw one by one, in order; ``tests/test_sim_cohorts``
+        checks the runs equal. Only for cohort members (exact mode draws as it always did)."""
+        if actor.noise:
+            return
+        cv = self.sim.cfg.traces.gpus[actor.gpu].cv.value
+        if cv > 0:
+            assert actor.rng is not None
+            sigma = math.sqrt(math.log1p(cv * cv))
+            drawn = np.exp(actor.rng.normal(-sigma * sigma / 2, sigma, size=count))
+            actor.noise = drawn[::-1].tolist()  # popped from the end: in drawing order
 
     def _generate(
         self, actor: ActorNode, me: object, version: int, leases: tuple[str, ...]

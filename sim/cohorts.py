@@ -187,10 +187,13 @@ class Cohorts:
         one that finishes and finds more work generates again within the phase (as its exact
         process would), one that finds other work is split out. Ends when none generates."""
         by_seconds: dict[float, list[tuple[ActorNode, Work, float]]] = {}
+        actors = self.actors
         for actor, decision in chosen:
             actor.queue.popleft()
             work = decision.work  # type: ignore[union-attr]
-            seconds, tokens = self.actors.generation_seconds(actor, len(work.leases))
+            if not actor.noise:
+                actors.draw_noise(actor)
+            seconds, tokens = actors.generation_seconds(actor, len(work.leases))
             by_seconds.setdefault(seconds, []).append((actor, work, tokens))
         # One timeout per distinct finish time, scheduled now as exact mode schedules each
         # member's (so it lands at start + seconds bit for bit); its callback reports that
@@ -206,6 +209,8 @@ class Cohorts:
     def _start(self, cohort: Cohort, actor: ActorNode, work: Work) -> None:
         """``actor``, a member at a safe point, generates ``work`` now, within the phase."""
         actor.queue.popleft()
+        if not actor.noise:
+            self.actors.draw_noise(actor)
         seconds, tokens = self.actors.generation_seconds(actor, len(work.leases))
         self._schedule(cohort, [(actor, work, tokens)], seconds)
 
@@ -228,7 +233,7 @@ class Cohorts:
         exact mode orders them at one instant), then generate again, wait at a safe point, or
         split out."""
         sim = self.sim
-        feed = sim.driver.feed
+        feed = sim.driver.report
         decide = self.actors.decide
         proportional = sim.cfg.strategy.proportional
         rec = sim.recorder

@@ -699,7 +699,7 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
         if actor in needs_commit and rec.commit_sent != target:
             out.append(_commit(actor, target))
             rec.commit_sent = target
-        out.append(_assign(actor, version, tuple(lids), tuple(prompts), expiry))
+        out.append(_assign(actor, version, lids, prompts, expiry))
     assert holding or book.pool_size == 0
 
 
