@@ -154,11 +154,29 @@ class Cohorts:
             else:
                 groups: dict[tuple[Any, ...], list[tuple[ActorNode, Decision]]] = {}
                 busy = cohort.generating
+                # The members usually all decide alike: compare each decision with the last
+                # one's key first (by kind and version, as _key), grouping only on a change.
+                last_key: tuple[Any, ...] = ()
+                last: list[tuple[ActorNode, Decision]] = []
+                last_kind: Any = None
+                last_v: Any = None
                 for actor in cohort.members:
-                    if actor in busy:
+                    if busy and actor in busy:
                         continue  # a member started again at this instant, after the phase
                     decision = decide(actor)
-                    groups.setdefault(_key(decision), []).append((actor, decision))
+                    kind = type(decision)
+                    if kind is last_kind and (
+                        (kind is Generate and decision.work.version == last_v)  # type: ignore[union-attr]
+                        or (kind is Activate and decision.version == last_v)  # type: ignore[union-attr]
+                        or kind is Wait
+                    ):
+                        last.append((actor, decision))
+                        continue
+                    last_key = _key(decision)
+                    last = groups.setdefault(last_key, [])
+                    last.append((actor, decision))
+                    last_kind = kind if kind in (Generate, Activate, Wait) else None
+                    last_v = last_key[1] if len(last_key) > 1 else None
                 key, chosen = max(groups.items(), key=lambda kv: len(kv[1]), default=((Wait,), []))
                 cohort.waiting.clear()  # every member at a safe point was just decided for
                 if len(groups) > 1:

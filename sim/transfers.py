@@ -304,8 +304,14 @@ class Transfers:
             and (not isinstance(d, ActorNode) or d.source == src)
         ]
         groups: dict[tuple[Any, ...], list[Node]] = {}
+        paths: dict[str, tuple[tuple[Resource, ...], float, float]] = {}
         for d in live:
-            path, cap, latency = self.path(src, d)
+            # From one source the path depends on the receiver's region only (path()): once
+            # per region, not per receiver (a relay's 10^4 Actors).
+            got = paths.get(d.region)
+            if got is None:
+                got = paths[d.region] = self.path(src, d)
+            path, cap, latency = got
             groups.setdefault((path, cap, latency, d.nic_in.capacity), []).append(d)
         # (path, flow cap, pair cap, latency, members)
         cohorts: list[tuple[tuple[Resource, ...], float, float, float, list[Node]]] = []
