@@ -33,7 +33,6 @@ from simpy.events import URGENT
 
 from aurora.faults import Fault
 from aurora.policy import actor as actor_policy
-from aurora.policy._fast import maker
 from aurora.policy.actor import Activate, ApplyPlan, Decision, Drop, Generate, Wait, Work
 from aurora.policy.events import (
     ActorJoined,
@@ -44,6 +43,7 @@ from aurora.policy.events import (
     ThroughputObserved,
     VersionActivated,
 )
+from aurora.policy.makers import maker
 from aurora.policy.membership import TRAINER
 from aurora.policy.versions import CatchUpPlan
 from sim.cohorts import Cohort, Cohorts
@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 GBPS = 1e9 / 8
 """Bytes/s in one Gbit/s."""
 _work = maker(Work)
-"""``Work(version, leases)``, positionally (:mod:`aurora.policy._fast`): one per assignment."""
+"""``Work(version, leases)``, positionally (:mod:`aurora.policy.makers`): one per assignment."""
 
 
 class Actors:

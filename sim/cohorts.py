@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 import simpy
 from simpy.events import URGENT
 
-from aurora.policy._fast import maker
 from aurora.policy.actor import Activate, Decision, Generate, Wait, Work
 from aurora.policy.events import ResultsArrived, ThroughputObserved, VersionActivated
+from aurora.policy.makers import maker
 from sim.nodes import ActorNode
 from sim.trainer import weights_hash
 
@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 _results = maker(ResultsArrived)
 _throughput = maker(ThroughputObserved)
-"""A member's reports when it finishes, positionally (:mod:`aurora.policy._fast`)."""
+"""A member's reports when it finishes, positionally (:mod:`aurora.policy.makers`)."""
 
 
 class Cohort:

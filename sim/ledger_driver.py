@@ -48,7 +48,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from aurora.faults import Fault
-from aurora.policy._fast import maker
 from aurora.policy.core import LedgerCore
 from aurora.policy.events import (
     Accepted,
@@ -74,6 +73,7 @@ from aurora.policy.events import (
     VersionActivated,
 )
 from aurora.policy.ledger import LedgerConfig
+from aurora.policy.makers import maker
 from aurora.policy.pacer import PacerConfig, WakeAt
 from aurora.policy.timers import TickTimers
 
@@ -92,7 +92,7 @@ _REPORTS = (ResultArrived, DeltaStaged, VersionActivated, CaughtUp, ThroughputOb
 _STATE_REPORTS = (DeltaStaged, VersionActivated, CaughtUp)
 """Reports a batch waiting on the Actor's staging may start on."""
 _activated = maker(VersionActivated)
-"""``VersionActivated(actor, version)``, positionally (:mod:`aurora.policy._fast`)."""
+"""``VersionActivated(actor, version)``, positionally (:mod:`aurora.policy.makers`)."""
 _SENT = (Assign, Commit, CatchUp)
 """The Ledger's messages that cross the WAN to an Actor (``control_latency``)."""
 

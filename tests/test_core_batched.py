@@ -3,7 +3,7 @@
 ``LedgerCore.feed_each`` (many Actors' reports at one instant: a cohort of the simulator staging
 or activating a version) must leave the same state and return the same actions as ``feed`` called
 for each event in turn, including when one event is refused (the ones before it decided, it and
-the rest not); the positional makers of :mod:`aurora.policy._fast` must build the objects the
+the rest not); the positional makers of :mod:`aurora.policy.makers` must build the objects the
 classes' own constructors build. Random runs of mixed reports, from Actors on different versions
 with a batch's pool held back or empty, check it event by event.
 """
@@ -16,7 +16,6 @@ from dataclasses import fields
 
 import pytest
 
-from aurora.policy._fast import maker
 from aurora.policy.actor import Generate, Wait, Work, next_action
 from aurora.policy.core import LedgerCore
 from aurora.policy.events import (
@@ -33,6 +32,7 @@ from aurora.policy.events import (
     VersionActivated,
 )
 from aurora.policy.ledger import LedgerConfig
+from aurora.policy.makers import maker
 from aurora.policy.pacer import PacerConfig
 
 ACTORS = [f"a{i:02d}" for i in range(12)]

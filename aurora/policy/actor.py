@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from aurora.policy._fast import maker
+from aurora.policy.makers import maker
 from aurora.policy.versions import CatchUpPlan
 
 
@@ -95,7 +95,7 @@ Decision = ApplyPlan | Generate | Activate | Drop | Wait
 
 
 _generate = maker(Generate)
-"""``Generate(work)``, positionally (:mod:`aurora.policy._fast`): asked per Actor per step."""
+"""``Generate(work)``, positionally (:mod:`aurora.policy.makers`): asked per Actor per step."""
 _WAIT = Wait()
 """The one ``Wait``: it has no fields, so every ``Wait()`` is equal to it."""
 

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aurora.policy import allocation
-from aurora.policy._fast import maker
 from aurora.policy._fsm import IllegalTransition
 from aurora.policy.events import (
     Accepted,
@@ -79,6 +78,7 @@ from aurora.policy.events import (
     VersionActivated,
 )
 from aurora.policy.leases import LeaseBook, LeaseConfig, Refusal
+from aurora.policy.makers import maker
 from aurora.policy.membership import TRAINER, ActorLife, advance, elect_relay, source_for
 from aurora.policy.staging import ActorVersions
 from aurora.policy.verification import Measures, Plan, TrustBook, VerificationConfig
@@ -87,7 +87,7 @@ from aurora.policy.versions import Eligibility, plan_catch_up
 _assign = maker(Assign)
 _commit = maker(Commit)
 _accepted = maker(Accepted)
-"""The actions made per Actor per step, built positionally (:mod:`aurora.policy._fast`)."""
+"""The actions made per Actor per step, built positionally (:mod:`aurora.policy.makers`)."""
 
 # ------------------------------------------------------------------------------------------
 # Configuration

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aurora.policy._fast import maker
 from aurora.policy.events import ActorJoined, ActorLost, CaughtUp, DeltaStaged, Event
 from aurora.policy.ledger import LedgerState
+from aurora.policy.makers import maker
 from aurora.policy.staging import DeltaState
 
 _staged = maker(DeltaStaged)
-"""``DeltaStaged(actor, version)``, positionally (:mod:`aurora.policy._fast`): one per Actor per
+"""``DeltaStaged(actor, version)``, positionally (:mod:`aurora.policy.makers`): one per Actor per
 version."""
 
 

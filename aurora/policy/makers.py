@@ -1,4 +1,4 @@
-"""Positional constructors of slotted dataclasses, for the objects made per Actor per step.
+"""Positional constructors (makers) of slotted dataclasses: the objects made per Actor per step.
 
 Theory of operation
 -------------------
@@ -10,7 +10,7 @@ a ``ThroughputObserved``, an ``Accepted``, the Actor's ``Work``), 10^7 of them a
 50 steps. :func:`maker` returns a function that builds the same object (equal, same hash,
 same slots) by ``object.__new__`` and each slot's own setter: ~0.35 us for two fields. Only
 for dataclasses with ``slots=True`` and no ``__post_init__`` (nothing to run after the fields
-are set); ``tests/test_fast_makers.py`` holds each maker used to its class's constructor.
+are set); ``tests/test_core_batched.py`` holds each maker used to its class's constructor.
 """
 
 from __future__ import annotations
@@ -34,5 +34,5 @@ def maker(cls: type[T]) -> Callable[..., T]:
     body = "".join(f"    set{i}(o, a{i})\n" for i in range(len(names)))
     exec(f"def make({args}):\n    o = new(cls)\n{body}    return o\n", scope)  # noqa: S102
     make = scope["make"]
-    make.__doc__ = f"{cls.__name__}({', '.join(names)}), positionally (aurora.policy._fast)."
+    make.__doc__ = f"{cls.__name__}({', '.join(names)}), positionally (aurora.policy.makers)."
     return make  # type: ignore[no-any-return]
