@@ -43,6 +43,7 @@ from aurora.policy.events import (
     ThroughputObserved,
     VersionActivated,
 )
+from aurora.policy.makers import maker
 from aurora.policy.membership import TRAINER
 from aurora.policy.versions import CatchUpPlan
 from sim.cohorts import Cohort, Cohorts
@@ -51,10 +52,13 @@ from sim.nodes import ActorNode
 from sim.trainer import weights_hash
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from sim.ledger_driver import ReportRun
     from sim.model import Simulation
 
 GBPS = 1e9 / 8
 """Bytes/s in one Gbit/s."""
+_work = maker(Work)
+"""``Work(version, leases)``, positionally (:mod:`aurora.policy.makers`): one per assignment."""
 
 
 class Actors:
@@ -154,7 +158,7 @@ class Actors:
 
     def assign(self, action: Assign) -> None:
         actor = self.nodes[action.actor]
-        actor.queue.append(Work(action.version, action.leases))
+        actor.queue.append(_work(action.version, action.leases))
         rec = self.sim.recorder
         if rec.on:  # the message costs more than the rest of an assignment at 10^5 Actors
             rec.log(action.actor, f"assign {len(action.leases)} on v{action.version}")
@@ -200,12 +204,16 @@ class Actors:
         idle._ok, idle._value = True, decision  # succeed(decision), but URGENT
         self.env.schedule(idle, URGENT)
 
-    def staged(self, actor: ActorNode, v: int) -> None:
-        """``actor`` holds version ``v`` whole (verified)."""
-        sim = self.sim
+    def staged(self, actor: ActorNode, v: int, run: ReportRun | None = None) -> None:
+        """``actor`` holds version ``v`` whole (verified); its report goes into ``run`` if
+        given (:class:`sim.ledger_driver.ReportRun`), else to the Ledger now."""
         if actor.active is not None and v > actor.active:
-            sim.driver.staged(actor.id, v)
-            sim.driver.no_longer_waited_for(actor.id)
+            if run is not None:
+                run.staged(actor.id, v)
+            else:
+                driver = self.sim.driver
+                driver.staged(actor.id, v)
+                driver.no_longer_waited_for(actor.id)
         self.kick(actor)
 
     def catch_up(self, actor: ActorNode, plan: CatchUpPlan) -> None:
@@ -309,11 +317,33 @@ class Actors:
         trace = sim.cfg.traces.gpus[actor.gpu]
         tokens = leases * sim.tokens_per_lease
         cv = trace.cv.value
-        sigma = math.sqrt(math.log1p(cv * cv))
-        noise = float(np.exp(actor.rng.normal(-sigma * sigma / 2, sigma))) if cv > 0 else 1.0
+        noise = 1.0
+        if cv > 0:
+            drawn = actor.noise
+            if drawn:
+                noise = drawn.pop()  # the next draw, made ahead (draw_noise)
+            else:
+                sigma = math.sqrt(math.log1p(cv * cv))
+                noise = float(np.exp(actor.rng.normal(-sigma * sigma / 2, sigma)))
         drift = 1.0 + trace.drift_per_hour.value * self.env.now / 3600.0
         rate = actor.rate * noise * max(drift, 0.05)
         return tokens / rate, tokens
+
+    def draw_noise(self, actor: ActorNode, count: int = 16) -> None:
+        """Draw ``actor``'s next ``count`` throughput noises ahead, if it has none left
+        (``ActorNode.noise``): one generator call and one ``np.exp`` for ``count`` generations
+        instead of one each (~2 us). A generator's ``normal(size=n)`` gives the values of ``n``
+        scalar calls, and ``np.exp`` of an array those of each element (one loop): the noises
+        :meth:`generation_seconds` would draw one by one, in order; ``tests/test_sim_cohorts``
+        checks the runs equal. Only for cohort members (exact mode draws as it always did)."""
+        if actor.noise:
+            return
+        cv = self.sim.cfg.traces.gpus[actor.gpu].cv.value
+        if cv > 0:
+            assert actor.rng is not None
+            sigma = math.sqrt(math.log1p(cv * cv))
+            drawn = np.exp(actor.rng.normal(-sigma * sigma / 2, sigma, size=count))
+            actor.noise = drawn[::-1].tolist()  # popped from the end: in drawing order
 
     def _generate(
         self, actor: ActorNode, me: object, version: int, leases: tuple[str, ...]

@@ -45,11 +45,16 @@ from simpy.events import URGENT
 
 from aurora.policy.actor import Activate, Decision, Generate, Wait, Work
 from aurora.policy.events import ResultsArrived, ThroughputObserved, VersionActivated
+from aurora.policy.makers import maker
 from sim.nodes import ActorNode
 from sim.trainer import weights_hash
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from sim.actors import Actors
+
+_results = maker(ResultsArrived)
+_throughput = maker(ThroughputObserved)
+"""A member's reports when it finishes, positionally (:mod:`aurora.policy.makers`)."""
 
 
 class Cohort:
@@ -149,11 +154,29 @@ class Cohorts:
             else:
                 groups: dict[tuple[Any, ...], list[tuple[ActorNode, Decision]]] = {}
                 busy = cohort.generating
+                # The members usually all decide alike: compare each decision with the last
+                # one's key first (by kind and version, as _key), grouping only on a change.
+                last_key: tuple[Any, ...] = ()
+                last: list[tuple[ActorNode, Decision]] = []
+                last_kind: Any = None
+                last_v: Any = None
                 for actor in cohort.members:
-                    if actor in busy:
+                    if busy and actor in busy:
                         continue  # a member started again at this instant, after the phase
                     decision = decide(actor)
-                    groups.setdefault(_key(decision), []).append((actor, decision))
+                    kind = type(decision)
+                    if kind is last_kind and (
+                        (kind is Generate and decision.work.version == last_v)  # type: ignore[union-attr]
+                        or (kind is Activate and decision.version == last_v)  # type: ignore[union-attr]
+                        or kind is Wait
+                    ):
+                        last.append((actor, decision))
+                        continue
+                    last_key = _key(decision)
+                    last = groups.setdefault(last_key, [])
+                    last.append((actor, decision))
+                    last_kind = kind if kind in (Generate, Activate, Wait) else None
+                    last_v = last_key[1] if len(last_key) > 1 else None
                 key, chosen = max(groups.items(), key=lambda kv: len(kv[1]), default=((Wait,), []))
                 cohort.waiting.clear()  # every member at a safe point was just decided for
                 if len(groups) > 1:
@@ -182,10 +205,13 @@ class Cohorts:
         one that finishes and finds more work generates again within the phase (as its exact
         process would), one that finds other work is split out. Ends when none generates."""
         by_seconds: dict[float, list[tuple[ActorNode, Work, float]]] = {}
+        actors = self.actors
         for actor, decision in chosen:
             actor.queue.popleft()
             work = decision.work  # type: ignore[union-attr]
-            seconds, tokens = self.actors.generation_seconds(actor, len(work.leases))
+            if not actor.noise:
+                actors.draw_noise(actor)
+            seconds, tokens = actors.generation_seconds(actor, len(work.leases))
             by_seconds.setdefault(seconds, []).append((actor, work, tokens))
         # One timeout per distinct finish time, scheduled now as exact mode schedules each
         # member's (so it lands at start + seconds bit for bit); its callback reports that
@@ -201,6 +227,8 @@ class Cohorts:
     def _start(self, cohort: Cohort, actor: ActorNode, work: Work) -> None:
         """``actor``, a member at a safe point, generates ``work`` now, within the phase."""
         actor.queue.popleft()
+        if not actor.noise:
+            self.actors.draw_noise(actor)
         seconds, tokens = self.actors.generation_seconds(actor, len(work.leases))
         self._schedule(cohort, [(actor, work, tokens)], seconds)
 
@@ -223,30 +251,23 @@ class Cohorts:
         exact mode orders them at one instant), then generate again, wait at a safe point, or
         split out."""
         sim = self.sim
-        feed = sim.driver.feed
+        feed = sim.driver.report
         decide = self.actors.decide
         proportional = sim.cfg.strategy.proportional
         rec = sim.recorder
+        hashed, h = -1, ""  # the version whose hash h is (one f-string per version, not result)
         for actor, work, tokens in finished:
             cohort.generating.discard(actor)
             if actor.cohort is not cohort:
                 continue  # lost while generating: the rollouts are gone
             if rec.on:
                 rec.span("actor", actor.id, "generate", work.version, start)
-            feed(
-                ResultsArrived(
-                    actor=actor.id,
-                    leases=work.leases,
-                    version=work.version,
-                    weights_hash=weights_hash(work.version),
-                )
-            )
+            version = work.version
+            if version != hashed:
+                hashed, h = version, weights_hash(version)
+            feed(_results(actor.id, work.leases, version, h))
             if proportional:
-                feed(
-                    ThroughputObserved(
-                        actor=actor.id, tokens=max(1, round(tokens)), seconds=seconds
-                    )
-                )
+                feed(_throughput(actor.id, max(1, round(tokens)), seconds))
             if actor.cohort is not cohort:
                 continue
             decision = decide(actor)
@@ -268,14 +289,29 @@ class Cohorts:
         start = self.env.now
         yield self.env.timeout(0.0 if sim.cfg.strategy.rdma else sim.bytes_of(v) / sim.apply_rate)
         driver = sim.driver
+        rec = sim.recorder
+        # The members' reports decided in runs (sim.ledger_driver.ReportRun), in member order.
+        run = driver.together()
         for actor in members:
             if actor.cohort is not cohort:
-                continue
+                continue  # lost (a fault that struck with a batch requested at this instant)
             actor.active = v
             if actor.pending_commit is not None and actor.pending_commit <= v:
                 actor.pending_commit = None
-            if sim.recorder.on:
-                sim.recorder.span("actor", actor.id, "apply", v, start)
-                sim.recorder.log(actor.id, f"activate v{v}")
-            driver.feed(VersionActivated(actor=actor.id, version=v))
-            driver.no_longer_waited_for(actor.id)
+            if rec.on:
+                rec.span("actor", actor.id, "apply", v, start)
+                rec.log(actor.id, f"activate v{v}")
+            if run is not None:
+                run.activated(actor.id, v)
+            else:
+                driver.feed(VersionActivated(actor=actor.id, version=v))
+                driver.no_longer_waited_for(actor.id)
+        if run is not None:
+            run.flush()
+            # A Commit of v the Ledger sent a member while that member's report waited in the
+            # run (one by one: sent before the member came, and cleared then) is served; one
+            # sent after its report was decided can only be of v + 1.
+            for actor in members:
+                pending = actor.pending_commit
+                if actor.cohort is cohort and pending is not None and pending <= v:
+                    actor.pending_commit = None

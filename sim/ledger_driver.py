@@ -73,6 +73,7 @@ from aurora.policy.events import (
     VersionActivated,
 )
 from aurora.policy.ledger import LedgerConfig
+from aurora.policy.makers import maker
 from aurora.policy.pacer import PacerConfig, WakeAt
 from aurora.policy.timers import TickTimers
 
@@ -90,6 +91,8 @@ _REPORTS = (ResultArrived, DeltaStaged, VersionActivated, CaughtUp, ThroughputOb
 """An Actor's messages that cross the WAN to the Ledger (``control_latency``)."""
 _STATE_REPORTS = (DeltaStaged, VersionActivated, CaughtUp)
 """Reports a batch waiting on the Actor's staging may start on."""
+_activated = maker(VersionActivated)
+"""``VersionActivated(actor, version)``, positionally (:mod:`aurora.policy.makers`)."""
 _SENT = (Assign, Commit, CatchUp)
 """The Ledger's messages that cross the WAN to an Actor (``control_latency``)."""
 
@@ -221,6 +224,21 @@ class LedgerDriver:
             # The report has crossed the link already (``staged`` charged its delay).
             self.feed(event, arrived=True)
 
+    def together(self) -> ReportRun | None:
+        """A run for Actors' reports at this instant (:class:`ReportRun`), or None when they
+        must go through :meth:`feed` one at a time: each crosses the WAN
+        (``control_latency``), or may be held (a region cut off from the Ledger)."""
+        if self._one_way or self._held or self.sim.faults.cut_off:
+            return None
+        return ReportRun(self)
+
+    def _feed_run(self, events: list[Event]) -> None:
+        """Decide ``events`` (reports at this instant, none held or delayed) in one call."""
+        now = self.env.now
+        carry_out = self._carry_out
+        for event, actions in zip(events, self.core.feed_each(events, now=now), strict=True):
+            carry_out(now, event, actions)
+
     def published(self, v: int) -> None:
         """``v`` was just announced: report the Actors that staged it before (the core keeps
         them)."""
@@ -300,21 +318,46 @@ class LedgerDriver:
                     self._held.setdefault(region, ([], []))[1].append(event)
                     return
         now = self.env.now
-        actions = self.core.feed(event, now=now)
+        self._carry_out(now, event, self.core.feed(event, now=now))
+
+    def report(self, event: Event) -> None:
+        """An Actor's report at ``env.now``: :meth:`feed`, decided at once when nothing can
+        delay, hold, record or split it (what :meth:`feed` would do then, without its checks:
+        a cohort member's results and throughput, twice per Actor per step)."""
+        if self.record or self._one_way or self._held or self.sim.faults.cut_off:
+            self.feed(event)
+            return
+        now = self.env.now
+        self._carry_out(now, event, self.core.feed(event, now=now))
+
+    def _carry_out(self, now: float, event: Event, actions: list[Action]) -> None:
+        """``event`` was decided at ``now`` into ``actions``: record them, carry them out."""
         if self.record:
             self.fed.append((now, event))
             self.decisions.append(actions)
+        if not actions:
+            return
         sim = self.sim
         fallbacks: list[FallBack] = []
+        # Assign and Commit straight to the Actors when nothing holds or delays messages (what
+        # _do would do then): a batch's dispatch is one of each per Actor, 10^5 of them.
+        direct = not (self._one_way or sim.faults.cut_off)
+        actors = sim.actors
         for action in actions:
-            if type(action) is Accepted:  # the common case: the core counted it toward its batch
+            kind = type(action)
+            if kind is Accepted:  # the common case: the core counted it toward its batch
                 continue
-            if isinstance(action, BatchCompleted):
+            if direct and kind is Assign:
+                actors.assign(action)  # type: ignore[arg-type]
+                self._schedule_tick(action.expiry)  # type: ignore[union-attr]
+            elif direct and kind is Commit:
+                actors.commit(action)  # type: ignore[arg-type]
+            elif kind is BatchCompleted:
                 sim.recorder.log("trainer", f"batch {action.batch} complete")
                 sim.trainer.batch_ready()
                 sim.later(0, self.poll)
-            elif isinstance(action, FallBack):
-                fallbacks.append(action)
+            elif kind is FallBack:
+                fallbacks.append(action)  # type: ignore[arg-type]
             else:
                 self._do(action)
         # A new relay's own fallback (to the Trainer) first, so that its region can follow it.
@@ -387,3 +430,44 @@ class LedgerDriver:
             self.feed(Tick())
 
         self.sim.later(delay, tick)
+
+
+class ReportRun:
+    """Reports of many Actors at one instant (a cohort staging or activating a version,
+    :mod:`sim.cohorts`), decided in runs by :meth:`~aurora.policy.core.LedgerCore.feed_each`.
+
+    Each report is added where the one-by-one driver would feed it, followed, as there, by the
+    pacer's ``unblocked``; when that asks for a poll, the run is decided first and the poll
+    made, so requests (and the faults that strike with them) fall between the same reports as
+    one by one. What a caller does between two adds must read and change none of the Ledger's
+    state nor depend on the actions of the reports before (its own Actor's fields are fine:
+    decided reports only queue work and commits); anything else is preceded by :meth:`flush`.
+    """
+
+    def __init__(self, driver: LedgerDriver) -> None:
+        self.driver = driver
+        self.run: list[Event] = []
+        self._unblocked = driver.pacer.unblocked
+
+    def staged(self, actor: str, v: int) -> None:
+        """As :meth:`LedgerDriver.staged` then :meth:`LedgerDriver.no_longer_waited_for`."""
+        event = self.driver.core.staged(actor, v)
+        if event is not None:
+            self.run.append(event)
+        self._unblock(actor)
+
+    def activated(self, actor: str, v: int) -> None:
+        """As feeding ``VersionActivated`` then :meth:`LedgerDriver.no_longer_waited_for`."""
+        self.run.append(_activated(actor, v))
+        self._unblock(actor)
+
+    def _unblock(self, actor: str) -> None:
+        if self._unblocked(actor):
+            self.flush()
+            self.driver.poll()
+
+    def flush(self) -> None:
+        """Decide the reports added so far."""
+        if self.run:
+            run, self.run = self.run, []
+            self.driver._feed_run(run)

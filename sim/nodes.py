@@ -93,3 +93,6 @@ class ActorNode(Node):
     """While the Actor waits for something to do: the event that wakes it."""
     cohort: Cohort | None = None
     """The cohort whose process drives it (:mod:`sim.cohorts`), or None: its own process."""
+    noise: list[float] = field(default_factory=list)
+    """Throughput noises drawn ahead from ``rng``, next last (:meth:`sim.actors.Actors.
+    draw_noise`); kept across lives, so the draws stay in order whatever the Actor becomes."""

@@ -304,8 +304,14 @@ class Transfers:
             and (not isinstance(d, ActorNode) or d.source == src)
         ]
         groups: dict[tuple[Any, ...], list[Node]] = {}
+        paths: dict[str, tuple[tuple[Resource, ...], float, float]] = {}
         for d in live:
-            path, cap, latency = self.path(src, d)
+            # From one source the path depends on the receiver's region only (path()): once
+            # per region, not per receiver (a relay's 10^4 Actors).
+            got = paths.get(d.region)
+            if got is None:
+                got = paths[d.region] = self.path(src, d)
+            path, cap, latency = got
             groups.setdefault((path, cap, latency, d.nic_in.capacity), []).append(d)
         # (path, flow cap, pair cap, latency, members)
         cohorts: list[tuple[tuple[Resource, ...], float, float, float, list[Node]]] = []
@@ -384,10 +390,20 @@ class Transfers:
             # From when bytes moved (it may have waited behind an earlier version on its pair).
             began = flow.began if flow is not None and flow.began is not None else transfer.start
             sim.recorder.span("transfer", f"{src}->{who}", "transfer", v, began)
+        # A cohort member (sim.cohorts) whose cohort already has its kick due this instant,
+        # and that nothing waits on, reports into one run (a relay's 10^4 Actors: their reports
+        # decided in one call); anything else is done one by one, after the run so far.
+        run = sim.driver.together() if len(transfer.members) > 1 else None
         for member in transfer.members:
             node = self.node(member)
             if node.inbound.get(v) is not transfer or not node.live:
                 continue
+            cohort = getattr(node, "cohort", None)
+            batched = (
+                run is not None and cohort is not None and cohort.kick_due and not node.waiters
+            )
+            if run is not None and not batched:
+                run.flush()
             del node.inbound[v]
             node.held.add(v)
             if sim.recorder.on:  # one message per receiver: 10^5 of them per version
@@ -397,7 +413,9 @@ class Transfers:
             if isinstance(node, ActorNode):
                 if self.on_hold is not None:
                     self.on_hold(member)
-                sim.actors.staged(node, v)
+                sim.actors.staged(node, v, run if batched else None)
+        if run is not None:
+            run.flush()
 
     # -- losing a source or a receiver --------------------------------------------------------
 

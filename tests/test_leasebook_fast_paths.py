@@ -8,7 +8,10 @@ arrival number and against :meth:`LeaseBook.judge` result by result.
 
 from __future__ import annotations
 
+import copy
 import random
+
+import pytest
 
 from aurora.policy.leases import LeaseBook, LeaseConfig
 
@@ -120,3 +123,55 @@ def test_a_returned_prompt_is_leased_before_newer_ones_and_after_older_fresh_one
     assert prompts == ["a0", "a1", "b0"] and book.pool_size == 0
     book.check()
     assert lid == "L1" and lid2 == "L4"
+
+
+def test_claim_many_leases_exactly_as_one_claim_per_actor_in_order():
+    # At every claim of the random sequences (returned prompts in the pool, Actors whose
+    # expiries armed their floor, prompts from several batches), a batch of claims through
+    # claim_many and the same claims one by one through claim_ids give the same answers and
+    # leave equal books.
+    compared = 0
+    for seed in range(12):
+        rng = random.Random(1000 + seed)
+        book = LeaseBook(LeaseConfig(initial_s=5.0, min_samples=4, min_s=1.0))
+        now = 0.0
+        for op in _random_ops(seed):
+            now += 0.5
+            if op[0] == "claim":
+                claims = [
+                    (rng.choice("abcd"), rng.randint(0, 4), rng.randint(1, 2), rng.choice("hg"))
+                    for _ in range(rng.randint(1, 6))
+                ]
+                one = copy.deepcopy(book)
+                expected = [
+                    one.claim_ids(a, n, version=v, weights_hash=h, now=now) for a, n, v, h in claims
+                ]
+                got = book.claim_many(claims, now)
+                assert [(list(a), list(b), e) for a, b, e in got] == expected, seed
+                assert book == one, seed
+                book.check()
+                compared += sum(1 for lids, _, _ in expected if lids)
+            elif op[0] == "add":
+                book.add([f"s{op[1]}-{i}" for i in range(op[2])], op[1])  # type: ignore[arg-type]
+            elif op[0] == "results":
+                _, actor, n, _ = op
+                live = sorted(book.by_actor.get(actor, ()), key=lambda lid: int(lid[1:]))  # type: ignore[arg-type]
+                for lid in live[:n]:  # type: ignore[index]
+                    version = book.leases[lid].version
+                    book.judge(lid, actor, version, book.leases[lid].weights_hash, now)  # type: ignore[arg-type]
+            elif op[0] == "expire":
+                book.expire_due(now)
+            elif op[0] == "release":
+                book.release_actor(op[1])  # type: ignore[arg-type]
+            else:
+                book.forget_settled(op[1])  # type: ignore[arg-type]
+    assert compared > 100
+
+
+def test_claim_many_refuses_a_negative_count_before_any_change():
+    book = LeaseBook()
+    book.add(["p0", "p1"], 1)
+    before = copy.deepcopy(book)
+    with pytest.raises(ValueError, match="lease count must be >= 0"):
+        book.claim_many([("a", 1, 1, "h"), ("b", -1, 1, "h")], 0.0)
+    assert book == before

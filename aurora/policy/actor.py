@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
+from aurora.policy.makers import maker
 from aurora.policy.versions import CatchUpPlan
 
 
@@ -93,6 +94,12 @@ class Wait:
 Decision = ApplyPlan | Generate | Activate | Drop | Wait
 
 
+_generate = maker(Generate)
+"""``Generate(work)``, positionally (:mod:`aurora.policy.makers`): asked per Actor per step."""
+_WAIT = Wait()
+"""The one ``Wait``: it has no fields, so every ``Wait()`` is equal to it."""
+
+
 def plan_ready(plan: CatchUpPlan, *, staged: Collection[int], snapshots: Collection[int]) -> bool:
     """Whether every piece of ``plan`` is held (verified) by the Actor."""
     return all(v in staged for v in plan.deltas) and (
@@ -121,7 +128,7 @@ def next_action(
     if queue:
         work = queue[0]
         if active is not None and work.version == active:
-            return Generate(work)
+            return _generate(work)
         if active is not None and work.version == active + 1 and work.version in staged:
             return Activate(work.version)
         stale = active is not None and work.version < active
@@ -133,7 +140,7 @@ def next_action(
         and pending_commit in staged
     ):
         return Activate(pending_commit)
-    return Wait()
+    return _WAIT
 
 
 def to_fetch(

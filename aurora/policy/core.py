@@ -22,24 +22,33 @@ registered the job) it is ``decide`` alone. Nothing here does I/O or reads a clo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aurora.policy.events import (
     Accepted,
     Action,
     BatchCompleted,
     BatchRequested,
+    CaughtUp,
     DeltaPublished,
     DeltaStaged,
     Event,
     ResultArrived,
     ResultsArrived,
+    ThroughputObserved,
+    VersionActivated,
 )
-from aurora.policy.ledger import LedgerConfig, LedgerState, decide, initial_state
+from aurora.policy.ledger import LedgerConfig, LedgerState, decide, decide_each, initial_state
 from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
 from aurora.policy.reports import StagedReports
 from aurora.policy.verification import Plan
 
 _RESULTS = (ResultArrived, ResultsArrived)
 """The events whose actions may admit a result (the only way a batch completes)."""
+_UNPACED = frozenset((DeltaStaged, VersionActivated, CaughtUp, ThroughputObserved))
+"""Events :meth:`LedgerCore.feed` passes to ``decide`` and back with nothing of the pacer's
+(neither a request, a publication nor a result): :meth:`LedgerCore.feed_each` decides their
+runs with :func:`~aurora.policy.ledger.decide_each`."""
 
 
 class LedgerCore:
@@ -88,6 +97,27 @@ class LedgerCore:
             k = after.get(id(a))
             if k is not None:
                 out.append(BatchCompleted(batch=k))
+        return out
+
+    def feed_each(self, events: Sequence[Event], *, now: float) -> list[list[Action]]:
+        """:meth:`feed` for each of ``events`` in order at ``now``: the same state and actions
+        as those calls one after another. Reports the pacer does not see (``DeltaStaged``,
+        ``VersionActivated``, ``CaughtUp``, ``ThroughputObserved``: :meth:`feed` returns what
+        ``decide`` returns for them) are decided by :func:`~aurora.policy.ledger.decide_each`
+        in runs; any other event goes through :meth:`feed`. For many Actors' reports at one
+        instant (the simulator's cohorts: 10^5 Actors stage and activate each version)."""
+        out: list[list[Action]] = []
+        run: list[Event] = []
+        for event in events:
+            if type(event) in _UNPACED:
+                run.append(event)
+                continue
+            if run:
+                out.extend(decide_each(self.state, run, now=now))
+                run = []
+            out.append(self.feed(event, now=now))
+        if run:
+            out.extend(decide_each(self.state, run, now=now))
         return out
 
     def poll(self, now: float) -> BatchRequested | WakeAt | None:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from statistics import median
@@ -395,6 +395,78 @@ class LeaseBook:
             for b, lid in zip(batches, lids, strict=True):
                 batch_leases.setdefault(b, []).append(lid)
         return lids, prompts, expiry
+
+    def claim_many(
+        self, claims: Sequence[tuple[str, int, int, str]], now: float
+    ) -> list[tuple[tuple[str, ...], tuple[str, ...], float]]:
+        """:meth:`claim_ids` for each ``(actor, count, version, weights_hash)`` of ``claims``
+        in order, at ``now``: the same leases, book and answers (as tuples) as those calls one
+        after another (``tests/test_leasebook_fast_paths.py`` holds the two to each other).
+        The Ledger's dispatch of a batch to 10^5 Actors: the pool is taken, the lease ids made
+        and the book's indexes updated once for all claims, not once per Actor (~5 us each)."""
+        if any(count < 0 for _, count, _, _ in claims):
+            bad = next(count for _, count, _, _ in claims if count < 0)
+            raise ValueError(f"lease count must be >= 0, got {bad}")
+        size = self.pool_size
+        # Claims take the pool's head one after another: the first ``total`` prompts, in order.
+        total = min(sum(count for _, count, _, _ in claims), size)
+        prompts = self._take(total) if total else []
+        first = self._next_lease + 1
+        self._next_lease = first + total - 1
+        lids = [f"L{n}" for n in range(first, first + total)]
+        length = self.lease_length  # per Actor: its floor once one of its leases expired
+        armed = self._armed
+        base = length()
+        by_actor = self.by_actor
+        new = tuple.__new__  # Lease(...) without its generated __new__'s extra frame
+        made: list[Lease] = []
+        add = made.append
+        out: list[tuple[tuple[str, ...], tuple[str, ...], float]] = []
+        pos = 0
+        for actor, count, version, weights_hash in claims:
+            expiry = now + (length(actor) if armed and actor in armed else base)
+            taken = min(count, total - pos)
+            if taken == 1:  # one lease per Actor per step: the common claim, without slices
+                lid, p = lids[pos], prompts[pos]
+                pos += 1
+                add(new(Lease, (lid, p, actor, version, weights_hash, now, expiry)))
+                held = by_actor.get(actor)
+                if held is None:
+                    by_actor[actor] = {lid}
+                else:
+                    held.add(lid)
+                out.append(((lid,), (p,), expiry))
+                continue
+            if taken <= 0:
+                out.append(((), (), expiry))
+                continue
+            end = pos + taken
+            mine, ps = lids[pos:end], prompts[pos:end]
+            pos = end
+            made.extend(
+                [
+                    new(Lease, (lid, p, actor, version, weights_hash, now, expiry))
+                    for lid, p in zip(mine, ps, strict=True)
+                ]
+            )
+            held = by_actor.get(actor)
+            if held is None:
+                by_actor[actor] = set(mine)
+            else:
+                held.update(mine)
+            out.append((tuple(mine), tuple(ps), expiry))
+        if total:
+            self.leases.update(zip(lids, made, strict=True))
+            self.states.update(dict.fromkeys(lids, LeaseState.CLAIMED))
+            self.leased.update(zip(prompts, lids, strict=True))
+            batch_of, batch_leases = self.batch_of, self._batch_leases
+            batches = list(map(batch_of.__getitem__, prompts))
+            if batches.count(batches[0]) == total:  # a batch's dispatch: all from one batch
+                batch_leases.setdefault(batches[0], []).extend(lids)
+            else:
+                for b, lid in zip(batches, lids, strict=True):
+                    batch_leases.setdefault(b, []).append(lid)
+        return out
 
     def _end(self, lease_id: str, trigger: str) -> Lease:
         old = self.states[lease_id]

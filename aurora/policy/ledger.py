@@ -37,6 +37,7 @@ the pacer that requests batches and counts them complete is :mod:`aurora.policy.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,10 +78,16 @@ from aurora.policy.events import (
     VersionActivated,
 )
 from aurora.policy.leases import LeaseBook, LeaseConfig, Refusal
+from aurora.policy.makers import maker
 from aurora.policy.membership import TRAINER, ActorLife, advance, elect_relay, source_for
 from aurora.policy.staging import ActorVersions
 from aurora.policy.verification import Measures, Plan, TrustBook, VerificationConfig
 from aurora.policy.versions import Eligibility, plan_catch_up
+
+_assign = maker(Assign)
+_commit = maker(Commit)
+_accepted = maker(Accepted)
+"""The actions made per Actor per step, built positionally (:mod:`aurora.policy.makers`)."""
 
 # ------------------------------------------------------------------------------------------
 # Configuration
@@ -191,6 +198,8 @@ class LedgerState:
     book: LeaseBook = field(init=False)
     trust: TrustBook | None = field(init=False)
     """Every Actor's verification record (None: verification off)."""
+    _ids: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
+    """``actors``' ids in sorted order (see :func:`_by_id`)."""
 
     def __post_init__(self) -> None:
         self.book = LeaseBook(self.config.lease)
@@ -227,6 +236,39 @@ def decide(state: LedgerState, event: Event, *, now: float) -> tuple[LedgerState
     actions: list[Action] = []
     handler(state, event, now, actions)
     return state, actions
+
+
+def decide_each(state: LedgerState, events: Sequence[Event], *, now: float) -> list[list[Action]]:
+    """:func:`decide` for each of ``events`` in order at ``now``: the actions of each, and the
+    state, are those of the calls one after another (each is its handler, called as
+    :func:`decide` calls it; ``now`` is checked once). A ``ValueError`` from an event leaves
+    the events before it decided and it and those after it not: as the loop of calls would.
+    For many Actors' reports at one instant (a cohort of the simulator staging or activating a
+    version together), where the per-call overhead is a third of the cost."""
+    if not (type(now) is float or isinstance(now, int | float)) or not math.isfinite(now):
+        raise ValueError(f"now must be a finite number of seconds, got {now!r}")
+    handlers = _HANDLERS
+    out: list[list[Action]] = []
+    for event in events:
+        handler = handlers.get(type(event))
+        if handler is None:
+            raise ValueError(f"unknown event type {type(event).__name__}")
+        actions: list[Action] = []
+        handler(state, event, now, actions)
+        out.append(actions)
+    return out
+
+
+def _by_id(state: LedgerState) -> list[ActorRecord]:
+    """Every Actor record in id order (the order dispatch and exclusion visit them). The sorted
+    ids are kept while no id is added: an id never leaves ``actors`` (a departed Actor's record
+    stays, not live), so an unchanged count means unchanged ids; the records are looked up
+    fresh, since a rejoin replaces its id's record. Sorting 10^5 ids per batch cost ~0.1 s."""
+    actors = state.actors
+    ids = state._ids
+    if len(ids) != len(actors):
+        ids = state._ids = sorted(actors)
+    return list(map(actors.__getitem__, ids))
 
 
 def _actor(state: LedgerState, actor: str) -> ActorRecord:
@@ -538,7 +580,7 @@ def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Acti
     state.book.forget_settled(ev.version - lag - RETAIN_BATCHES)
     state.target = ev.version
     state.hold_until = now + state.book.lease_length()
-    for rec in sorted(state.actors.values(), key=lambda r: r.id):
+    for rec in _by_id(state):
         if not rec.schedulable:
             continue
         if _eligibility(rec, ev.version, state.latest) is Eligibility.EXCLUDED:
@@ -583,36 +625,48 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
     expected: list[ActorRecord] = []
     eligible: list[ActorRecord] = []
     needs_commit: set[str] = set()
-    for rec in sorted(state.actors.values(), key=lambda r: r.id):
-        if not rec.schedulable:
-            continue
-        verdict = _eligibility(rec, target, state.latest)
-        if verdict is not Eligibility.EXCLUDED:
+    latest = state.latest
+    behind = target - 1
+    ready, catching_up = ActorLife.READY, ActorLife.CATCHING_UP
+    for rec in _by_id(state):
+        life = rec.life
+        if life is not ready and life is not catching_up:
+            continue  # not schedulable
+        # _eligibility written out: this loop visits every Actor (10^5) on every dispatch.
+        versions = rec.versions
+        active = versions.active
+        if active is None:
+            continue  # EXCLUDED, and not one version behind
+        if active == target or (latest is not None and target < active <= latest):
             eligible.append(rec)
             expected.append(rec)
-            if verdict is Eligibility.NEEDS_COMMIT:
-                needs_commit.add(rec.id)
-        elif rec.versions.active == target - 1:
-            # One version behind: its delta is on the way, worth holding a share for. Actors
-            # further behind (a long catch-up, a fresh join) are not waited for.
+        elif active == behind:
             expected.append(rec)
+            if versions.is_staged(target):  # NEEDS_COMMIT
+                eligible.append(rec)
+                needs_commit.add(rec.id)
+            # else one version behind: its delta is on the way, worth holding a share for.
+            # Actors further behind (a long catch-up, a fresh join) are not waited for.
     if not eligible:
         return
-    if any(not r.stalled for r in eligible):
+    if any(r.stalled for r in eligible) and any(not r.stalled for r in eligible):
         # Stragglers whose leases expired take nothing new while others can (see
         # ActorRecord.stalled); they are not expected either, so nothing is held for them.
         eligible = [r for r in eligible if not r.stalled]
         expected = [r for r in expected if not r.stalled]
-    live = {r.id: r.estimate for r in state.actors.values() if r.live and r.estimate is not None}
-    prior = allocation.prior(live, state.config.prior_tokens_per_s)
-
-    def estimate(rec: ActorRecord) -> float:
-        return rec.estimate if rec.estimate is not None else prior
+    # The prior (a median over every live estimate: a sort of 10^5) only for Actors without one.
+    prior = 0.0
+    if any(r.estimate is None for r in expected):
+        live = {
+            r.id: r.estimate for r in state.actors.values() if r.live and r.estimate is not None
+        }
+        prior = allocation.prior(live, state.config.prior_tokens_per_s)
 
     holding = len(expected) > len(eligible) and state.hold_until is not None
     holding = holding and now <= state.hold_until  # type: ignore[operator]
-    held = {r.id: len(book.by_actor.get(r.id, ())) for r in expected}
-    est = {r.id: estimate(r) for r in expected}
+    by_actor = book.by_actor
+    held = {r.id: len(by_actor.get(r.id, ())) for r in expected}
+    est = {r.id: r.estimate if r.estimate is not None else prior for r in expected}
     shares = allocation.split(book.pool_size + sum(held.values()), est, est.keys())
     left = book.pool_size
     wants: dict[str, int] = {}
@@ -622,31 +676,30 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
     if left and not holding:
         # Nobody to hold for: the rest (shares of Actors that hold more than their share, or
         # of Actors too late to wait for) goes to the eligible ones, in proportion.
-        est = {r.id: estimate(r) for r in eligible}
+        est = {r.id: r.estimate if r.estimate is not None else prior for r in eligible}
         for actor, n in allocation.split(left, est, est.keys()).items():
             wants[actor] += n
+    # Every eligible Actor's claim in one call to the book (the same leases as one claim per
+    # Actor in this order), then each one's Commit and Assign in the same order.
+    versions_info = state.versions
+    claimants: list[ActorRecord] = []
+    claims: list[tuple[str, int, int, str]] = []
     for rec in eligible:
         n = wants[rec.id]
         if n == 0:
             continue
-        if rec.id in needs_commit and rec.commit_sent != target:
-            out.append(Commit(actor=rec.id, version=target))
-            rec.commit_sent = target
         # An Actor already past the target works on its own (newer) version.
         version = max(target, rec.versions.active or 0)
-        weights_hash = state.versions[version].weights_hash
-        lids, prompts, expiry = book.claim_ids(
-            rec.id, n, version=version, weights_hash=weights_hash, now=now
-        )
-        out.append(
-            Assign(
-                actor=rec.id,
-                version=version,
-                leases=tuple(lids),
-                prompts=tuple(prompts),
-                expiry=expiry,
-            )
-        )
+        claimants.append(rec)
+        claims.append((rec.id, n, version, versions_info[version].weights_hash))
+    claimed = book.claim_many(claims, now)
+    for rec, (actor, _, version, _), (lids, prompts, expiry) in zip(
+        claimants, claims, claimed, strict=True
+    ):
+        if actor in needs_commit and rec.commit_sent != target:
+            out.append(_commit(actor, target))
+            rec.commit_sent = target
+        out.append(_assign(actor, version, lids, prompts, expiry))
     assert holding or book.pool_size == 0
 
 
@@ -714,7 +767,7 @@ def _settle_results(
                 rec.stalled = False
                 out.extend(
                     [
-                        Accepted(lease=lease, actor=actor, prompt=prompt, version=version)
+                        _accepted(lease, actor, prompt, version)
                         for lease, prompt in zip(leases[i : i + len(prompts)], prompts, strict=True)
                     ]
                 )
@@ -726,7 +779,7 @@ def _settle_results(
         if refusal is None:
             rec.stalled = False  # it works: an admitted result shows it
             assert prompt is not None
-            out.append(Accepted(lease=lease, actor=actor, prompt=prompt, version=version))
+            out.append(_accepted(lease, actor, prompt, version))
             if book.pool_size and not held.get(actor):
                 _dispatch(state, now, out)  # an idle Actor takes more of a held-back pool
             continue

@@ -47,15 +47,6 @@ def lowest_allowed(step: int, max_lag: int) -> int:
     return max(0, step - 1 - max_lag)
 
 
-def _held(active: int, staged: list[int]) -> int:
-    """Newest version reachable by activating staged deltas in order from ``active``."""
-    held = active
-    for v in sorted(staged):
-        if v == held + 1:
-            held = v
-    return held
-
-
 def batch_version(state: LedgerState, step: int) -> int | None:
     """Version for batch ``step``, or None while the Trainer has not published one allowed."""
     lag = state.config.max_lag
@@ -64,23 +55,31 @@ def batch_version(state: LedgerState, step: int) -> int | None:
     if latest is None or latest < lowest:
         return None
     floor = max(lowest, latest - lag)
-    held = [
-        _held(rec.versions.active, rec.versions.staged_versions())
-        for rec in state.actors.values()
-        if rec.schedulable and rec.versions.active is not None and rec.versions.active >= lowest - 1
-    ]
-    newest_all_hold = min(held) if held else latest
+    # The newest version every schedulable Actor with weights from lowest-1 on can reach by
+    # activating its staged deltas in order (ActorVersions.reachable: a walk, no sort).
+    newest_all_hold: int | None = None
+    for rec in state.actors.values():
+        if not rec.schedulable:
+            continue
+        versions = rec.versions
+        active = versions.active
+        if active is None or active < lowest - 1:
+            continue
+        held = versions.reachable()
+        if newest_all_hold is None or held < newest_all_hold:  # type: ignore[operator]
+            newest_all_hold = held
+    if newest_all_hold is None:
+        newest_all_hold = latest
     return min(max(newest_all_hold, floor), latest)
 
 
 def waiting_on(state: LedgerState, version: int) -> list[str]:
     """Schedulable Actors one version behind ``version`` that have not staged it yet."""
+    behind = version - 1
     return sorted(
         rec.id
         for rec in state.actors.values()
-        if rec.schedulable
-        and rec.versions.active == version - 1
-        and version not in rec.versions.staged_versions()
+        if rec.versions.active == behind and rec.schedulable and not rec.versions.is_staged(version)
     )
 
 
