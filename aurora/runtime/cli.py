@@ -323,7 +323,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument(
         "--strategy",
         default="aurora",
-        help="aurora, prime-full, prime-async2, prime-async4 or ideal-singledc",
+        help="aurora, prime-full, prime-async2, prime-async4, ideal-singledc or aurora-norelay",
     )
     p.add_argument("--steps", type=int, default=None, help="training steps (default real.steps)")
     p.add_argument("--seed", type=int, default=0)
