@@ -191,14 +191,18 @@ class Traces:
             )
         return self.workloads[name]
 
-    def delta_bytes(self, model: str, codec: str) -> float:
+    def codec_ratio(self, codec: str) -> float:
+        """Size of ``codec``'s delta relative to ``leb128``'s; an unknown codec raises."""
         ratio = self.constants.codec_bytes_vs_leb128.get(codec)
         if ratio is None:
             raise ValueError(
                 f"codec: no size ratio for {codec!r} in traces "
                 f"(have {sorted(self.constants.codec_bytes_vs_leb128)})"
             )
-        return self.model(model).delta_bytes_leb128.value * ratio.value
+        return ratio.value
+
+    def delta_bytes(self, model: str, codec: str) -> float:
+        return self.model(model).delta_bytes_leb128.value * self.codec_ratio(codec)
 
     def delta_bytes_by_version(self, model: str, codec: str) -> tuple[float, ...]:
         """Each version's delta bytes in ``codec`` (v = 1 first); empty when the trace has one
@@ -206,8 +210,7 @@ class Traces:
         series = self.model(model).delta_bytes_by_version
         if series is None:
             return ()
-        self.delta_bytes(model, codec)  # the same checks: a codec without a ratio raises
-        ratio = self.constants.codec_bytes_vs_leb128[codec].value
+        ratio = self.codec_ratio(codec)
         return tuple(b * ratio for b in series.values)
 
     def sources(self) -> list[tuple[str, float, str]]:
