@@ -251,8 +251,10 @@ class Cohorts:
         exact mode orders them at one instant), then generate again, wait at a safe point, or
         split out."""
         sim = self.sim
-        feed = sim.driver.report
+        driver = sim.driver
         decide = self.actors.decide
+        now = self.env.now
+        direct = driver.direct()
         proportional = sim.cfg.strategy.proportional
         rec = sim.recorder
         hashed, h = -1, ""  # the version whose hash h is (one f-string per version, not result)
@@ -265,9 +267,23 @@ class Cohorts:
             version = work.version
             if version != hashed:
                 hashed, h = version, weights_hash(version)
-            feed(_results(actor.id, work.leases, version, h))
-            if proportional:
-                feed(_throughput(actor.id, max(1, round(tokens)), seconds))
+            if direct:
+                # driver.report without its checks per report: they can change only when
+                # something other than an Accepted was carried out.
+                if driver.report_direct(_results(actor.id, work.leases, version, h), now):
+                    direct = driver.direct()
+                if proportional:
+                    ev = _throughput(actor.id, max(1, round(tokens)), seconds)
+                    if direct:
+                        if driver.report_direct(ev, now):
+                            direct = driver.direct()
+                    else:
+                        driver.report(ev)
+            else:
+                driver.report(_results(actor.id, work.leases, version, h))
+                if proportional:
+                    driver.report(_throughput(actor.id, max(1, round(tokens)), seconds))
+                direct = driver.direct()
             if actor.cohort is not cohort:
                 continue
             decision = decide(actor)

@@ -320,6 +320,24 @@ class LedgerDriver:
         now = self.env.now
         self._carry_out(now, event, self.core.feed(event, now=now))
 
+    def direct(self) -> bool:
+        """True when :meth:`report` decides an event at once (nothing can delay, hold, record
+        or split it): a caller that reports many may then decide them with
+        :meth:`report_direct`, as :meth:`report` would."""
+        return not (self.record or self._one_way or self._held or self.sim.faults.cut_off)
+
+    def report_direct(self, event: Event, now: float) -> bool:
+        """:meth:`report` when :meth:`direct` holds: decide ``event`` at ``now`` and carry out
+        its actions, skipping the call when they are all ``Accepted`` (which
+        :meth:`_carry_out` skips: with ``record`` off it does nothing for them). True if
+        something was carried out (and :meth:`direct` may have changed)."""
+        actions = self.core.feed(event, now=now)
+        for action in actions:
+            if type(action) is not Accepted:
+                self._carry_out(now, event, actions)
+                return True
+        return False
+
     def report(self, event: Event) -> None:
         """An Actor's report at ``env.now``: :meth:`feed`, decided at once when nothing can
         delay, hold, record or split it (what :meth:`feed` would do then, without its checks:

@@ -29,6 +29,22 @@ class Recorder:
         self.excluded: dict[int, list[str]] = {}
         """Actors excluded from each batch (by batch number)."""
         self._carried_at_last_row: list[float] = []
+        self._json_keys: dict[str, str] = {}
+        """``'"<actor>": '`` per Actor id: ``json.dumps`` of the key (:meth:`_by_actor`)."""
+
+    def _by_actor(self, values: dict[str, int], keys: list[str]) -> str:
+        """``json.dumps(values, sort_keys=True)`` for a dict of int values whose sorted keys are
+        ``keys``: the same string, with each key encoded once per run instead of once per step
+        (two such dicts of 10^5 Actors per step took 0.3 s of a step's 6 s; the test
+        ``test_rows_by_actor_are_json_dumps`` holds it to ``json.dumps``)."""
+        enc = self._json_keys
+        parts = []
+        for k in keys:
+            e = enc.get(k)
+            if e is None:
+                enc[k] = e = json.dumps(k) + ": "
+            parts.append(e + int.__repr__(values[k]))
+        return "{" + ", ".join(parts) + "}"
 
     def log(self, who: str, what: str) -> None:
         if self.on:
@@ -71,6 +87,7 @@ class Recorder:
         for a in results:
             shares[a.actor] = shares.get(a.actor, 0) + 1
             versions[a.actor] = a.version
+        by_actor = sorted(shares)  # the keys of both dicts
         self.rows.append(
             {
                 "step": v,
@@ -81,8 +98,8 @@ class Recorder:
                 "tokens_per_s": tokens / step_time if step_time > 0 else 0.0,
                 "batch_version": target,
                 "staleness": v - 1 - target,
-                "shares": json.dumps(shares, sort_keys=True),
-                "actor_versions": json.dumps(versions, sort_keys=True),
+                "shares": self._by_actor(shares, by_actor),
+                "actor_versions": self._by_actor(versions, by_actor),
                 "excluded": json.dumps(sorted(self.excluded.get(v, []))),
                 "expired": self.expired,
                 "refused": self.refused,

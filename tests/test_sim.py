@@ -466,3 +466,24 @@ def test_random_fault_schedules_finish_and_never_lose_a_prompt(strategy_name, fa
     sim.ledger.book.check()  # every prompt in exactly one place: pool, leased or settled once
     assert len(result.rows) == 6
     assert all(r["staleness"] <= strategy(strategy_name).max_lag for r in result.rows)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(min_size=0, max_size=8),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        max_size=12,
+    )
+)
+def test_rows_by_actor_are_json_dumps(values):
+    """A step row's per-Actor columns are written as ``json.dumps(..., sort_keys=True)`` would
+    write them, for any key (escapes, non-ASCII) and any int, with the key cache warm or cold."""
+    import json
+
+    from sim.recorder import Recorder
+
+    rec = Recorder.__new__(Recorder)
+    rec._json_keys = {}
+    for _ in range(2):
+        assert rec._by_actor(values, sorted(values)) == json.dumps(values, sort_keys=True)
