@@ -70,22 +70,33 @@ class LedgerCore:
         """Decide ``event`` at ``now`` (s). A ``ValueError`` leaves everything unchanged."""
         pacer = self.pacer
         kind = type(event)
-        if pacer is not None and kind is BatchRequested:
-            pacer.check_request(event)  # type: ignore[arg-type]
-        _, actions = decide(self.state, event, now=now)
         if pacer is None:
-            return actions
+            return decide(self.state, event, now=now)[1]
+        if kind in _RESULTS:  # first: one or two per Actor per step
+            actions = decide(self.state, event, now=now)[1]
+            if len(actions) == 1 and type(actions[0]) is Accepted:
+                accepted = actions  # the usual answer: the one result admitted
+            else:
+                accepted = [a for a in actions if type(a) is Accepted]
+            return self._settle(actions, accepted, now) if accepted else actions
+        if kind is BatchRequested:
+            pacer.check_request(event)  # type: ignore[arg-type]
+        actions = decide(self.state, event, now=now)[1]
         if kind is BatchRequested:
             pacer.requested(event)  # type: ignore[arg-type]
             return actions
         if kind is DeltaPublished:
             pacer.published(event.version)  # type: ignore[union-attr]
             pacer.observe(self.state, now)  # a version the next batch may use
-            return actions
-        if kind not in _RESULTS:
-            return actions  # only a result is admitted (Accepted)
-        accepted = [a for a in actions if type(a) is Accepted]
-        completed = pacer.settle(accepted, now) if accepted else []
+        return actions  # only a result is admitted (Accepted)
+
+    def _settle(self, actions: list[Action], accepted: list[Accepted], now: float) -> list[Action]:
+        """``actions`` of a result event at ``now``, with ``accepted`` (those of them that are
+        ``Accepted``, in order) counted by the pacer, and a ``BatchCompleted`` after each one
+        that completed its batch."""
+        pacer = self.pacer
+        assert pacer is not None
+        completed = pacer.settle(accepted, now)
         if not completed:
             return actions
         pacer.observe(self.state, now)  # the batch before the next one complete

@@ -724,8 +724,8 @@ def changes_nothing(state: LedgerState, event: Event) -> bool:
 
 
 def _on_result(state: LedgerState, ev: ResultArrived, now: float, out: list[Action]) -> None:
-    _actor(state, ev.actor)
-    _settle_results(state, ev.actor, (ev.lease,), ev.version, ev.weights_hash, now, out)
+    rec = _actor(state, ev.actor)
+    _settle_results(state, rec, (ev.lease,), ev.version, ev.weights_hash, now, out)
 
 
 def _on_malformed(state: LedgerState, ev: ResultMalformed, now: float, out: list[Action]) -> None:
@@ -739,22 +739,23 @@ def _on_malformed(state: LedgerState, ev: ResultMalformed, now: float, out: list
 
 
 def _on_results(state: LedgerState, ev: ResultsArrived, now: float, out: list[Action]) -> None:
-    _actor(state, ev.actor)  # the one check that raises: before any lease is settled
-    _settle_results(state, ev.actor, ev.leases, ev.version, ev.weights_hash, now, out)
+    rec = _actor(state, ev.actor)  # the one check that raises: before any lease is settled
+    _settle_results(state, rec, ev.leases, ev.version, ev.weights_hash, now, out)
 
 
 def _settle_results(
     state: LedgerState,
-    actor: str,
+    rec: ActorRecord,
     leases: tuple[str, ...],
     version: int,
     weights_hash: str,
     now: float,
     out: list[Action],
 ) -> None:
-    """Results of ``actor`` for ``leases``, one after another: the acceptance predicate settles
-    each lease (the one place a result is judged, whether it came alone or with others)."""
-    rec = state.actors[actor]
+    """Results of ``rec``'s Actor for ``leases``, one after another: the acceptance predicate
+    settles each lease (the one place a result is judged, whether it came alone or with
+    others)."""
+    actor = rec.id
     book = state.book
     judge, held = book.judge, book.by_actor
     i, n = 0, len(leases)
@@ -763,6 +764,11 @@ def _settle_results(
             # With the pool empty an admitted result dispatches nothing (and admitting returns
             # nothing to the pool): settle the run of admitted results in one call.
             prompts = book.settle_run(leases, i, actor, version, weights_hash, now)
+            if len(prompts) == 1:  # one prompt per Actor per step at 10^5 Actors
+                rec.stalled = False
+                out.append(_accepted(leases[i], actor, prompts[0], version))
+                i += 1
+                continue
             if prompts:
                 rec.stalled = False
                 out.extend(

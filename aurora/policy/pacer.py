@@ -301,6 +301,15 @@ class Pacer:
         results = self.results
         n = self.config.prompts_per_batch
         completed = []
+        if len(accepted) == 1:  # one result (an Actor's one prompt a step at 10^5 Actors)
+            a = accepted[0]
+            k = batch_of.pop(a.prompt)
+            got = results[k]
+            got.append(a)
+            if len(got) == n:
+                self.done[k] = now
+                completed.append((0, k))
+            return completed
         batches = list(map(batch_of.pop, [a.prompt for a in accepted]))
         k = batches[0] if batches else 0
         if batches and batches.count(k) == len(batches):
