@@ -145,6 +145,13 @@ class LedgerConfig:
 # ------------------------------------------------------------------------------------------
 
 
+LIVE = (ActorLife.CATCHING_UP, ActorLife.READY, ActorLife.DRAINING)
+"""Lives of a live Actor (:attr:`ActorRecord.live`), for loops over every Actor to test
+``rec.life in LIVE`` without a property call per Actor."""
+SCHEDULABLE = (ActorLife.CATCHING_UP, ActorLife.READY)
+"""Lives of an Actor that may be given work (:attr:`ActorRecord.schedulable`)."""
+
+
 @dataclass(slots=True)
 class ActorRecord:
     id: str
@@ -165,11 +172,11 @@ class ActorRecord:
 
     @property
     def live(self) -> bool:
-        return self.life in (ActorLife.CATCHING_UP, ActorLife.READY, ActorLife.DRAINING)
+        return self.life in LIVE
 
     @property
     def schedulable(self) -> bool:
-        return self.life in (ActorLife.CATCHING_UP, ActorLife.READY)
+        return self.life in SCHEDULABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,12 +507,14 @@ def _fanout_edges(state: LedgerState) -> tuple[tuple[str, str], ...]:
 
 def _on_staged(state: LedgerState, ev: DeltaStaged, now: float, out: list[Action]) -> None:
     rec = _actor(state, ev.actor)
-    _check_version_arg("DeltaStaged.version", ev.version)
-    if ev.version not in state.versions:
-        raise ValueError(f"Actor {ev.actor!r} staged unknown version {ev.version}")
-    if not rec.live:
+    version = ev.version
+    if type(version) is not int or version < 0:  # the check below, called only when it may fail
+        _check_version_arg("DeltaStaged.version", version)
+    if version not in state.versions:
+        raise ValueError(f"Actor {ev.actor!r} staged unknown version {version}")
+    if rec.life not in LIVE:
         raise IllegalTransition("actor lifecycle", rec.life, "stage")
-    rec.versions.stage(ev.version)
+    rec.versions.stage(version)
     _dispatch_if_eligible(state, rec, now, out)
 
 
@@ -518,7 +527,7 @@ def _dispatch_if_eligible(
     if (
         target is not None
         and state.book.pool_size
-        and rec.schedulable
+        and rec.life in SCHEDULABLE
         and _eligibility(rec, target, state.latest) is not Eligibility.EXCLUDED
     ):
         _dispatch(state, now, out)
@@ -526,10 +535,12 @@ def _dispatch_if_eligible(
 
 def _on_activated(state: LedgerState, ev: VersionActivated, now: float, out: list[Action]) -> None:
     rec = _actor(state, ev.actor)
-    _check_version_arg("VersionActivated.version", ev.version)
-    if not rec.live:
+    version = ev.version
+    if type(version) is not int or version < 0:  # the check below, called only when it may fail
+        _check_version_arg("VersionActivated.version", version)
+    if rec.life not in LIVE:
         raise IllegalTransition("actor lifecycle", rec.life, "activate")
-    rec.versions.activate(ev.version)
+    rec.versions.activate(version)
     _after_version_change(state, rec, now, out)
 
 
@@ -580,8 +591,9 @@ def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Acti
     state.book.forget_settled(ev.version - lag - RETAIN_BATCHES)
     state.target = ev.version
     state.hold_until = now + state.book.lease_length()
+    schedulable = SCHEDULABLE
     for rec in _by_id(state):
-        if not rec.schedulable:
+        if rec.life not in schedulable:
             continue
         if _eligibility(rec, ev.version, state.latest) is Eligibility.EXCLUDED:
             out.append(Exclude(actor=rec.id, version=ev.version, active=rec.versions.active))
@@ -658,7 +670,9 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
     prior = 0.0
     if any(r.estimate is None for r in expected):
         live = {
-            r.id: r.estimate for r in state.actors.values() if r.live and r.estimate is not None
+            r.id: r.estimate
+            for r in state.actors.values()
+            if r.life in LIVE and r.estimate is not None
         }
         prior = allocation.prior(live, state.config.prior_tokens_per_s)
 
@@ -841,13 +855,24 @@ def _on_throughput(
     state: LedgerState, ev: ThroughputObserved, now: float, out: list[Action]
 ) -> None:
     rec = _actor(state, ev.actor)
-    if isinstance(ev.tokens, bool) or not isinstance(ev.tokens, int) or ev.tokens <= 0:
-        raise ValueError(f"ThroughputObserved.tokens must be a positive int, got {ev.tokens!r}")
-    if not (math.isfinite(ev.seconds) and ev.seconds > 0):
-        raise ValueError(f"ThroughputObserved.seconds must be > 0, got {ev.seconds!r}")
-    rec.estimate = allocation.ema_update(
-        rec.estimate, ev.tokens / ev.seconds, state.config.ema_beta
-    )
+    tokens, seconds = ev.tokens, ev.seconds
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+        raise ValueError(f"ThroughputObserved.tokens must be a positive int, got {tokens!r}")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"ThroughputObserved.seconds must be > 0, got {seconds!r}")
+    observed = tokens / seconds
+    estimate = rec.estimate
+    beta = state.config.ema_beta
+    if (
+        type(estimate) is float
+        and 0.0 < estimate < math.inf
+        and 0.0 < observed < math.inf
+        and 0.0 < beta <= 1.0
+    ):
+        # allocation.ema_update with every check it makes passed (one per Actor per step).
+        rec.estimate = beta * observed + (1.0 - beta) * estimate
+    else:
+        rec.estimate = allocation.ema_update(estimate, observed, beta)
 
 
 def _on_tick(state: LedgerState, ev: Tick, now: float, out: list[Action]) -> None:
