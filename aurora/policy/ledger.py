@@ -591,11 +591,17 @@ def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Acti
     state.book.forget_settled(ev.version - lag - RETAIN_BATCHES)
     state.target = ev.version
     state.hold_until = now + state.book.lease_length()
-    schedulable = SCHEDULABLE
+    schedulable, target = SCHEDULABLE, ev.version
     for rec in _by_id(state):
         if rec.life not in schedulable:
             continue
-        if _eligibility(rec, ev.version, state.latest) is Eligibility.EXCLUDED:
+        # _eligibility(...) is EXCLUDED, its eligible case first: this visits every Actor.
+        active = rec.versions.active
+        if active is not None and (
+            active == target or (latest is not None and target < active <= latest)
+        ):
+            continue
+        if _eligibility(rec, target, latest) is Eligibility.EXCLUDED:
             out.append(Exclude(actor=rec.id, version=ev.version, active=rec.versions.active))
             if rec.estimate is not None:
                 rec.estimate = allocation.exclusion_decay(
@@ -678,15 +684,23 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
 
     holding = len(expected) > len(eligible) and state.hold_until is not None
     holding = holding and now <= state.hold_until  # type: ignore[operator]
-    by_actor = book.by_actor
-    held = {r.id: len(by_actor.get(r.id, ())) for r in expected}
     est = {r.id: r.estimate if r.estimate is not None else prior for r in expected}
-    shares = allocation.split(book.pool_size + sum(held.values()), est, est.keys())
     left = book.pool_size
     wants: dict[str, int] = {}
-    for rec in eligible:
-        wants[rec.id] = n = min(max(shares[rec.id] - held[rec.id], 0), left)
-        left -= n
+    if book.leased:
+        by_actor = book.by_actor
+        held = {r.id: len(by_actor.get(r.id, ())) for r in expected}
+        shares = allocation.split(left + sum(held.values()), est, est.keys())
+        for rec in eligible:
+            wants[rec.id] = n = min(max(shares[rec.id] - held[rec.id], 0), left)
+            left -= n
+    else:
+        # No live lease in the book (a batch requested after the last one completed): every
+        # Actor holds 0, and a share is never negative, so each wants its share (as above).
+        shares = allocation.split(left, est, est.keys())
+        for rec in eligible:
+            wants[rec.id] = n = min(shares[rec.id], left)
+            left -= n
     if left and not holding:
         # Nobody to hold for: the rest (shares of Actors that hold more than their share, or
         # of Actors too late to wait for) goes to the eligible ones, in proportion.
