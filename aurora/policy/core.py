@@ -75,10 +75,14 @@ class LedgerCore:
         if kind in _RESULTS:  # first: one or two per Actor per step
             actions = decide(self.state, event, now=now)[1]
             if len(actions) == 1 and type(actions[0]) is Accepted:
-                accepted = actions  # the usual answer: the one result admitted
+                accepted: list[Accepted] = actions  # type: ignore[assignment]
+                # (the usual answer: the one result admitted)
             else:
                 accepted = [a for a in actions if type(a) is Accepted]
-            return self._settle(actions, accepted, now) if accepted else actions
+                if not accepted:
+                    return actions
+            completed = pacer.settle(accepted, now)
+            return self._completed(actions, accepted, completed, now) if completed else actions
         if kind is BatchRequested:
             pacer.check_request(event)  # type: ignore[arg-type]
         actions = decide(self.state, event, now=now)[1]
@@ -90,15 +94,18 @@ class LedgerCore:
             pacer.observe(self.state, now)  # a version the next batch may use
         return actions  # only a result is admitted (Accepted)
 
-    def _settle(self, actions: list[Action], accepted: list[Accepted], now: float) -> list[Action]:
-        """``actions`` of a result event at ``now``, with ``accepted`` (those of them that are
-        ``Accepted``, in order) counted by the pacer, and a ``BatchCompleted`` after each one
-        that completed its batch."""
+    def _completed(
+        self,
+        actions: list[Action],
+        accepted: list[Accepted],
+        completed: list[tuple[int, int]],
+        now: float,
+    ) -> list[Action]:
+        """``actions`` of a result event at ``now``, whose ``accepted`` (those of them that are
+        ``Accepted``, in order) completed batches (:meth:`Pacer.settle`'s ``completed``): with
+        a ``BatchCompleted`` after each one that completed its batch."""
         pacer = self.pacer
         assert pacer is not None
-        completed = pacer.settle(accepted, now)
-        if not completed:
-            return actions
         pacer.observe(self.state, now)  # the batch before the next one complete
         # Each BatchCompleted right after the Accepted that completed its batch.
         after = {id(accepted[i]): k for i, k in completed}

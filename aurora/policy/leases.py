@@ -626,10 +626,16 @@ class LeaseBook:
             del self.leased[prompt]
             self.done[prompt] = lid
             self.by_actor[actor].discard(lid)
-            took = now - t_claim
-            self._completions.append(took)
+            seconds = now - t_claim
+            self._completions.append(seconds)
             self._length = None
-            self._admitted(actor, (took,))
+            # self._admitted(actor, (seconds,)) written out
+            own = self._own.get(actor)
+            if own is None:
+                own = self._own[actor] = deque(maxlen=self.config.own_window)
+            own.append(seconds)
+            if self._grown:
+                self._grown.pop(actor, None)
             return [prompt]
         leased, done = self.leased, self.done
         claimed, settled = LeaseState.CLAIMED, _SETTLED
