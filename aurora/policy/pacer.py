@@ -93,7 +93,9 @@ def version_and_waiting(state: LedgerState, step: int) -> tuple[int | None, list
     of every Actor (10^5) each time a batch may be ready. An Actor ``waiting_on`` names
     (schedulable, on ``w - 1``, ``w`` not staged) is one ``batch_version`` visits (``w - 1``
     is at least ``lowest - 1``) whose reachable version is its active one: it is kept aside
-    when met, and those on ``w - 1`` are the answer once ``w`` is known."""
+    when met if its version can be ``w - 1`` (``floor <= w <= latest``; Actors on the latest
+    version, the usual case, are not), and those on ``w - 1`` are the answer once ``w`` is
+    known."""
     lag = state.config.max_lag
     lowest = lowest_allowed(step, lag)
     latest = state.latest
@@ -102,6 +104,7 @@ def version_and_waiting(state: LedgerState, step: int) -> tuple[int | None, list
     floor = max(lowest, latest - lag)
     newest_all_hold: int | None = None
     stuck: list[tuple[int, str]] = []  # (active, id): nothing staged on top of active
+    before = floor - 1
     schedulable = SCHEDULABLE
     for rec in state.actors.values():
         if rec.life not in schedulable:
@@ -111,7 +114,7 @@ def version_and_waiting(state: LedgerState, step: int) -> tuple[int | None, list
         if active is None or active < lowest - 1:
             continue
         held = versions.reachable()
-        if held == active:
+        if held == active and before <= active < latest:  # w - 1 is in [floor - 1, latest)
             stuck.append((active, rec.id))
         if newest_all_hold is None or held < newest_all_hold:  # type: ignore[operator]
             newest_all_hold = held
