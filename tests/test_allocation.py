@@ -1,4 +1,5 @@
 import math
+import random
 
 import pytest
 from hypothesis import given
@@ -78,3 +79,40 @@ def test_split_shares_sum_to_the_batch_and_stay_within_one_of_proportional(batch
     for actor, share in shares.items():
         assert abs(share - batch * estimates[actor] / total) < 1 + 1e-9
         assert share >= 0
+
+
+def _split_by_dicts(batch: int, estimates: dict[str, float], eligible: list[str]) -> dict[str, int]:
+    """split() as it was written before it kept lists (the reference it must equal)."""
+    actors = sorted(set(eligible))
+    if not actors:
+        return {}
+    fallback = allocation.prior(estimates) if not estimates.keys() >= set(actors) else 0.0
+    tau = {a: float(estimates.get(a, fallback)) for a in actors}
+    total = math.fsum(tau.values())
+    exact = {a: batch * tau[a] / total for a in actors}
+    shares = {a: math.floor(exact[a]) for a in actors}
+    left = batch - sum(shares.values())
+    order = sorted(actors, key=lambda a: (-(exact[a] - shares[a]), -tau[a], a))
+    for a in order[:left]:
+        shares[a] += 1
+    return shares
+
+
+def test_split_equals_the_dict_written_reference_share_by_share():
+    rng = random.Random(7)
+    for _ in range(400):
+        n = rng.randint(1, 40)
+        names = [f"a{i:02d}" for i in range(n)]
+        pick = rng.random()
+        if pick < 0.3:  # ties: a few distinct estimates
+            estimates = {a: float(rng.choice((500, 1000, 1500))) for a in names}
+        else:
+            estimates = {a: rng.uniform(1.0, 5000.0) for a in names}
+        for a in rng.sample(names, rng.randint(0, n // 3)):
+            del estimates[a]  # some without an estimate: the prior
+        eligible = rng.sample(names, rng.randint(1, n))
+        if rng.random() < 0.5:
+            eligible.sort()
+        batch = rng.randint(0, 3 * n)
+        got = allocation.split(batch, estimates, eligible)
+        assert list(got.items()) == list(_split_by_dicts(batch, estimates, eligible).items())

@@ -175,3 +175,37 @@ def test_claim_many_refuses_a_negative_count_before_any_change():
     with pytest.raises(ValueError, match="lease count must be >= 0"):
         book.claim_many([("a", 1, 1, "h"), ("b", -1, 1, "h")], 0.0)
     assert book == before
+
+
+def test_settle_run_of_one_lease_judges_as_judge_does():
+    # settle_run's one-lease path (one prompt per Actor per step at 10^5 Actors) against judge,
+    # for each way a result can be refused and for the admitted one: the same prompt or none,
+    # and equal books after.
+    cases = [
+        ("L1", "a", 1, "h", 1.0),  # admitted
+        ("L1", "b", 1, "h", 1.0),  # another Actor's lease
+        ("L1", "a", 2, "h", 1.0),  # wrong version
+        ("L1", "a", 1, "g", 1.0),  # wrong hash
+        ("L1", "a", 1, "h", 99.0),  # late
+        ("L9", "a", 1, "h", 1.0),  # unknown lease
+    ]
+    for lid, actor, version, h, now in cases:
+        books = []
+        for _ in range(2):
+            book = LeaseBook(LeaseConfig(initial_s=5.0, min_samples=4, min_s=1.0))
+            book.add(["p0", "p1"], 1)
+            book.claim_many([("a", 1, 1, "h"), ("b", 1, 1, "h")], 0.0)
+            books.append(book)
+        run, one = books
+        got = run.settle_run((lid,), 0, actor, version, h, now)
+        if got:
+            assert one.judge(lid, actor, version, h, now) == (None, got[0], False)
+        assert run.settle_run((lid,), 0, actor, version, h, now) == []  # settled, or untouched
+        assert run == one
+        run.check()
+    done = LeaseBook()
+    done.add(["p0"], 1)
+    (((lid,), _, _),) = done.claim_many([("a", 1, 1, "h")], 0.0)
+    assert done.settle_run((lid,), 0, "a", 1, "h", 1.0) == ["p0"]
+    assert done.settle_run((lid,), 0, "a", 1, "h", 1.0) == []  # a duplicate: left to judge
+    assert done.pool_size == 0 and done.done == {"p0": lid}

@@ -129,3 +129,44 @@ def test_staging_judges_a_delta_by_its_base_the_one_rule_the_data_plane_asks():
     assert verdict is Verdict.REFUSE and "which this node does not hold" in why
     assert judge(5, 2, "a" * 64) == (Verdict.REFUSE, "D_5 is based on v2, older than the active v3")
     assert judge(3, 2, "a" * 64)[0] is Verdict.REFUSE  # not newer than the active version
+
+
+def test_stage_and_activate_move_exactly_as_the_table_says():
+    # ActorVersions.stage and .activate take legal moves without step() (a per-Actor hot path):
+    # from every state a version can be in, on every active version around it, they end or
+    # raise exactly as the table-driven _move does, and a raise changes nothing.
+    def by_table(av: ActorVersions, trigger: str, v: int) -> None:
+        if trigger == "stage":
+            av._deltas[v] = av._move(v, "stage")
+            return
+        av._move(v, "activate")
+        if av.active != v - 1:
+            raise IllegalTransition("delta staging", DeltaState.STAGED, "activate onto base")
+        av._set_active(v)
+
+    compared = 0
+    for active in (None, 2, 3, 4):
+        for state in (None, "receive", "stage"):
+            for v in (2, 3, 4, 5, 6):
+                for trigger in ("stage", "activate"):
+                    av = ActorVersions(active)
+                    if state is not None and active is not None and v > active:
+                        av.receive(v)
+                        if state == "stage":
+                            av.stage(v)
+                    ref = copy.deepcopy(av)
+                    before = copy.deepcopy(av)
+                    try:
+                        getattr(av, trigger)(v)
+                        got = None
+                    except IllegalTransition:
+                        got = "raised"
+                        assert av == before
+                    try:
+                        by_table(ref, trigger, v)
+                        want = None
+                    except IllegalTransition:
+                        want = "raised"
+                    assert (got, av) == (want, ref), (active, state, v, trigger)
+                    compared += 1
+    assert compared == 4 * 3 * 5 * 2

@@ -70,24 +70,42 @@ class LedgerCore:
         """Decide ``event`` at ``now`` (s). A ``ValueError`` leaves everything unchanged."""
         pacer = self.pacer
         kind = type(event)
-        if pacer is not None and kind is BatchRequested:
-            pacer.check_request(event)  # type: ignore[arg-type]
-        _, actions = decide(self.state, event, now=now)
         if pacer is None:
-            return actions
+            return decide(self.state, event, now=now)[1]
+        if kind in _RESULTS:  # first: one or two per Actor per step
+            actions = decide(self.state, event, now=now)[1]
+            if len(actions) == 1 and type(actions[0]) is Accepted:
+                accepted: list[Accepted] = actions  # type: ignore[assignment]
+                # (the usual answer: the one result admitted)
+            else:
+                accepted = [a for a in actions if type(a) is Accepted]
+                if not accepted:
+                    return actions
+            completed = pacer.settle(accepted, now)
+            return self._completed(actions, accepted, completed, now) if completed else actions
+        if kind is BatchRequested:
+            pacer.check_request(event)  # type: ignore[arg-type]
+        actions = decide(self.state, event, now=now)[1]
         if kind is BatchRequested:
             pacer.requested(event)  # type: ignore[arg-type]
             return actions
         if kind is DeltaPublished:
             pacer.published(event.version)  # type: ignore[union-attr]
             pacer.observe(self.state, now)  # a version the next batch may use
-            return actions
-        if kind not in _RESULTS:
-            return actions  # only a result is admitted (Accepted)
-        accepted = [a for a in actions if type(a) is Accepted]
-        completed = pacer.settle(accepted, now) if accepted else []
-        if not completed:
-            return actions
+        return actions  # only a result is admitted (Accepted)
+
+    def _completed(
+        self,
+        actions: list[Action],
+        accepted: list[Accepted],
+        completed: list[tuple[int, int]],
+        now: float,
+    ) -> list[Action]:
+        """``actions`` of a result event at ``now``, whose ``accepted`` (those of them that are
+        ``Accepted``, in order) completed batches (:meth:`Pacer.settle`'s ``completed``): with
+        a ``BatchCompleted`` after each one that completed its batch."""
+        pacer = self.pacer
+        assert pacer is not None
         pacer.observe(self.state, now)  # the batch before the next one complete
         # Each BatchCompleted right after the Accepted that completed its batch.
         after = {id(accepted[i]): k for i, k in completed}

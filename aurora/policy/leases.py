@@ -216,6 +216,10 @@ class LeaseBook:
         self._fresh_head = 0
         self._returned: list[int] = []
         self._returned_prompt: dict[int, str] = {}
+        self.pool_size = 0
+        """Prompts in the pool (fresh from ``_fresh_head`` on, and returned): kept by
+        :meth:`add`, :meth:`_push` and :meth:`_take`, the only places the pool changes, so the
+        Ledger reads a plain attribute (it asks once per result and per Actor dispatched)."""
         self.leased: dict[str, str] = {}  # prompt -> live lease id
         self.done: dict[str, str] = {}  # prompt -> settled lease id
         self.by_actor: dict[str, set[str]] = {}  # actor -> live lease ids
@@ -254,17 +258,14 @@ class LeaseBook:
         order.update(zip(prompts, numbers, strict=True))
         self.batch_of.update(dict.fromkeys(prompts, batch_version))
         self._fresh.extend(prompts)
+        self.pool_size += len(prompts)
         self._batch_prompts.setdefault(batch_version, []).extend(prompts)
 
     def _push(self, prompt: str) -> None:
         number = self._order[prompt]
         self._returned_prompt[number] = prompt
         heapq.heappush(self._returned, number)
-
-    @property
-    def pool_size(self) -> int:
-        # One entry per prompt in the pool: claim takes what it leases.
-        return len(self._fresh) - self._fresh_head + len(self._returned)
+        self.pool_size += 1
 
     def pool(self) -> list[str]:
         """Prompts waiting for a lease, in the order they will be claimed."""
@@ -306,6 +307,7 @@ class LeaseBook:
             del fresh[:head]  # claimed prompts leave the list a block at a time
             head = 0
         self._fresh_head = head
+        self.pool_size -= count
         return out
 
     # -- lease length ---------------------------------------------------------------------
@@ -335,7 +337,7 @@ class LeaseBook:
         self._armed.add(actor)
         self._grown[actor] = max(self._grown.get(actor, 0.0), min(grown, self._max_s))
 
-    def _admitted(self, actor: str, times: list[float]) -> None:
+    def _admitted(self, actor: str, times: Sequence[float]) -> None:
         """``actor`` was admitted with these completion times (s): they become its floor, and
         what its expiries grew is spent (it has shown what it needs)."""
         own = self._own.get(actor)
@@ -603,7 +605,39 @@ class LeaseBook:
         each, as :meth:`judge` does; stop before the first it would not admit (left untouched,
         for :meth:`judge`). Returns the prompts of the settled leases, in order: the Ledger's
         path for a whole assignment's results, with the per-result lookups hoisted."""
-        leases, states, leased, done = self.leases, self.states, self.leased, self.done
+        leases, states = self.leases, self.states
+        if len(lease_ids) == start + 1:
+            # One lease left (at 10^5 Actors each holds one prompt a step): the loop below for
+            # one lease, without its lists, slice and range.
+            lid = lease_ids[start]
+            lease = leases.get(lid)
+            if lease is None:
+                return []
+            _, prompt, holder, v_j, h_j, t_claim, expiry = lease
+            if (
+                holder != actor
+                or states[lid] is not LeaseState.CLAIMED
+                or now > expiry
+                or v_j != version
+                or h_j != weights_hash
+            ):
+                return []
+            states[lid] = _SETTLED
+            del self.leased[prompt]
+            self.done[prompt] = lid
+            self.by_actor[actor].discard(lid)
+            seconds = now - t_claim
+            self._completions.append(seconds)
+            self._length = None
+            # self._admitted(actor, (seconds,)) written out
+            own = self._own.get(actor)
+            if own is None:
+                own = self._own[actor] = deque(maxlen=self.config.own_window)
+            own.append(seconds)
+            if self._grown:
+                self._grown.pop(actor, None)
+            return [prompt]
+        leased, done = self.leased, self.done
         claimed, settled = LeaseState.CLAIMED, _SETTLED
         prompts: list[str] = []
         claimed_at: list[float] = []
@@ -695,6 +729,7 @@ class LeaseBook:
         listed = self.pool()
         pool, leased, done = set(listed), set(self.leased), set(self.done)
         assert len(pool) == len(listed) == self.pool_size, "a prompt is in the pool twice"
+        assert self.pool_size == len(self._fresh) - self._fresh_head + len(self._returned)
         assert sorted(self._returned) == sorted(self._returned_prompt), "returned heap != index"
         assert all(self._order[p] == n for n, p in self._returned_prompt.items())
         fresh = self._fresh[self._fresh_head :]

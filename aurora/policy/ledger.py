@@ -145,6 +145,13 @@ class LedgerConfig:
 # ------------------------------------------------------------------------------------------
 
 
+LIVE = (ActorLife.CATCHING_UP, ActorLife.READY, ActorLife.DRAINING)
+"""Lives of a live Actor (:attr:`ActorRecord.live`), for loops over every Actor to test
+``rec.life in LIVE`` without a property call per Actor."""
+SCHEDULABLE = (ActorLife.CATCHING_UP, ActorLife.READY)
+"""Lives of an Actor that may be given work (:attr:`ActorRecord.schedulable`)."""
+
+
 @dataclass(slots=True)
 class ActorRecord:
     id: str
@@ -165,11 +172,11 @@ class ActorRecord:
 
     @property
     def live(self) -> bool:
-        return self.life in (ActorLife.CATCHING_UP, ActorLife.READY, ActorLife.DRAINING)
+        return self.life in LIVE
 
     @property
     def schedulable(self) -> bool:
-        return self.life in (ActorLife.CATCHING_UP, ActorLife.READY)
+        return self.life in SCHEDULABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,12 +507,14 @@ def _fanout_edges(state: LedgerState) -> tuple[tuple[str, str], ...]:
 
 def _on_staged(state: LedgerState, ev: DeltaStaged, now: float, out: list[Action]) -> None:
     rec = _actor(state, ev.actor)
-    _check_version_arg("DeltaStaged.version", ev.version)
-    if ev.version not in state.versions:
-        raise ValueError(f"Actor {ev.actor!r} staged unknown version {ev.version}")
-    if not rec.live:
+    version = ev.version
+    if type(version) is not int or version < 0:  # the check below, called only when it may fail
+        _check_version_arg("DeltaStaged.version", version)
+    if version not in state.versions:
+        raise ValueError(f"Actor {ev.actor!r} staged unknown version {version}")
+    if rec.life not in LIVE:
         raise IllegalTransition("actor lifecycle", rec.life, "stage")
-    rec.versions.stage(ev.version)
+    rec.versions.stage(version)
     _dispatch_if_eligible(state, rec, now, out)
 
 
@@ -518,7 +527,7 @@ def _dispatch_if_eligible(
     if (
         target is not None
         and state.book.pool_size
-        and rec.schedulable
+        and rec.life in SCHEDULABLE
         and _eligibility(rec, target, state.latest) is not Eligibility.EXCLUDED
     ):
         _dispatch(state, now, out)
@@ -526,10 +535,12 @@ def _dispatch_if_eligible(
 
 def _on_activated(state: LedgerState, ev: VersionActivated, now: float, out: list[Action]) -> None:
     rec = _actor(state, ev.actor)
-    _check_version_arg("VersionActivated.version", ev.version)
-    if not rec.live:
+    version = ev.version
+    if type(version) is not int or version < 0:  # the check below, called only when it may fail
+        _check_version_arg("VersionActivated.version", version)
+    if rec.life not in LIVE:
         raise IllegalTransition("actor lifecycle", rec.life, "activate")
-    rec.versions.activate(ev.version)
+    rec.versions.activate(version)
     _after_version_change(state, rec, now, out)
 
 
@@ -580,10 +591,17 @@ def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Acti
     state.book.forget_settled(ev.version - lag - RETAIN_BATCHES)
     state.target = ev.version
     state.hold_until = now + state.book.lease_length()
+    schedulable, target = SCHEDULABLE, ev.version
     for rec in _by_id(state):
-        if not rec.schedulable:
+        if rec.life not in schedulable:
             continue
-        if _eligibility(rec, ev.version, state.latest) is Eligibility.EXCLUDED:
+        # _eligibility(...) is EXCLUDED, its eligible case first: this visits every Actor.
+        active = rec.versions.active
+        if active is not None and (
+            active == target or (latest is not None and target < active <= latest)
+        ):
+            continue
+        if _eligibility(rec, target, latest) is Eligibility.EXCLUDED:
             out.append(Exclude(actor=rec.id, version=ev.version, active=rec.versions.active))
             if rec.estimate is not None:
                 rec.estimate = allocation.exclusion_decay(
@@ -658,21 +676,31 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
     prior = 0.0
     if any(r.estimate is None for r in expected):
         live = {
-            r.id: r.estimate for r in state.actors.values() if r.live and r.estimate is not None
+            r.id: r.estimate
+            for r in state.actors.values()
+            if r.life in LIVE and r.estimate is not None
         }
         prior = allocation.prior(live, state.config.prior_tokens_per_s)
 
     holding = len(expected) > len(eligible) and state.hold_until is not None
     holding = holding and now <= state.hold_until  # type: ignore[operator]
-    by_actor = book.by_actor
-    held = {r.id: len(by_actor.get(r.id, ())) for r in expected}
     est = {r.id: r.estimate if r.estimate is not None else prior for r in expected}
-    shares = allocation.split(book.pool_size + sum(held.values()), est, est.keys())
     left = book.pool_size
     wants: dict[str, int] = {}
-    for rec in eligible:
-        wants[rec.id] = n = min(max(shares[rec.id] - held[rec.id], 0), left)
-        left -= n
+    if book.leased:
+        by_actor = book.by_actor
+        held = {r.id: len(by_actor.get(r.id, ())) for r in expected}
+        shares = allocation.split(left + sum(held.values()), est, est.keys())
+        for rec in eligible:
+            wants[rec.id] = n = min(max(shares[rec.id] - held[rec.id], 0), left)
+            left -= n
+    else:
+        # No live lease in the book (a batch requested after the last one completed): every
+        # Actor holds 0, and a share is never negative, so each wants its share (as above).
+        shares = allocation.split(left, est, est.keys())
+        for rec in eligible:
+            wants[rec.id] = n = min(shares[rec.id], left)
+            left -= n
     if left and not holding:
         # Nobody to hold for: the rest (shares of Actors that hold more than their share, or
         # of Actors too late to wait for) goes to the eligible ones, in proportion.
@@ -724,8 +752,8 @@ def changes_nothing(state: LedgerState, event: Event) -> bool:
 
 
 def _on_result(state: LedgerState, ev: ResultArrived, now: float, out: list[Action]) -> None:
-    _actor(state, ev.actor)
-    _settle_results(state, ev.actor, (ev.lease,), ev.version, ev.weights_hash, now, out)
+    rec = _actor(state, ev.actor)
+    _settle_results(state, rec, (ev.lease,), ev.version, ev.weights_hash, now, out)
 
 
 def _on_malformed(state: LedgerState, ev: ResultMalformed, now: float, out: list[Action]) -> None:
@@ -739,22 +767,23 @@ def _on_malformed(state: LedgerState, ev: ResultMalformed, now: float, out: list
 
 
 def _on_results(state: LedgerState, ev: ResultsArrived, now: float, out: list[Action]) -> None:
-    _actor(state, ev.actor)  # the one check that raises: before any lease is settled
-    _settle_results(state, ev.actor, ev.leases, ev.version, ev.weights_hash, now, out)
+    rec = _actor(state, ev.actor)  # the one check that raises: before any lease is settled
+    _settle_results(state, rec, ev.leases, ev.version, ev.weights_hash, now, out)
 
 
 def _settle_results(
     state: LedgerState,
-    actor: str,
+    rec: ActorRecord,
     leases: tuple[str, ...],
     version: int,
     weights_hash: str,
     now: float,
     out: list[Action],
 ) -> None:
-    """Results of ``actor`` for ``leases``, one after another: the acceptance predicate settles
-    each lease (the one place a result is judged, whether it came alone or with others)."""
-    rec = state.actors[actor]
+    """Results of ``rec``'s Actor for ``leases``, one after another: the acceptance predicate
+    settles each lease (the one place a result is judged, whether it came alone or with
+    others)."""
+    actor = rec.id
     book = state.book
     judge, held = book.judge, book.by_actor
     i, n = 0, len(leases)
@@ -763,6 +792,11 @@ def _settle_results(
             # With the pool empty an admitted result dispatches nothing (and admitting returns
             # nothing to the pool): settle the run of admitted results in one call.
             prompts = book.settle_run(leases, i, actor, version, weights_hash, now)
+            if len(prompts) == 1:  # one prompt per Actor per step at 10^5 Actors
+                rec.stalled = False
+                out.append(_accepted(leases[i], actor, prompts[0], version))
+                i += 1
+                continue
             if prompts:
                 rec.stalled = False
                 out.extend(
@@ -835,13 +869,24 @@ def _on_throughput(
     state: LedgerState, ev: ThroughputObserved, now: float, out: list[Action]
 ) -> None:
     rec = _actor(state, ev.actor)
-    if isinstance(ev.tokens, bool) or not isinstance(ev.tokens, int) or ev.tokens <= 0:
-        raise ValueError(f"ThroughputObserved.tokens must be a positive int, got {ev.tokens!r}")
-    if not (math.isfinite(ev.seconds) and ev.seconds > 0):
-        raise ValueError(f"ThroughputObserved.seconds must be > 0, got {ev.seconds!r}")
-    rec.estimate = allocation.ema_update(
-        rec.estimate, ev.tokens / ev.seconds, state.config.ema_beta
-    )
+    tokens, seconds = ev.tokens, ev.seconds
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+        raise ValueError(f"ThroughputObserved.tokens must be a positive int, got {tokens!r}")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"ThroughputObserved.seconds must be > 0, got {seconds!r}")
+    observed = tokens / seconds
+    estimate = rec.estimate
+    beta = state.config.ema_beta
+    if (
+        type(estimate) is float
+        and 0.0 < estimate < math.inf
+        and 0.0 < observed < math.inf
+        and 0.0 < beta <= 1.0
+    ):
+        # allocation.ema_update with every check it makes passed (one per Actor per step).
+        rec.estimate = beta * observed + (1.0 - beta) * estimate
+    else:
+        rec.estimate = allocation.ema_update(estimate, observed, beta)
 
 
 def _on_tick(state: LedgerState, ev: Tick, now: float, out: list[Action]) -> None:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aurora.policy.events import Accepted, BatchRequested
-from aurora.policy.ledger import LedgerState
+from aurora.policy.ledger import SCHEDULABLE, LedgerState
 
 
 def lowest_allowed(step: int, max_lag: int) -> int:
@@ -58,8 +58,9 @@ def batch_version(state: LedgerState, step: int) -> int | None:
     # The newest version every schedulable Actor with weights from lowest-1 on can reach by
     # activating its staged deltas in order (ActorVersions.reachable: a walk, no sort).
     newest_all_hold: int | None = None
+    schedulable = SCHEDULABLE  # rec.schedulable without a property call per Actor (10^5)
     for rec in state.actors.values():
-        if not rec.schedulable:
+        if rec.life not in schedulable:
             continue
         versions = rec.versions
         active = versions.active
@@ -76,11 +77,54 @@ def batch_version(state: LedgerState, step: int) -> int | None:
 def waiting_on(state: LedgerState, version: int) -> list[str]:
     """Schedulable Actors one version behind ``version`` that have not staged it yet."""
     behind = version - 1
+    schedulable = SCHEDULABLE
     return sorted(
         rec.id
         for rec in state.actors.values()
-        if rec.versions.active == behind and rec.schedulable and not rec.versions.is_staged(version)
+        if rec.versions.active == behind
+        and rec.life in schedulable
+        and not rec.versions.is_staged(version)
     )
+
+
+def version_and_waiting(state: LedgerState, step: int) -> tuple[int | None, list[str]]:
+    """``(batch_version(state, step), waiting_on(state, that version))`` in one walk over the
+    Actors instead of two (``[]`` when the version is None or 0); :meth:`Pacer.poll` asks both
+    of every Actor (10^5) each time a batch may be ready. An Actor ``waiting_on`` names
+    (schedulable, on ``w - 1``, ``w`` not staged) is one ``batch_version`` visits (``w - 1``
+    is at least ``lowest - 1``) whose reachable version is its active one: it is kept aside
+    when met if its version can be ``w - 1`` (``floor <= w <= latest``; Actors on the latest
+    version, the usual case, are not), and those on ``w - 1`` are the answer once ``w`` is
+    known."""
+    lag = state.config.max_lag
+    lowest = lowest_allowed(step, lag)
+    latest = state.latest
+    if latest is None or latest < lowest:
+        return None, []
+    floor = max(lowest, latest - lag)
+    newest_all_hold: int | None = None
+    stuck: list[tuple[int, str]] = []  # (active, id): nothing staged on top of active
+    before = floor - 1
+    schedulable = SCHEDULABLE
+    for rec in state.actors.values():
+        if rec.life not in schedulable:
+            continue
+        versions = rec.versions
+        active = versions.active
+        if active is None or active < lowest - 1:
+            continue
+        held = versions.reachable()
+        if held == active and before <= active < latest:  # w - 1 is in [floor - 1, latest)
+            stuck.append((active, rec.id))
+        if newest_all_hold is None or held < newest_all_hold:  # type: ignore[operator]
+            newest_all_hold = held
+    if newest_all_hold is None:
+        newest_all_hold = latest
+    w = min(max(newest_all_hold, floor), latest)
+    if w <= 0:
+        return w, []
+    behind = w - 1
+    return w, sorted(actor for active, actor in stuck if active == behind)
 
 
 def request_at(*, ready_since: float, waiting: list[str], grace_s: float, now: float) -> bool:
@@ -201,12 +245,11 @@ class Pacer:
             passed, wake = self._start_barrier(state, now)
             if not passed:
                 return wake
-        w = batch_version(state, k)
+        w, waiting = version_and_waiting(state, k)  # batch_version, then waiting_on it
         if w is None:
             return None
         if self.ready_since is None:
             self.ready_since = now
-        waiting = waiting_on(state, w) if w > 0 else []
         grace = cfg.staging_grace_s
         if not request_at(ready_since=self.ready_since, waiting=waiting, grace_s=grace, now=now):
             self.waiting = set(waiting)
@@ -301,6 +344,15 @@ class Pacer:
         results = self.results
         n = self.config.prompts_per_batch
         completed = []
+        if len(accepted) == 1:  # one result (an Actor's one prompt a step at 10^5 Actors)
+            a = accepted[0]
+            k = batch_of.pop(a.prompt)
+            got = results[k]
+            got.append(a)
+            if len(got) == n:
+                self.done[k] = now
+                completed.append((0, k))
+            return completed
         batches = list(map(batch_of.pop, [a.prompt for a in accepted]))
         k = batches[0] if batches else 0
         if batches and batches.count(k) == len(batches):

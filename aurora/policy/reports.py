@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aurora.policy.events import ActorJoined, ActorLost, CaughtUp, DeltaStaged, Event
-from aurora.policy.ledger import LedgerState
+from aurora.policy.ledger import LIVE, LedgerState
 from aurora.policy.makers import maker
 from aurora.policy.staging import DeltaState
 
@@ -61,7 +61,7 @@ class StagedReports:
                 self.early.setdefault(version, set()).add(actor)
             return None
         rec = state.actors.get(actor)
-        if rec is None or not rec.live:
+        if rec is None or rec.life not in LIVE:
             return None
         active = rec.versions.active
         if (active is not None and version <= active) or rec.versions.state(version) in (
