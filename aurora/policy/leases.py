@@ -412,12 +412,13 @@ class LeaseBook:
         after another (``tests/test_leasebook_fast_paths.py`` holds the two to each other).
         The Ledger's dispatch of a batch to 10^5 Actors: the pool is taken, the lease ids made
         and the book's indexes updated once for all claims, not once per Actor (~5 us each)."""
-        if any(count < 0 for _, count, _, _ in claims):
-            bad = next(count for _, count, _, _ in claims if count < 0)
+        counts = [claim[1] for claim in claims]
+        if counts and min(counts) < 0:
+            bad = next(count for count in counts if count < 0)
             raise ValueError(f"lease count must be >= 0, got {bad}")
         size = self.pool_size
         # Claims take the pool's head one after another: the first ``total`` prompts, in order.
-        total = min(sum(count for _, count, _, _ in claims), size)
+        total = min(sum(counts), size)
         prompts = self._take(total) if total else []
         first = self._next_lease + 1
         self._next_lease = first + total - 1
@@ -431,9 +432,11 @@ class LeaseBook:
         add = made.append
         out: list[tuple[tuple[str, ...], tuple[str, ...], float]] = []
         pos = 0
+        base_expiry = now + base
         for actor, count, version, weights_hash in claims:
-            expiry = now + (length(actor) if armed and actor in armed else base)
-            taken = min(count, total - pos)
+            expiry = now + length(actor) if armed and actor in armed else base_expiry
+            rest = total - pos
+            taken = count if count < rest else rest
             if taken == 1:  # one lease per Actor per step: the common claim, without slices
                 lid, p = lids[pos], prompts[pos]
                 pos += 1

@@ -710,21 +710,26 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
     # Every eligible Actor's claim in one call to the book (the same leases as one claim per
     # Actor in this order), then each one's Commit and Assign in the same order.
     versions_info = state.versions
+    target_hash = versions_info[target].weights_hash
     claimants: list[ActorRecord] = []
     claims: list[tuple[str, int, int, str]] = []
     for rec in eligible:
         n = wants[rec.id]
         if n == 0:
             continue
-        # An Actor already past the target works on its own (newer) version.
-        version = max(target, rec.versions.active or 0)
+        # An Actor already past the target works on its own (newer) version (the target when
+        # it is on the target or behind it, or has no version: max(target, active or 0)).
+        active = rec.versions.active
         claimants.append(rec)
-        claims.append((rec.id, n, version, versions_info[version].weights_hash))
+        if active is None or active <= target:
+            claims.append((rec.id, n, target, target_hash))
+        else:
+            claims.append((rec.id, n, active, versions_info[active].weights_hash))
     claimed = book.claim_many(claims, now)
     for rec, (actor, _, version, _), (lids, prompts, expiry) in zip(
         claimants, claims, claimed, strict=True
     ):
-        if actor in needs_commit and rec.commit_sent != target:
+        if needs_commit and actor in needs_commit and rec.commit_sent != target:
             out.append(_commit(actor, target))
             rec.commit_sent = target
         out.append(_assign(actor, version, lids, prompts, expiry))
