@@ -498,11 +498,24 @@ def _on_published(state: LedgerState, ev: DeltaPublished, now: float, out: list[
 
 
 def _fanout_edges(state: LedgerState) -> tuple[tuple[str, str], ...]:
-    edges = {(TRAINER, relay) for relay in state.relays} if state.config.relays else set()
-    for rec in state.actors.values():
-        if rec.schedulable:
-            edges.add((rec.source, rec.id))
-    return tuple(sorted(edges))
+    """Every edge ``(source, node)`` of a delta's fanout, sorted: the Trainer to each standalone
+    relay (with relays on), and each schedulable Actor's source to it. Built by source from the
+    Actors in id order (no edge repeats: relay and Actor ids are disjoint), so only the sources
+    and the Trainer's few relays are sorted, not 10^5 edges a version."""
+    by_source: dict[str, list[str]] = {}
+    schedulable = SCHEDULABLE
+    for rec in _by_id(state):
+        if rec.life in schedulable:
+            nodes = by_source.get(rec.source)
+            if nodes is None:
+                by_source[rec.source] = [rec.id]
+            else:
+                nodes.append(rec.id)
+    if state.config.relays and state.relays:
+        nodes = by_source.setdefault(TRAINER, [])
+        nodes.extend(state.relays)
+        nodes.sort()
+    return tuple([(source, node) for source in sorted(by_source) for node in by_source[source]])
 
 
 def _on_staged(state: LedgerState, ev: DeltaStaged, now: float, out: list[Action]) -> None:
