@@ -248,17 +248,20 @@ class LeaseBook:
         """Put new prompts into the pool. Raises ValueError for a prompt id seen before."""
         prompts = list(prompts)
         order = self._order
-        if len(set(prompts)) != len(prompts) or not order.keys().isdisjoint(prompts):
+        # Arrival numbers are never reused: forget_settled drops old prompts, and a number
+        # taken from the book's size could then sort a new batch before returned older prompts.
+        # The new entries, made once: a repeated prompt makes fewer of them than prompts (the
+        # duplicate check, without a set of its own).
+        numbers = range(self._arrivals, self._arrivals + len(prompts))
+        numbered = dict(zip(prompts, numbers, strict=True))
+        if len(numbered) != len(prompts) or not order.keys().isdisjoint(numbered):
             seen = set()
             for p in prompts:
                 if p in order or p in seen:
                     raise ValueError(f"prompt id {p!r} was already submitted")
                 seen.add(p)
-        # Arrival numbers are never reused: forget_settled drops old prompts, and a number
-        # taken from the book's size could then sort a new batch before returned older prompts.
-        numbers = range(self._arrivals, self._arrivals + len(prompts))
         self._arrivals += len(prompts)
-        order.update(zip(prompts, numbers, strict=True))
+        order.update(numbered)
         self.batch_of.update(dict.fromkeys(prompts, batch_version))
         self._fresh.extend(prompts)
         self.pool_size += len(prompts)
