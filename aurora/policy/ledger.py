@@ -498,11 +498,24 @@ def _on_published(state: LedgerState, ev: DeltaPublished, now: float, out: list[
 
 
 def _fanout_edges(state: LedgerState) -> tuple[tuple[str, str], ...]:
-    edges = {(TRAINER, relay) for relay in state.relays} if state.config.relays else set()
-    for rec in state.actors.values():
-        if rec.schedulable:
-            edges.add((rec.source, rec.id))
-    return tuple(sorted(edges))
+    """Every edge ``(source, node)`` of a delta's fanout, sorted: the Trainer to each standalone
+    relay (with relays on), and each schedulable Actor's source to it. Built by source from the
+    Actors in id order (no edge repeats: relay and Actor ids are disjoint), so only the sources
+    and the Trainer's few relays are sorted, not 10^5 edges a version."""
+    by_source: dict[str, list[str]] = {}
+    schedulable = SCHEDULABLE
+    for rec in _by_id(state):
+        if rec.life in schedulable:
+            nodes = by_source.get(rec.source)
+            if nodes is None:
+                by_source[rec.source] = [rec.id]
+            else:
+                nodes.append(rec.id)
+    if state.config.relays and state.relays:
+        nodes = by_source.setdefault(TRAINER, [])
+        nodes.extend(state.relays)
+        nodes.sort()
+    return tuple([(source, node) for source in sorted(by_source) for node in by_source[source]])
 
 
 def _on_staged(state: LedgerState, ev: DeltaStaged, now: float, out: list[Action]) -> None:
@@ -710,21 +723,26 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
     # Every eligible Actor's claim in one call to the book (the same leases as one claim per
     # Actor in this order), then each one's Commit and Assign in the same order.
     versions_info = state.versions
+    target_hash = versions_info[target].weights_hash
     claimants: list[ActorRecord] = []
     claims: list[tuple[str, int, int, str]] = []
     for rec in eligible:
         n = wants[rec.id]
         if n == 0:
             continue
-        # An Actor already past the target works on its own (newer) version.
-        version = max(target, rec.versions.active or 0)
+        # An Actor already past the target works on its own (newer) version (the target when
+        # it is on the target or behind it, or has no version: max(target, active or 0)).
+        active = rec.versions.active
         claimants.append(rec)
-        claims.append((rec.id, n, version, versions_info[version].weights_hash))
+        if active is None or active <= target:
+            claims.append((rec.id, n, target, target_hash))
+        else:
+            claims.append((rec.id, n, active, versions_info[active].weights_hash))
     claimed = book.claim_many(claims, now)
     for rec, (actor, _, version, _), (lids, prompts, expiry) in zip(
         claimants, claims, claimed, strict=True
     ):
-        if actor in needs_commit and rec.commit_sent != target:
+        if needs_commit and actor in needs_commit and rec.commit_sent != target:
             out.append(_commit(actor, target))
             rec.commit_sent = target
         out.append(_assign(actor, version, lids, prompts, expiry))
