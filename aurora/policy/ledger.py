@@ -895,9 +895,14 @@ def _on_throughput(
 ) -> None:
     rec = _actor(state, ev.actor)
     tokens, seconds = ev.tokens, ev.seconds
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+    # Each check made only when the plain int / float test before it does not pass it already.
+    if (type(tokens) is not int or tokens <= 0) and (
+        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0
+    ):
         raise ValueError(f"ThroughputObserved.tokens must be a positive int, got {tokens!r}")
-    if not (math.isfinite(seconds) and seconds > 0):
+    if not (type(seconds) is float and 0.0 < seconds < math.inf) and not (
+        math.isfinite(seconds) and seconds > 0
+    ):
         raise ValueError(f"ThroughputObserved.seconds must be > 0, got {seconds!r}")
     observed = tokens / seconds
     estimate = rec.estimate
