@@ -659,6 +659,8 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
     latest = state.latest
     behind = target - 1
     ready, catching_up = ActorLife.READY, ActorLife.CATCHING_UP
+    stalled = 0  # of the eligible
+    unestimated = False  # some expected Actor has no estimate
     for rec in _by_id(state):
         life = rec.life
         if life is not ready and life is not catching_up:
@@ -671,23 +673,28 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
         if active == target or (latest is not None and target < active <= latest):
             eligible.append(rec)
             expected.append(rec)
+            stalled += rec.stalled
+            unestimated = unestimated or rec.estimate is None
         elif active == behind:
             expected.append(rec)
+            unestimated = unestimated or rec.estimate is None
             if versions.is_staged(target):  # NEEDS_COMMIT
                 eligible.append(rec)
                 needs_commit.add(rec.id)
+                stalled += rec.stalled
             # else one version behind: its delta is on the way, worth holding a share for.
             # Actors further behind (a long catch-up, a fresh join) are not waited for.
     if not eligible:
         return
-    if any(r.stalled for r in eligible) and any(not r.stalled for r in eligible):
+    if 0 < stalled < len(eligible):  # some eligible Actors stalled, not all
         # Stragglers whose leases expired take nothing new while others can (see
         # ActorRecord.stalled); they are not expected either, so nothing is held for them.
         eligible = [r for r in eligible if not r.stalled]
         expected = [r for r in expected if not r.stalled]
+        unestimated = any(r.estimate is None for r in expected)
     # The prior (a median over every live estimate: a sort of 10^5) only for Actors without one.
     prior = 0.0
-    if any(r.estimate is None for r in expected):
+    if unestimated:
         live = {
             r.id: r.estimate
             for r in state.actors.values()
@@ -888,9 +895,14 @@ def _on_throughput(
 ) -> None:
     rec = _actor(state, ev.actor)
     tokens, seconds = ev.tokens, ev.seconds
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+    # Each check made only when the plain int / float test before it does not pass it already.
+    if (type(tokens) is not int or tokens <= 0) and (
+        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0
+    ):
         raise ValueError(f"ThroughputObserved.tokens must be a positive int, got {tokens!r}")
-    if not (math.isfinite(seconds) and seconds > 0):
+    if not (type(seconds) is float and 0.0 < seconds < math.inf) and not (
+        math.isfinite(seconds) and seconds > 0
+    ):
         raise ValueError(f"ThroughputObserved.seconds must be > 0, got {seconds!r}")
     observed = tokens / seconds
     estimate = rec.estimate

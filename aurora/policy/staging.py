@@ -113,8 +113,8 @@ class ActorVersions:
         """``D_version`` was fully received and verified."""
         active = self.active
         if active is not None and version > active:
-            now = self._deltas.get(version, DeltaState.NONE)
-            if now in _STAGE_FROM:  # a legal move (TRANSITIONS), taken without step()
+            current = self._deltas.get(version, DeltaState.NONE)
+            if current in _STAGE_FROM:  # a legal move (TRANSITIONS), taken without step()
                 self._deltas[version] = DeltaState.STAGED
                 return
         self._deltas[version] = self._move(version, "stage")
