@@ -904,19 +904,8 @@ def _on_throughput(
         math.isfinite(seconds) and seconds > 0
     ):
         raise ValueError(f"ThroughputObserved.seconds must be > 0, got {seconds!r}")
-    observed = tokens / seconds
-    estimate = rec.estimate
-    beta = state.config.ema_beta
-    if (
-        type(estimate) is float
-        and 0.0 < estimate < math.inf
-        and 0.0 < observed < math.inf
-        and 0.0 < beta <= 1.0
-    ):
-        # allocation.ema_update with every check it makes passed (one per Actor per step).
-        rec.estimate = beta * observed + (1.0 - beta) * estimate
-    else:
-        rec.estimate = allocation.ema_update(estimate, observed, beta)
+    # The EMA's rule lives in allocation alone (a copy written out here saved ~0.2 us a call).
+    rec.estimate = allocation.ema_update(rec.estimate, tokens / seconds, state.config.ema_beta)
 
 
 def _on_tick(state: LedgerState, ev: Tick, now: float, out: list[Action]) -> None:
