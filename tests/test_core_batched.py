@@ -180,36 +180,6 @@ def test_next_action_answers_the_classes_it_always_answered():
     assert next_action(active=1, staged=(), queue=[]) == Wait()
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_one_walk_finds_the_version_and_the_waiting_the_two_walks_find(seed):
-    # Pacer.poll's version_and_waiting against batch_version then waiting_on, on states with
-    # Actors on several versions, some with deltas staged above them, some gone or draining.
-    from aurora.policy.events import ActorLeft, PreemptionNotice
-    from aurora.policy.pacer import batch_version, version_and_waiting, waiting_on
-
-    c, assigns = _core(seed)
-    rng = random.Random(seed)
-    for event in _reports(seed, assigns):
-        with contextlib.suppress(ValueError):
-            c.feed(event, now=4.0)  # type: ignore[arg-type]
-    c.feed(DeltaPublished(version=3, weights_hash="h3", delta_bytes=5), now=5.0)
-    for a in ACTORS:
-        r = rng.random()
-        try:
-            if r < 0.3:
-                c.feed(DeltaStaged(actor=a, version=3), now=5.0)
-            elif r < 0.4:
-                c.feed(PreemptionNotice(actor=a, deadline=9.0), now=5.0)
-            elif r < 0.5:
-                c.feed(ActorLeft(actor=a), now=5.0)
-        except ValueError:
-            pass
-        for step in range(1, 7):
-            w = batch_version(c.state, step)
-            want = (w, waiting_on(c.state, w) if w is not None and w > 0 else [])
-            assert version_and_waiting(c.state, step) == want, (seed, step)
-
-
 @pytest.mark.parametrize("seed", range(20))
 def test_fanout_edges_are_every_edge_sorted(seed):
     # _fanout_edges builds its edges by source from the Actors in id order; the reference is

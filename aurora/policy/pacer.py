@@ -87,46 +87,6 @@ def waiting_on(state: LedgerState, version: int) -> list[str]:
     )
 
 
-def version_and_waiting(state: LedgerState, step: int) -> tuple[int | None, list[str]]:
-    """``(batch_version(state, step), waiting_on(state, that version))`` in one walk over the
-    Actors instead of two (``[]`` when the version is None or 0); :meth:`Pacer.poll` asks both
-    of every Actor (10^5) each time a batch may be ready. An Actor ``waiting_on`` names
-    (schedulable, on ``w - 1``, ``w`` not staged) is one ``batch_version`` visits (``w - 1``
-    is at least ``lowest - 1``) whose reachable version is its active one: it is kept aside
-    when met if its version can be ``w - 1`` (``floor <= w <= latest``; Actors on the latest
-    version, the usual case, are not), and those on ``w - 1`` are the answer once ``w`` is
-    known."""
-    lag = state.config.max_lag
-    lowest = lowest_allowed(step, lag)
-    latest = state.latest
-    if latest is None or latest < lowest:
-        return None, []
-    floor = max(lowest, latest - lag)
-    newest_all_hold: int | None = None
-    stuck: list[tuple[int, str]] = []  # (active, id): nothing staged on top of active
-    before = floor - 1
-    schedulable = SCHEDULABLE
-    for rec in state.actors.values():
-        if rec.life not in schedulable:
-            continue
-        versions = rec.versions
-        active = versions.active
-        if active is None or active < lowest - 1:
-            continue
-        held = versions.reachable()
-        if held == active and before <= active < latest:  # w - 1 is in [floor - 1, latest)
-            stuck.append((active, rec.id))
-        if newest_all_hold is None or held < newest_all_hold:  # type: ignore[operator]
-            newest_all_hold = held
-    if newest_all_hold is None:
-        newest_all_hold = latest
-    w = min(max(newest_all_hold, floor), latest)
-    if w <= 0:
-        return w, []
-    behind = w - 1
-    return w, sorted(actor for active, actor in stuck if active == behind)
-
-
 def request_at(*, ready_since: float, waiting: list[str], grace_s: float, now: float) -> bool:
     """Request now? Yes when nobody is waited for, or the grace period has run out."""
     if grace_s < 0:
@@ -245,11 +205,12 @@ class Pacer:
             passed, wake = self._start_barrier(state, now)
             if not passed:
                 return wake
-        w, waiting = version_and_waiting(state, k)  # batch_version, then waiting_on it
+        w = batch_version(state, k)
         if w is None:
             return None
         if self.ready_since is None:
             self.ready_since = now
+        waiting = waiting_on(state, w) if w > 0 else []
         grace = cfg.staging_grace_s
         if not request_at(ready_since=self.ready_since, waiting=waiting, grace_s=grace, now=now):
             self.waiting = set(waiting)
