@@ -329,30 +329,6 @@ class Actors:
         rate = actor.rate * noise * max(drift, 0.05)
         return tokens / rate, tokens
 
-    def generation_seconds_many(
-        self, actors: list[ActorNode], leases: list[int]
-    ) -> list[tuple[float, float]]:
-        """:meth:`generation_seconds` for cohort members starting now, each with its noises
-        drawn ahead (:meth:`draw_noise`): the same values, the same arithmetic in the same
-        order, with what the members share (their GPU's trace, the drift at this instant)
-        looked up once per GPU instead of once per member (~1 us each at 10^5 members)."""
-        sim = self.sim
-        per_lease = sim.tokens_per_lease
-        now = self.env.now
-        shared: dict[str, tuple[bool, float]] = {}
-        out: list[tuple[float, float]] = []
-        for actor, n in zip(actors, leases, strict=True):
-            got = shared.get(actor.gpu)
-            if got is None:
-                trace = sim.cfg.traces.gpus[actor.gpu]
-                drift = 1.0 + trace.drift_per_hour.value * now / 3600.0
-                shared[actor.gpu] = got = (trace.cv.value > 0, max(drift, 0.05))
-            noisy, drift = got
-            tokens = n * per_lease
-            noise = actor.noise.pop() if noisy else 1.0
-            out.append((tokens / (actor.rate * noise * drift), tokens))
-        return out
-
     def draw_noise(self, actor: ActorNode, count: int = 16) -> None:
         """Draw ``actor``'s next ``count`` throughput noises ahead, if it has none left
         (``ActorNode.noise``): one generator call and one ``np.exp`` for ``count`` generations

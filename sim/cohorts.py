@@ -206,16 +206,12 @@ class Cohorts:
         process would), one that finds other work is split out. Ends when none generates."""
         by_seconds: dict[float, list[tuple[ActorNode, Work, float]]] = {}
         actors = self.actors
-        members: list[ActorNode] = []
-        works: list[Work] = []
         for actor, decision in chosen:
             actor.queue.popleft()
+            work = decision.work  # type: ignore[union-attr]
             if not actor.noise:
                 actors.draw_noise(actor)
-            members.append(actor)
-            works.append(decision.work)  # type: ignore[union-attr]
-        times = actors.generation_seconds_many(members, [len(w.leases) for w in works])
-        for actor, work, (seconds, tokens) in zip(members, works, times, strict=True):
+            seconds, tokens = actors.generation_seconds(actor, len(work.leases))
             by_seconds.setdefault(seconds, []).append((actor, work, tokens))
         # One timeout per distinct finish time, scheduled now as exact mode schedules each
         # member's (so it lands at start + seconds bit for bit); its callback reports that

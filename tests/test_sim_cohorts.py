@@ -168,27 +168,3 @@ def test_members_that_must_catch_up_are_split_out_and_the_run_finishes():
     exact, cohort, sim = run_both(cfg)
     assert sim.actors.cohorts.splits == 300
     assert cohort.rows == exact.rows
-
-
-def test_a_cohorts_generation_times_are_each_members_own_bit_for_bit():
-    """``Actors.generation_seconds_many`` (a cohort's generation, the shared look-ups made
-    once) gives each member the seconds and tokens ``generation_seconds`` gives it alone, with
-    the same noise draws consumed in the same order."""
-    sim = Simulation(regions_config(40, 2))
-    sim._setup()
-    actors = sim.actors
-    members = list(actors.nodes.values())
-    assert len(members) == 40
-    sim.env.run(until=1234.5)  # a later instant: any drift counts
-    for m in members:
-        actors.draw_noise(m)
-    before = [list(m.noise) for m in members]
-    leases = [1 + i % 3 for i in range(len(members))]
-    many = actors.generation_seconds_many(members, leases)
-    left = [list(m.noise) for m in members]
-    for m, noise in zip(members, before, strict=True):
-        m.noise = noise
-    alone = [actors.generation_seconds(m, n) for m, n in zip(members, leases, strict=True)]
-    assert many == alone
-    assert left == [list(m.noise) for m in members]
-    assert len({s for s, _ in many}) == len(members)  # each member its own noise
