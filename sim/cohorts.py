@@ -267,23 +267,10 @@ class Cohorts:
             version = work.version
             if version != hashed:
                 hashed, h = version, weights_hash(version)
-            if direct:
-                # driver.report without its checks per report: they can change only when
-                # something other than an Accepted was carried out.
-                if driver.report_direct(_results(actor.id, work.leases, version, h), now):
-                    direct = driver.direct()
-                if proportional:
-                    ev = _throughput(actor.id, max(1, round(tokens)), seconds)
-                    if direct:
-                        if driver.report_direct(ev, now):
-                            direct = driver.direct()
-                    else:
-                        driver.report(ev)
-            else:
-                driver.report(_results(actor.id, work.leases, version, h))
-                if proportional:
-                    driver.report(_throughput(actor.id, max(1, round(tokens)), seconds))
-                direct = driver.direct()
+            direct = driver.report_next(_results(actor.id, work.leases, version, h), now, direct)
+            if proportional:
+                ev = _throughput(actor.id, max(1, round(tokens)), seconds)
+                direct = driver.report_next(ev, now, direct)
             if actor.cohort is not cohort:
                 continue
             decision = decide(actor)

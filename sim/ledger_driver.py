@@ -321,32 +321,26 @@ class LedgerDriver:
         self._carry_out(now, event, self.core.feed(event, now=now))
 
     def direct(self) -> bool:
-        """True when :meth:`report` decides an event at once (nothing can delay, hold, record
-        or split it): a caller that reports many may then decide them with
-        :meth:`report_direct`, as :meth:`report` would."""
+        """True when an Actor's report can be decided at once (:meth:`report_next`): nothing
+        can delay, hold, record or split it."""
         return not (self.record or self._one_way or self._held or self.sim.faults.cut_off)
 
-    def report_direct(self, event: Event, now: float) -> bool:
-        """:meth:`report` when :meth:`direct` holds: decide ``event`` at ``now`` and carry out
-        its actions, skipping the call when they are all ``Accepted`` (which
-        :meth:`_carry_out` skips: with ``record`` off it does nothing for them). True if
-        something was carried out (and :meth:`direct` may have changed)."""
+    def report_next(self, event: Event, now: float, direct: bool) -> bool:
+        """An Actor's report at ``now``, one of many (a cohort's results), ``direct`` being
+        :meth:`direct` as the last one left it; returns it for the next. Not direct, it is
+        :meth:`feed`'s, with its checks; decided at once, its actions are
+        carried out only when one is not an ``Accepted`` (:meth:`_carry_out` does nothing for
+        those with ``record`` off), and only then can :meth:`direct` change: a cohort's 10^5
+        results are decided without a check or a call each."""
+        if not direct:
+            self.feed(event)
+            return self.direct()
         actions = self.core.feed(event, now=now)
         for action in actions:
             if type(action) is not Accepted:
                 self._carry_out(now, event, actions)
-                return True
-        return False
-
-    def report(self, event: Event) -> None:
-        """An Actor's report at ``env.now``: :meth:`feed`, decided at once when nothing can
-        delay, hold, record or split it (what :meth:`feed` would do then, without its checks:
-        a cohort member's results and throughput, twice per Actor per step)."""
-        if self.record or self._one_way or self._held or self.sim.faults.cut_off:
-            self.feed(event)
-            return
-        now = self.env.now
-        self._carry_out(now, event, self.core.feed(event, now=now))
+                return self.direct()
+        return True
 
     def _carry_out(self, now: float, event: Event, actions: list[Action]) -> None:
         """``event`` was decided at ``now`` into ``actions``: record them, carry them out."""
