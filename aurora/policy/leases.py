@@ -641,16 +641,7 @@ class LeaseBook:
             seconds = now - t_claim
             self._completions.append(seconds)
             self._length = None
-            # self._admitted(actor, (seconds,)) written out
-            own = self._own.get(actor)
-            if own is None:
-                self._own[actor] = [seconds]
-            else:
-                own.append(seconds)
-                if len(own) > self.config.own_window:
-                    del own[0]
-            if self._grown:
-                self._grown.pop(actor, None)
+            self._admitted(actor, (seconds,))
             return [prompt]
         leased, done = self.leased, self.done
         claimed, settled = LeaseState.CLAIMED, _SETTLED
