@@ -19,9 +19,11 @@ step in lockstep. A :class:`Cohort` runs them as one process:
 * ``Activate``: one timeout for all (the apply time depends on the version only), then each
   member's ``VersionActivated`` in member order;
 * ``Generate``: each member still draws its own throughput noise from its own generator (the
-  same draws as in exact mode); each distinct finish time is one timeout scheduled at the start
-  of the generation, whose callback feeds that time's members' ``ResultsArrived`` (one each),
-  so the policy core sees the events it sees in exact mode, at the same times. A member that
+  same draws as in exact mode); each distinct finish time is one pending finish, taken in the
+  order one timeout scheduled at the start of the generation would fire
+  (:class:`sim.finishes.FinishQueue`: only the cohort's next finish waits in SimPy's queue),
+  which feeds that time's members' ``ResultsArrived`` (one each), so the policy core sees the
+  events it sees in exact mode, at the same times. A member that
   finishes and finds more work generates again inside the cohort (its exact process would);
   one that finds nothing waits at its safe point, and a kick that gives it work starts it;
 * kicks (``Assign``, ``Commit``, a staged delta) of members are merged into one per instant.
@@ -46,6 +48,7 @@ from simpy.events import URGENT
 from aurora.policy.actor import Activate, Decision, Generate, Wait, Work
 from aurora.policy.events import ResultsArrived, ThroughputObserved, VersionActivated
 from aurora.policy.makers import maker
+from sim.finishes import FinishQueue
 from sim.nodes import ActorNode
 from sim.trainer import weights_hash
 
@@ -74,6 +77,8 @@ class Cohort:
         """Members generating now (not at a safe point: nothing is decided for them)."""
         self.generated: simpy.Event | None = None
         """Succeeds when the last of them has finished (the phase ends)."""
+        self.finishes: FinishQueue | None = None
+        """When each generation under way ends (:meth:`Cohorts.start` makes it)."""
 
     def leave(self, actor: ActorNode) -> None:
         """``actor`` is lost or split out (if it was generating, the phase stops counting it
@@ -107,6 +112,7 @@ class Cohorts:
         """Members split out of their cohort so far (each continues as an exact process)."""
 
     def start(self, cohort: Cohort) -> None:
+        cohort.finishes = FinishQueue(self.env, lambda run: self._finished(cohort, *run))
         self.env.process(self._life(cohort))
 
     def split(self, cohort: Cohort, actor: ActorNode, decision: Decision | None) -> None:
@@ -213,11 +219,10 @@ class Cohorts:
                 actors.draw_noise(actor)
             seconds, tokens = actors.generation_seconds(actor, len(work.leases))
             by_seconds.setdefault(seconds, []).append((actor, work, tokens))
-        # One timeout per distinct finish time, scheduled now as exact mode schedules each
-        # member's (so it lands at start + seconds bit for bit); its callback reports that
-        # time's members: no process resumes per member.
-        for seconds in sorted(by_seconds):
-            self._schedule(cohort, by_seconds[seconds], seconds)
+        # One pending finish per distinct finish time, in the order (time, event id) exact
+        # mode's timeouts would have, made now (so it lands at start + seconds bit for bit):
+        # its members are reported at that time, and no process resumes per member.
+        self._schedule(cohort, [(by_seconds[seconds], seconds) for seconds in sorted(by_seconds)])
         while cohort.generating:
             cohort.generated = done = self.env.event()
             yield done
@@ -230,15 +235,20 @@ class Cohorts:
         if not actor.noise:
             self.actors.draw_noise(actor)
         seconds, tokens = self.actors.generation_seconds(actor, len(work.leases))
-        self._schedule(cohort, [(actor, work, tokens)], seconds)
+        self._schedule(cohort, [([(actor, work, tokens)], seconds)])
 
     def _schedule(
-        self, cohort: Cohort, runs: list[tuple[ActorNode, Work, float]], seconds: float
+        self, cohort: Cohort, groups: list[tuple[list[tuple[ActorNode, Work, float]], float]]
     ) -> None:
-        cohort.generating.update(actor for actor, _, _ in runs)
+        """Each group's ``runs`` finish its ``seconds`` from now (groups in that order), each
+        at the time and in the order one SimPy timeout made now would fire
+        (:class:`sim.finishes.FinishQueue`)."""
         start = self.env.now
-        ev = self.env.timeout(seconds)
-        ev.callbacks.append(lambda _e: self._finished(cohort, runs, seconds, start))
+        generating = cohort.generating
+        for runs, _ in groups:
+            generating.update([actor for actor, _, _ in runs])
+        assert cohort.finishes is not None  # made by start()
+        cohort.finishes.add([(seconds, (runs, seconds, start)) for runs, seconds in groups])
 
     def _finished(
         self,

@@ -1,0 +1,91 @@
+"""FinishQueue (sim/finishes.py) against plain SimPy timeouts: the same callbacks in the same
+order at the same times, ties included, and the same number of SimPy event ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from simpy.events import URGENT
+
+from sim.finishes import FinishQueue
+
+# An op, run when its parent fires: ("timeout" | "urgent", delay, label, children) makes one
+# other event; ("finish", [(delay, label, children), ...]) adds finishes to the queue at once.
+DELAYS = st.sampled_from([0.0, 0.5, 1.0, 1.0, 1.5, 2.0])  # few values: many exact ties
+
+
+def _ops(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    event = st.tuples(st.sampled_from(["timeout", "urgent"]), DELAYS, st.integers(0, 99), children)
+    finish = st.tuples(
+        st.just("finish"), st.lists(st.tuples(DELAYS, st.integers(0, 99), children), max_size=4)
+    )
+    return st.lists(st.one_of(event, finish), max_size=4)
+
+
+PROGRAMS = st.recursive(st.just([]), _ops, max_leaves=30)
+
+
+def run(program: list[Any], queued: bool) -> tuple[list[tuple[str, float]], int]:
+    """Run ``program`` from time 0; finishes through a FinishQueue (``queued``) or as one
+    timeout each. Returns the callbacks in order with their times, and the ids used."""
+    env = simpy.Environment()
+    log: list[tuple[str, float]] = []
+
+    def fired(label: str, children: list[Any]) -> None:
+        log.append((label, env.now))
+        start(children)
+
+    queue = FinishQueue(env, lambda payload: fired(*payload))
+
+    def start(ops: list[Any]) -> None:
+        for op in ops:
+            if op[0] == "finish":
+                entries = [(d, (f"f{label}", kids)) for d, label, kids in op[1]]
+                if queued:
+                    queue.add(entries)
+                else:
+                    for d, payload in entries:
+                        env.timeout(d).callbacks.append(lambda _e, p=payload: fired(*p))
+                continue
+            kind, delay, label, kids = op
+            if kind == "timeout":
+                ev: simpy.Event = env.timeout(delay)
+            else:  # an URGENT event now (a process woken at once, as the cohorts' kicks)
+                ev = env.event()
+                ev._ok, ev._value = True, None
+                env.schedule(ev, URGENT)
+            ev.callbacks.append(lambda _e, n=f"{kind[0]}{label}", k=kids: fired(n, k))
+
+    start(program)
+    env.run()
+    return log, next(env._eid)
+
+
+@settings(max_examples=300, deadline=None)
+@given(PROGRAMS)
+def test_finishes_fire_in_the_order_and_at_the_times_of_one_timeout_each(program):
+    assert run(program, queued=True) == run(program, queued=False)
+
+
+def test_a_finish_added_before_the_next_pending_one_is_reported_first():
+    env = simpy.Environment()
+    got: list[tuple[str, float]] = []
+    queue = FinishQueue(env, lambda label: got.append((label, env.now)))
+    queue.add([(1.0, "a"), (3.0, "c")])
+    env.timeout(0.5).callbacks.append(lambda _e: queue.add([(1.0, "b")]))  # due at 1.5
+    env.timeout(2.0).callbacks.append(lambda _e: got.append(("other", env.now)))
+    env.run()
+    assert got == [("a", 1.0), ("b", 1.5), ("other", 2.0), ("c", 3.0)]
+    assert queue.pending == [] and queue.armed == set()
+
+
+def test_only_the_next_finish_waits_in_simpys_queue():
+    env = simpy.Environment()
+    queue = FinishQueue(env, lambda label: None)
+    queue.add([(float(i), i) for i in range(1, 1001)])
+    assert len(env._queue) == 1 and len(queue.pending) == 1000
+    env.run()
+    assert env.now == 1000.0 and queue.pending == []
