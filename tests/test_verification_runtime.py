@@ -8,6 +8,7 @@ tests/test_verification_real.py)."""
 import asyncio
 import dataclasses
 
+import msgpack
 import pytest
 
 from aurora.keys import issue_identity
@@ -139,6 +140,24 @@ def test_every_cheat_passes_the_payload_checks_and_fails_the_recompute(rl, mode)
     assert cheat.cheated >= 1
     if mode == "partial:0.5":
         assert 0 < sum(failed) < len(failed)
+    elif mode == "forged-lp":
+        # Halving the log-prob of a token the model is sure of (lp near 0) is a lie smaller
+        # than the tolerances, accepted by design (it moves GRPO's ratio by at most
+        # exp(mean_tolerance)): which results lie by more depends on what was sampled. Every
+        # one that does, measured against the honest engine's own log-probs, must fail.
+        cfg = VerificationConfig(seed=0)
+        _, honest, _ = sample(spec, trainer, engine)
+        big = []
+        for g, forged in zip(honest, out, strict=True):
+            comps = msgpack.unpackb(g.payload)["completions"]
+            assert [c["ids"] for c in comps] == [  # the same sample, seeded: only lp differ
+                c["ids"] for c in msgpack.unpackb(forged.payload)["completions"]
+            ]
+            lies = [abs(x) / 2 for c in comps for x in c["lp"]]
+            mean = sum(lies) / len(lies)
+            big.append(max(lies) > cfg.token_tolerance or mean > cfg.mean_tolerance)
+        assert sum(big) >= len(big) // 2, big  # the sample has lies to catch
+        assert all(f for f, b in zip(failed, big, strict=True) if b), (failed, big)
     else:
         assert all(failed), failed
 
