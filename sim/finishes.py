@@ -7,15 +7,19 @@ ending at its own time (every member draws its own throughput noise). As 10^4 Si
 they sit in SimPy's event heap, which then holds ~10^5 entries at 10^5 Actors: each push and
 pop walks ~17 levels of tuples scattered in memory (~3 us a member per step at 10^5 Actors).
 
-A :class:`FinishQueue` keeps a cohort's pending finishes in a list sorted latest first, and
-puts only the earliest one into SimPy's queue, as an event with the time **and the event id**
+A :class:`FinishQueue` keeps the cohorts' pending finishes in lists sorted latest first (one
+per cohort, merged by a heap of their first finishes), and puts only the earliest one into
+SimPy's queue, as an event with the time **and the event id**
 the member's own timeout would have had: the id is taken from SimPy's counter when the finish
 is added (``Environment.schedule`` takes it the same way, at the same moment), so SimPy orders
 it among every other event exactly as it would the timeout (by time, priority, id). When it
 fires, the finishes after it are reported in the same callback for as long as each is what
 SimPy would process next anyway (it precedes the head of SimPy's queue by (time, priority,
 id)); the clock is set to its time as ``Environment.step`` sets it. The first that does not
-precede is put into SimPy's queue and waits its turn. So the order in which finishes and all
+precede is put into SimPy's queue and waits its turn (an event whose finish a drain reported
+first, found at the head of SimPy's queue, is taken out, as ``step`` would pop it to no
+effect: otherwise it would stop every next drain, and nine in ten finishes would wait in the
+queue after all). So the order in which finishes and all
 other events are processed, and the clock at each, are those of one timeout per finish
 (``tests/test_sim_finishes.py`` holds the two to each other, ties included), and SimPy's
 event count (``Result.events``) is unchanged.
@@ -28,8 +32,9 @@ heap of ``(time, priority, id, event)``, and ``Environment._eid``, its id counte
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable
-from heapq import heappush
+from collections.abc import Callable, Hashable
+from heapq import heappop, heappush
+from itertools import count
 from typing import Any
 
 import simpy
@@ -40,46 +45,82 @@ Finish = tuple[float, int, Any]
 
 
 def _desc(finish: Finish) -> tuple[float, int]:
-    """Sort key of :attr:`FinishQueue.pending`: latest first."""
+    """Sort key of a lane: latest first."""
     return (-finish[0], -finish[1])
 
 
 class FinishQueue:
-    """Pending finishes of one cohort in SimPy's order (module docstring)."""
+    """Pending finishes in SimPy's order (module docstring), kept in lanes: one per cohort,
+    each sorted latest first, merged by a small heap of the lanes' first finishes (so a
+    cohort's 10^4 finishes are added without re-sorting those of the others)."""
 
     def __init__(self, env: simpy.Environment, report: Callable[[Any], None]) -> None:
         self.env = env
         self.report = report
         """Called with a finish's payload at its time (``env.now`` is that time)."""
-        self.pending: list[Finish] = []
-        """Finishes not yet reported, latest first."""
+        self.lanes: dict[Hashable, list[Finish]] = {}
+        """Finishes not yet reported, by lane, latest first."""
+        self._heads: list[tuple[float, int, int, Hashable]] = []
+        """A heap of (time, id, entry number, lane) holding each lane's first finish (and,
+        lazily, entries that are no longer their lane's first: dropped when they come up).
+        The entry number keeps two entries of one finish from comparing their lanes."""
+        self._entries = count()
         self.armed: set[tuple[float, int]] = set()
-        """(time, id) of the pending finishes that have an event in SimPy's queue."""
+        """(time, id) of the finishes that have an event in SimPy's queue."""
+        self._spent: set[tuple[float, int]] = set()
+        """Those of them already reported by a drain (their event, still queued, does nothing:
+        a drain that finds one at the head of SimPy's queue takes it out, as ``step`` would
+        have popped it, so that it does not stop the drain)."""
 
-    def add(self, delays: list[tuple[float, Any]]) -> None:
+    @property
+    def pending(self) -> int:
+        """Finishes not yet reported."""
+        return sum(map(len, self.lanes.values()))
+
+    def add(self, delays: list[tuple[float, Any]], lane: Hashable = None) -> None:
         """For each ``(delay, payload)`` in order: report ``payload`` ``delay`` seconds from
-        now, where a timeout made now would fire (at ``now + delay``, with the next event id)."""
+        now, where a timeout made now would fire (at ``now + delay``, with the next event id).
+        ``lane``: which lane keeps them (any hashable; a cohort)."""
         env = self.env
         now = env.now
         eids = env._eid
         finishes = [(now + delay, next(eids), payload) for delay, payload in delays]
         if not finishes:
             return
-        pending = self.pending
+        pending = self.lanes.get(lane)
+        old = pending[-1] if pending else None
         if not pending:
             finishes.sort(key=_desc)  # delays are usually given ascending: a reversal
-            self.pending = finishes
+            self.lanes[lane] = pending = finishes
         elif len(finishes) == 1:
             finish = finishes[0]
             pending.insert(bisect_left(pending, _desc(finish), key=_desc), finish)
         else:
             pending.extend(finishes)
             pending.sort(key=_desc)
-        self._arm(self.pending[-1])
+        head = pending[-1]
+        if head is not old:  # the lane's first finish changed: the heap gets an entry for it
+            heappush(self._heads, (head[0], head[1], next(self._entries), lane))
+        first = self._first()
+        assert first is not None
+        self._arm(first[0], first[1])
 
-    def _arm(self, finish: Finish) -> None:
-        """Put ``finish`` into SimPy's queue with its own time and id (once)."""
-        t, eid = finish[0], finish[1]
+    def _first(self) -> tuple[float, int, int, Hashable] | None:
+        """The earliest pending finish's (time, id, lane), or None: the top of the heap once
+        entries that are not their lane's first are dropped."""
+        heads, lanes = self._heads, self.lanes
+        while heads:
+            _, eid, _, lane = heads[0]
+            pending = lanes.get(lane)
+            if pending:
+                head = pending[-1]
+                if head[1] == eid:
+                    return heads[0]
+            heappop(heads)
+        return None
+
+    def _arm(self, t: float, eid: int) -> None:
+        """Put the finish (t, eid) into SimPy's queue with its own time and id (once)."""
         if (t, eid) in self.armed:
             return
         self.armed.add((t, eid))
@@ -91,20 +132,36 @@ class FinishQueue:
     def _fire(self, t: float, eid: int) -> None:
         """The armed finish (t, eid) is due: report it, and every next one that SimPy would
         process next anyway (module docstring); arm the first that it would not."""
-        self.armed.discard((t, eid))
+        armed, spent = self.armed, self._spent
+        armed.discard((t, eid))
+        spent.discard((t, eid))
         env = self.env
         queue = env._queue
+        heads, lanes = self._heads, self.lanes
         report = self.report
         while True:
-            pending = self.pending  # (a report may add finishes: add() can replace the list)
-            if not pending:
+            first = self._first()
+            if first is None:
                 return
-            t, eid, payload = pending[-1]
-            if queue:
+            t, eid, _, lane = first
+            while queue:
                 qt, qp, qe, _ = queue[0]
+                if (qt, qe) in spent and qp == NORMAL:  # the event of a finish reported
+                    heappop(queue)
+                    spent.discard((qt, qe))
+                    armed.discard((qt, qe))
+                    continue
                 if qt < t or (qt == t and (qp < NORMAL or (qp == NORMAL and qe < eid))):
-                    self._arm(pending[-1])  # something comes first: wait for it
+                    self._arm(t, eid)  # something comes first: wait for it
                     return
-            pending.pop()
+                break
+            heappop(heads)
+            if (t, eid) in armed:
+                spent.add((t, eid))  # its event is still queued (a drain got here first)
+            pending = lanes[lane]
+            payload = pending.pop()[2]
+            if pending:
+                head = pending[-1]
+                heappush(heads, (head[0], head[1], next(self._entries), lane))
             env._now = t
             report(payload)
