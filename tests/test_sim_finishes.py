@@ -3,11 +3,14 @@ order at the same times, ties included, and the same number of SimPy event ids."
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
+import pytest
 import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from simpy.core import StopSimulation
 from simpy.events import URGENT
 
 from sim.finishes import FinishQueue
@@ -116,3 +119,36 @@ def test_the_event_of_a_finish_a_drain_reported_does_not_stop_the_next_drain():
     env.step()  # b1's event: b1, then a2 (reported before its own event fires), b3, a4
     assert got == ["b1", "a2", "b3", "a4"]
     assert not env._queue and queue.armed == set() and queue.pending == 0
+
+
+@pytest.mark.parametrize("error", [RuntimeError, StopSimulation])
+def test_finishes_after_a_report_that_raised_are_still_reported_when_the_run_goes_on(error):
+    def run(queued: bool) -> tuple[list[tuple[str, float]], int]:
+        env = simpy.Environment()
+        got: list[tuple[str, float]] = []
+
+        def report(label: str) -> None:
+            got.append((label, env.now))
+            if label == "a":
+                raise error("stop")
+
+        if queued:
+            FinishQueue(env, report).add([(1.0, "a"), (2.0, "b")])
+        else:
+            for delay, label in [(1.0, "a"), (2.0, "b")]:
+                env.timeout(delay).callbacks.append(lambda _e, x=label: report(x))
+        with pytest.raises(error) if error is RuntimeError else nullcontext():
+            env.run()
+        env.run()
+        return got, next(env._eid)
+
+    queued, plain = run(queued=True), run(queued=False)
+    assert queued == plain and queued[0] == [("a", 1.0), ("b", 2.0)]
+
+
+def test_a_negative_delay_is_refused_before_any_event_id_is_taken():
+    env = simpy.Environment()
+    queue = FinishQueue(env, lambda label: None)
+    with pytest.raises(ValueError, match="negative delay"):
+        queue.add([(1.0, "a"), (-1.0, "b")])
+    assert next(env._eid) == 0 and queue.pending == 0
