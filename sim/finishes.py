@@ -155,8 +155,8 @@ class FinishQueue:
                     spent.discard((qt, qe))
                     armed.discard((qt, qe))
                     continue
-                if qt < t or (qt == t and (qp < NORMAL or (qp == NORMAL and qe < eid))):
-                    self._arm(t, eid)  # something comes first: wait for it
+                if (qt, qp, qe) < (t, NORMAL, eid):  # SimPy's order: it comes first
+                    self._arm(t, eid)  # wait for it
                     return
                 break
             heappop(heads)
