@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from sim.cohorts import Cohort
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Transfer:
     """One version moving from ``src`` to ``members`` (a cohort of identical receivers)."""
 
@@ -43,7 +43,7 @@ class Transfer:
     """The relay's own inbound flow this forward is coupled to (cut-through), if any."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Node:
     """A receiver of deltas: an Actor or a standalone relay."""
 
@@ -64,7 +64,7 @@ class Node:
     """Callbacks for when a version starts arriving (cut-through forwards)."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ActorNode(Node):
     """An Actor machine. A machine that is lost and returns is the same record, fresh."""
 
