@@ -11,6 +11,7 @@ Actors x steps) and says so.
     python -m pytest benchmarks/test_sim_cohorts.py --benchmark-enable -s
     python benchmarks/test_sim_cohorts.py 10000 50 cohort      # one run, one JSON line
     python benchmarks/test_sim_cohorts.py 100000 5 cohort --core   # + time in the policy core
+    python benchmarks/test_sim_cohorts.py 100000 50 cohort --no-noise   # diagnostic: noise off
     python benchmarks/test_sim_cohorts.py --figure docs/img/sim_cohorts.jsonl out.png
 """
 
@@ -62,14 +63,35 @@ def time_the_core() -> dict[str, list[float]]:
     return spent
 
 
-def measure(actors: int, steps: int, mode: str) -> dict[str, object]:
-    """One run here: wall, peak memory, events, the bare-SimPy reference, the run's summary."""
+def without_noise(cfg):  # type: ignore[no-untyped-def]
+    """``cfg`` with every GPU's throughput noise off (``cv`` 0): a diagnostic, not the model.
+
+    Every member of a cohort then generates for the same time, so a cohort's finishes all fall
+    at one instant and are reported in member order, one SimPy event per cohort: what is left
+    is the per-member work itself (the policy core's and the simulator's), without the cost
+    of finishes spread in time (one SimPy event each) and met in random order (each member's
+    objects cold in the caches). The decisions are not the model's, only their count per
+    member is the same; the rows differ."""
+    from aurora.traces import Quantity
+
+    gpus = {
+        name: dataclasses.replace(g, cv=Quantity(value=0.0, source="diagnostic: noise off"))
+        for name, g in cfg.traces.gpus.items()
+    }
+    return dataclasses.replace(cfg, traces=dataclasses.replace(cfg.traces, gpus=gpus))
+
+
+def measure(actors: int, steps: int, mode: str, *, noise: bool = True) -> dict[str, object]:
+    """One run here: wall, peak memory, events, the bare-SimPy reference, the run's summary
+    (``noise=False``: :func:`without_noise`)."""
     from test_sim_speed import config, simpy_events_per_s
 
     from sim.model import Simulation
 
     ref = simpy_events_per_s()
     cfg = dataclasses.replace(config(actors, steps), cohorts=mode == "cohort")
+    if not noise:
+        cfg = without_noise(cfg)
     t = time.perf_counter()
     sim = Simulation(cfg)
     result = sim.run()
@@ -79,7 +101,7 @@ def measure(actors: int, steps: int, mode: str) -> dict[str, object]:
     return {
         "actors": actors,
         "steps": steps,
-        "mode": mode,
+        "mode": mode if noise else f"{mode}, noise off (diagnostic)",
         "wall_s": wall,
         "events": result.events,
         "simpy_events_per_s": ref,
@@ -188,7 +210,9 @@ if __name__ == "__main__":
     else:
         core = time_the_core() if "--core" in sys.argv else None
         cpu = time.process_time()
-        m = measure(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+        m = measure(
+            int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], noise="--no-noise" not in sys.argv
+        )
         if core is not None:
             m["cpu_s"] = time.process_time() - cpu
             m["core_s"] = sum(s for _, s in core.values())
