@@ -108,7 +108,7 @@ class Cohorts:
         self.env = actors.env
         self.splits = 0
         """Members split out of their cohort so far (each continues as an exact process)."""
-        self.finishes = FinishQueue(self.env, lambda finish: self._finished(*finish))
+        self.finishes = FinishQueue(self.env, self._finished)
         """When each generation under way in any cohort ends (a lane per cohort): one queue for
         all cohorts, so that finishes of different cohorts, interleaved in time, are reported
         one after another in one callback (with a queue per cohort, 9 in 10 of them at 10^4
@@ -254,15 +254,13 @@ class Cohorts:
         )
 
     def _finished(
-        self,
-        cohort: Cohort,
-        finished: list[tuple[ActorNode, Work, float]],
-        seconds: float,
-        start: float,
+        self, finish: tuple[Cohort, list[tuple[ActorNode, Work, float]], float, float]
     ) -> None:
-        """Members that generated for ``seconds`` report their results (in member order, as
-        exact mode orders them at one instant), then generate again, wait at a safe point, or
-        split out."""
+        """A finish of :meth:`_schedule` (``(cohort, finished, seconds, start)``, the payload
+        :class:`~sim.finishes.FinishQueue` reports): the members that generated for
+        ``seconds`` report their results (in member order, as exact mode orders them at one
+        instant), then generate again, wait at a safe point, or split out."""
+        cohort, finished, seconds, start = finish
         sim = self.sim
         driver = sim.driver
         decide = self.actors.decide
