@@ -21,9 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from aurora.topology import build
+from aurora.topology import build, load_yaml
 
 TRACES_DIR = Path(__file__).parent / "traces"
 PAPER = TRACES_DIR / "paper.yaml"
@@ -233,11 +231,4 @@ class Traces:
 
 def load_traces(path: str | Path = PAPER) -> Traces:
     """Read a trace file; a bad file raises ``ValueError`` naming the file and field."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read trace file: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
-    return build(Traces, data, source=str(path))
+    return build(Traces, load_yaml(path, "trace"), source=str(path))
