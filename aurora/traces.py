@@ -8,7 +8,7 @@ a delta or a dense checkpoint) or from the link model (``sim.network``). A trace
 which every number is a ``{value: ..., source: ...}`` pair: ``source`` names the section of the
 paper the number comes from, a measurement of ours, or says ``assumed:`` with the reason. Only
 *inputs* go into traces; the paper's *results* (step times, speedups, tokens/s) must come out of
-the model, and ``docs/SIMULATOR.md`` lists which inputs are assumed.
+the model, and each source says which inputs are assumed (:meth:`Traces.sources`).
 
 Loading checks keys, types and that every number has a source; a bad file raises ``ValueError``
 naming the file and field.
@@ -212,7 +212,7 @@ class Traces:
         return tuple(b * ratio for b in series.values)
 
     def sources(self) -> list[tuple[str, float, str]]:
-        """Every number as (field path, value, source): what ``docs/SIMULATOR.md`` tabulates."""
+        """Every number as (field path, value, source) (``docs/SIMULATOR.md``, "Trace sources")."""
         out: list[tuple[str, float, str]] = []
 
         def walk(obj: Any, path: str) -> None:

@@ -53,7 +53,8 @@ moved its default run to the ``learn`` regime's rate (``learn-regime``, ``LEARN_
 learning in 20 steps, 40% fewer delta bytes; docs/RL.md), and this point stays as the higher of
 the two rates compared."""
 SWEEP_LRS = (2e-3, 3e-5)
-"""``--full``: one rate above the default (rl-on-cpu.md: 2e-3 collapses) and one below."""
+"""``--full``: one rate above the default (docs/journal/early-measurements.md: 2e-3
+collapses) and one below."""
 TRANSFER_LR = 2e-6
 """An RL-scale learning rate for the ``transfer`` regime (sparse deltas, no learning expected)."""
 STEPS = 60

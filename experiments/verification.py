@@ -468,7 +468,8 @@ def _g(x: str, digits: int = 3) -> str:
 
 
 def tables(out: Path) -> str:
-    """The markdown tables of docs/VERIFICATION.md, from the rows under ``out``."""
+    """The markdown tables of docs/journal/verification-measurements.md, from the rows under
+    ``out``."""
     tol = _rows(out / "tolerance.csv")
     lines = [
         "| engine | results checked | tokens | 99.9% / 99.99% token \\|delta\\| | max token "
