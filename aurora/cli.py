@@ -1,16 +1,7 @@
-"""The ``aurora`` command.
+"""The ``aurora`` command: one subcommand per way in (see ``build_parser`` for the list).
 
-aurora sim --topology T.yaml  simulate a deployment (SimPy, traces, the real policy core) for
-                              one or more strategies and print a summary table
-aurora delta bench            encode a synthetic Qwen3-8B-layer step with every codec,
-                              verify bit-exact apply, print sizes against the paper's
-aurora delta inspect FILE     print a delta checkpoint's header and tensor table
-aurora replay TRACE.json      replay a Ledger event trace through aurora.policy and print
-                              every decision (the golden trace in tests/golden is one)
-aurora real --topology T.yaml run the deployment on real processes on this host (Trainer,
-                              Ledger, relays, Actors), over loopback
-aurora trainer|ledger|relay|actor
-                              one role of a real deployment, for separate hosts
+``main`` turns what a user can cause into one line on stderr: a missing optional extra names its
+install command (:mod:`aurora.extras`) instead of ending in a traceback.
 """
 
 from __future__ import annotations
@@ -96,23 +87,49 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = (
+    "AuroraRL: RL post-training of LLMs over decentralized networks. Simulate a deployment "
+    "(sim), run it on real processes (real, or one role per host: trainer, ledger, relay, "
+    "actor), inspect its artifacts (delta, replay, export) and manage its keys (keys). "
+    "The README and docs/ say more."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="aurora", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("replay", help="replay a Ledger event trace and print every decision")
+    parser = argparse.ArgumentParser(prog="aurora", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser(
+        "replay",
+        help="replay a Ledger event trace and print every decision",
+        description="Replay a recorded Job Ledger event trace through the policy core "
+        "(aurora/policy) and print every event with the actions decided for it.",
+    )
     p.add_argument("trace", help="JSON list of {now, event} rows (tests/golden/ledger_trace.json)")
     p.add_argument("--trainer-region", default="us", help="the Trainer's region (default: us)")
     p.set_defaults(func=_replay)
     from sim import cli as sim_cli
 
     sim_cli.add_parser(sub)
-    delta = sub.add_parser("delta", help="delta checkpoints").add_subparsers(
-        dest="delta_cmd", required=True
+    delta = sub.add_parser(
+        "delta",
+        help="delta checkpoints: inspect a file, benchmark the codecs",
+        description="Delta checkpoints, the file each policy version travels and is stored as.",
+    ).add_subparsers(dest="delta_cmd", required=True, metavar="COMMAND")
+    p = delta.add_parser(
+        "inspect",
+        help="print a delta checkpoint's header and tensor table",
+        description="Read a delta checkpoint file, verify it (segment hashes, Merkle root, "
+        "every record) and print its header and one line per changed tensor.",
     )
-    p = delta.add_parser("inspect", help="print a delta checkpoint's header and tensor table")
-    p.add_argument("file")
+    p.add_argument("file", help="the delta checkpoint file (e.g. STORE/deltas/v00000003.delta)")
     p.set_defaults(func=_inspect)
-    p = delta.add_parser("bench", help="codec sizes on a synthetic Qwen3-8B-layer step")
+    p = delta.add_parser(
+        "bench",
+        help="codec sizes on a synthetic Qwen3-8B-layer step",
+        description="Build a synthetic optimizer step shaped like Qwen3-8B layers, write it as a "
+        "delta checkpoint with every codec, check a bit-exact apply and print bytes per changed "
+        "weight beside the paper's LEB128 format.",
+    )
     p.add_argument(
         "--params",
         type=float,
@@ -129,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", default="results/delta_bench", help="folder for the CSV and a sample delta"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic step (default 0)")
     p.set_defaults(func=_bench)
     from aurora import keys
     from aurora.runtime.cli import add_parsers
@@ -146,7 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except Exception as exc:
+        from aurora.extras import explain
+
+        line = explain(exc)
+        if line is None:
+            raise
+        print(f"aurora {args.command}: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from aurora.store.files import write_atomic
 PAPER_BYTES_PER_NNZ = {"naive": 414 / 202 * 3.08, "leb128": 3.08}
 """Paper, Fig. 11: naive int32/64 414 MB vs LEB128 202 MB for one Qwen3-8B step. The per-change
 size of the paper's format at 2% density is 3.08 B (2 B value + 1.08 B LEB128 gap, see
-shared/notes/codec-measurements.md); the naive figure scales it by 414/202."""
+docs/journal/early-measurements.md); the naive figure scales it by 414/202."""
 
 
 BENCH_CODECS = tuple(c for c in codecs.CODECS if c not in ("dense", "dense-base"))
@@ -112,7 +112,7 @@ def run_codec_bench(
 
 
 SWEEP_DENSITIES = (1e-4, 1e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
-"""0.01% to 100% of the elements changed (``docs/DELTA.md``)."""
+"""0.01% to 100% of the elements changed (``docs/journal/delta-measurements.md``)."""
 
 
 def density_sweep(

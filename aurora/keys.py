@@ -326,19 +326,33 @@ def load_identity(
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``aurora keys new --out DIR`` to the ``aurora`` command."""
-    keys = subparsers.add_parser("keys", help="the job's signing key, public key and secret")
-    sub = keys.add_subparsers(dest="keys_cmd", required=True)
+    keys = subparsers.add_parser(
+        "keys",
+        help="the job's signing key, public key and secret; role identities",
+        description="Make a job's keys (the Trainer's signing key, the job's public key and "
+        "secret) and the identities relays, Actors and observers join with.",
+    )
+    sub = keys.add_subparsers(dest="keys_cmd", required=True, metavar="COMMAND")
     p = sub.add_parser(
         "new",
         help=f"write {SIGNING_KEY_FILE} (0600), {PUBLIC_KEY_FILE} and {SECRET_FILE} (0600)",
+        description=f"Write a new job's keys into a directory: {SIGNING_KEY_FILE} (the "
+        f"Trainer's Ed25519 signing key, mode 0600), {PUBLIC_KEY_FILE} (every node) and "
+        f"{SECRET_FILE} (every admitted node, mode 0600).",
     )
     p.add_argument("--out", required=True, help="directory for the three files")
     p.add_argument("--force", action="store_true", help="overwrite existing key files")
     p.set_defaults(func=run)
     p = sub.add_parser(
-        "issue", help="an Actor's, relay's or observer's identity, certified by the job key"
+        "issue",
+        help="an Actor's, relay's or observer's identity, certified by the job key",
+        description="Write an identity for one relay, Actor or observer: a key pair of its own "
+        "and the job key's certificate over its role and id. The Ledger admits that id only "
+        "from the holder of this file.",
     )
-    p.add_argument("--role", required=True, choices=["actor", "relay", "observer"])
+    p.add_argument(
+        "--role", required=True, choices=["actor", "relay", "observer"], help="the role it joins as"
+    )
     p.add_argument("--id", required=True, help="the id it joins under")
     p.add_argument("--out", required=True, help="identity file to write (mode 0600)")
     p.add_argument(

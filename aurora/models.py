@@ -58,7 +58,8 @@ class ModelLoadError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class TinyQwen3Config:
-    """The built-in default model: 494,464 parameters, 0.99 MB in bf16 (rl-on-cpu.md)."""
+    """The built-in default model: 494,464 parameters, 0.99 MB in bf16
+    (docs/journal/early-measurements.md)."""
 
     hidden_size: int = 128
     """Width of the residual stream."""

@@ -5,10 +5,11 @@ Theory of operation
 One YAML file describes a deployment and is read by every mode: the simulator turns it into link
 models and SimPy roles, the emulator into namespaces and qdiscs, the real runtime into hosts to
 start. The file loads into the frozen dataclasses below. Loading checks everything a user can get
-wrong (unknown or missing keys, wrong types, numbers out of range, references to regions that do
-not exist, Actors with no WAN path to the Trainer) and raises one ``ValueError`` naming the file,
-the field (as a path such as ``actors[1].gpu``) and the expected form. Building a dataclass has no
-side effects; nothing is opened or resolved until a driver uses it.
+wrong (a key written twice, unknown or missing keys, wrong types, numbers out of range, references
+to regions that do not exist, Actors with no WAN path to the Trainer) and raises one
+``ValueError`` naming the file, the field (as a path such as ``actors[1].gpu``) and the expected
+form. Building a dataclass has no side effects; nothing is opened or resolved until a driver
+uses it.
 
 Units are in the names: ``gbps`` is 10^9 bit/s, ``rtt_ms`` milliseconds, ``loss`` a packet loss
 probability in [0, 1).
@@ -339,18 +340,49 @@ def _positive(obj: object, *names: str) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-def load_topology(path: str | Path) -> Topology:
-    """Read a topology YAML file; any problem raises ``ValueError`` naming the file and field."""
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with a key written twice. PyYAML keeps the
+    last value silently, so a duplicated section hid the first and surfaced, if at all, as an
+    unrelated error about what was left."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # '<<' merges are resolved by flatten_mapping below, not duplicates
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: construct_mapping below names it
+            if first is not None:
+                why = f"duplicate key {key!r} (first at line {first})"
+                raise yaml.constructor.ConstructorError(None, None, why, key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(path: str | Path, what: str) -> Any:
+    """The plain data of a YAML file (a topology, a trace): one ``ValueError`` naming the file
+    for a file that cannot be read, is not YAML, or writes a key twice in one mapping."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ValueError(f"{path}: cannot read topology file: {exc.strerror}") from None
+        raise ValueError(f"{path}: cannot read {what} file: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except yaml.constructor.ConstructorError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        raise ValueError(f"{path}: {where}{exc.problem}") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML: {exc}") from None
-    return topology_from_dict(data, source=str(path))
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read a topology YAML file; any problem raises ``ValueError`` naming the file and field."""
+    return topology_from_dict(load_yaml(path, "topology"), source=str(path))
 
 
 def topology_from_dict(data: Any, *, source: str = "<dict>") -> Topology:

@@ -8,7 +8,7 @@ a delta or a dense checkpoint) or from the link model (``sim.network``). A trace
 which every number is a ``{value: ..., source: ...}`` pair: ``source`` names the section of the
 paper the number comes from, a measurement of ours, or says ``assumed:`` with the reason. Only
 *inputs* go into traces; the paper's *results* (step times, speedups, tokens/s) must come out of
-the model, and ``docs/SIMULATOR.md`` lists which inputs are assumed.
+the model, and each source says which inputs are assumed (:meth:`Traces.sources`).
 
 Loading checks keys, types and that every number has a source; a bad file raises ``ValueError``
 naming the file and field.
@@ -21,9 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from aurora.topology import build
+from aurora.topology import build, load_yaml
 
 TRACES_DIR = Path(__file__).parent / "traces"
 PAPER = TRACES_DIR / "paper.yaml"
@@ -214,7 +212,7 @@ class Traces:
         return tuple(b * ratio for b in series.values)
 
     def sources(self) -> list[tuple[str, float, str]]:
-        """Every number as (field path, value, source): what ``docs/SIMULATOR.md`` tabulates."""
+        """Every number as (field path, value, source) (``docs/SIMULATOR.md``, "Trace sources")."""
         out: list[tuple[str, float, str]] = []
 
         def walk(obj: Any, path: str) -> None:
@@ -233,11 +231,4 @@ class Traces:
 
 def load_traces(path: str | Path = PAPER) -> Traces:
     """Read a trace file; a bad file raises ``ValueError`` naming the file and field."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read trace file: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
-    return build(Traces, data, source=str(path))
+    return build(Traces, load_yaml(path, "trace"), source=str(path))

@@ -1,5 +1,5 @@
 """What one admitted result costs in memory access, by lease-book layout: the evidence for the
-next step of the simulator's 10^5-Actor target (docs/SIMULATOR.md, "Third pass").
+next step of the simulator's 10^5-Actor target (docs/journal/simulator-speed.md, "Third pass").
 
 A result settles its lease: the lease is looked up and checked, marked settled, its prompt
 moves from leased to done, the holder's live set and recent completion times are updated
@@ -11,7 +11,7 @@ random order (as they do in the simulator: each Actor finishes at its own time):
   list per Actor);
 * ``arrays``: per-lease fields in unboxed arrays (``array``, ``bytearray``) indexed by lease
   number and per-Actor ones by Actor number (a count instead of a set), the layout of option
-  (a) in docs/SIMULATOR.md.
+  (a) in docs/journal/simulator-speed.md.
 
 Each lease has claim and expiry times of its own (float objects in the tuple, unboxed doubles in
 the arrays), as the book's claims make them.

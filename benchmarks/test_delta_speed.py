@@ -158,7 +158,7 @@ def test_verify_whole_file(benchmark, step):
 
 
 def test_bytes_against_density_for_every_encoding():
-    """Sizes are exact (no timing): the table and the crossovers of docs/DELTA.md."""
+    """Sizes are exact (no timing): the table of docs/journal/delta-measurements.md."""
     from aurora.codec_bench import density_sweep, print_density_sweep
 
     rows = density_sweep()

@@ -103,8 +103,9 @@ def measure(actors: int, steps: int, mode: str, *, noise: bool = True) -> dict[s
         "steps": steps,
         "mode": mode if noise else f"{mode}, noise off (diagnostic)",
         "wall_s": wall,
-        # What one Actor's step costs (us): 10^5 x 50 in 120 s is 24.0 us; docs/SIMULATOR.md,
-        # fifth pass, compares this across sizes, where the data does and does not fit in cache.
+        # What one Actor's step costs (us): 10^5 x 50 in 120 s is 24.0 us; the fifth pass of
+        # docs/journal/simulator-speed.md compares this across sizes, where the data does and does
+        # not fit in cache.
         "us_per_member_step": wall / (actors * steps) * 1e6,
         "events": result.events,
         "simpy_events_per_s": ref,

@@ -11,7 +11,7 @@ ratios against references measured in the same run:
 Targets (issue 17): 800 steps x 12 Actors at >= 0.03x bare SimPy (about 1.5 s on 2 quiet cores);
 10^5 Actors x 50 steps in <= 120 s with its memory reported. At 800 x 12 most of a run's time
 is the policy core's (``decide`` per assignment, per result, per staged version); with many
-Actors, the simulator's per-Actor events: the profiles in docs/SIMULATOR.md.
+Actors, the simulator's per-Actor events: the profiles in docs/journal/simulator-speed.md.
 
     python -m pytest benchmarks/test_sim_speed.py --benchmark-enable -s
     python benchmarks/test_sim_speed.py 100000 50      # one size alone

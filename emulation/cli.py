@@ -18,11 +18,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "emulate",
         help="build a topology's emulated WAN in network namespaces, probe it, print it",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description="Build a topology's emulated WAN (each region a network namespace behind "
+        "a router that shapes rate, RTT, loss and fluctuation), probe every direction, print "
+        "what was built as JSON and remove it. Needs root: run it as root (sudo).",
     )
     p.add_argument("--topology", help="topology YAML (regions, links)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every link rate")
-    p.add_argument("--backend", choices=("auto", "netns", "mininet"), default="auto")
+    p.add_argument(
+        "--backend",
+        choices=("auto", "netns", "mininet"),
+        default="auto",
+        help="how the namespaces are made: netns (ip netns), mininet, or auto (netns)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the fluctuation draws")
     p.add_argument("--out", help="write emulation.json here (default: print it)")
     p.add_argument(

@@ -7,7 +7,7 @@ two-region network with one link at ``rate_mbit`` (both directions), a bottlenec
 ``queue_packets`` MTU frames, no added delay and no loss, and super-packets (GSO) kept as the
 host's defaults make them. The bottleneck sits on the router, so TCP sees real drops and
 queueing, not the local backpressure it would feel if the sender's own interface were shaped
-(``shared/notes/wan-emulation-on-this-kernel.md``). The namespaces are tagged like every
+(``docs/journal/early-measurements.md``). The namespaces are tagged like every
 emulated network's, so :func:`emulation.cleanup.cleanup_leftovers` removes those of a killed
 run. For delay, loss and whole topologies use :func:`emulation.network.build_network`.
 """

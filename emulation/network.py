@@ -107,7 +107,7 @@ def check_available() -> None:
     if sys.platform != "linux":
         raise EmulationUnavailable("network namespaces are Linux only")
     if os.geteuid() != 0:
-        raise EmulationUnavailable("network namespaces need root (this process is not root)")
+        raise EmulationUnavailable("network namespaces need root: run the command as root (sudo)")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             raise EmulationUnavailable(f"the `{tool}` command (apt iproute2) is not installed")

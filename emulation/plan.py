@@ -60,8 +60,8 @@ MTU_FRAME_BYTES = 1514
 MIN_QUEUE_MTU_BYTES = 16 * MTU_FRAME_BYTES
 """Smallest bottleneck queue (bytes) when packets are MTU-sized."""
 MIN_QUEUE_GSO_BYTES = 128 * 1024
-"""Smallest bottleneck queue (bytes) when 64 KB GSO super-packets reach it (notes: a 30 KB
-queue under GSO cut bbr to 17% of the rate)."""
+"""Smallest bottleneck queue (bytes) when 64 KB GSO super-packets reach it
+(docs/journal/early-measurements.md: a 30 KB queue under GSO cut bbr to 17% of the rate)."""
 SUBNET = "10.201.{}.0/24"
 ROUTER_NS = "rt"
 

@@ -73,7 +73,7 @@ import numpy as np
 import pandas as pd
 
 from aurora.jobspec import JobSpec
-from experiments.common import files_only, results_root, written
+from experiments.common import files_only, plain, results_root, written
 from experiments.real_runs import launch, paired_bootstrap, sweep, t_interval
 
 NAME = "accuracy"
@@ -490,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=(__doc__ or NAME).split("\n\n")[0])
+    p = argparse.ArgumentParser(description=plain((__doc__ or NAME).split("\n\n")[0]))
     p.add_argument(
         "--full",
         action="store_true",
@@ -498,9 +498,15 @@ def _parser() -> argparse.ArgumentParser:
         f"{FULL_STEPS} steps (default: {len(STRATEGIES)} x {len(SEEDS)} x {STEPS})",
     )
     p.add_argument("--out", default=None, help="results root (default results/)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None)
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--strategies", nargs="+", default=None)
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="seeds to run (default: the mode's)"
+    )
+    p.add_argument(
+        "--steps", type=int, default=None, help="training steps per run (default: the mode's)"
+    )
+    p.add_argument(
+        "--strategies", nargs="+", default=None, help="strategies to run (default: the mode's)"
+    )
     p.add_argument("--loopback", action="store_true", help="no emulated WAN")
     p.add_argument("--ci", action="store_true", help="the test suite's tiny version")
     return p

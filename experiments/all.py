@@ -110,7 +110,10 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
     root = results_root(args)
     files_only()
-    by_experiment = collect(root, full=args.full, **sweep_options(args))
+    try:
+        by_experiment = collect(root, full=args.full, **sweep_options(args))
+    except ValueError as exc:  # a bad option, e.g. --cluster without the cluster extra
+        raise SystemExit(f"python -m experiments.all: {exc}") from None
     sections = []
     every: list[Claim] = []
     for name, claims in by_experiment.items():

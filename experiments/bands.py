@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import importlib
 import math
+import textwrap
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -259,7 +261,31 @@ def table(df: pd.DataFrame) -> str:
             f"{r.where:<16} {r.claim[:58]:<58} {r.paper:>11} {r.default:>9.3g} {band:>21}  "
             f"{r.kind:<10}  {r.status} ({r.low_at} .. {r.high_at})"
         )
-    return "\n".join(lines)
+    footer = status_footer(df["status"]) if len(df) else ""
+    return "\n".join(lines + ([footer] if footer else []))
+
+
+STATUS_WORDS = {
+    "band meets paper": "some setting of one unstated input, within its plausible range, "
+    "gives the paper's value (a single value: within 20%)",
+    "below": "even the band's highest value is under the paper's",
+    "above": "even the band's lowest value is over the paper's",
+    "NOT STEADY": "a run of the band had not reached steady state",
+    "arithmetic, by construction": "the value is stated inputs through a formula, so it meets "
+    "or misses the paper by construction and is not evidence either way",
+    "input, by construction": "the value is a stated input coming back out",
+}
+"""What each status word of :func:`table` means."""
+
+
+def status_footer(statuses: Any) -> str:
+    """A footer explaining the status words that occur in ``statuses``."""
+    text = " ".join(str(s) for s in statuses)
+    used = [(w, m) for w, m in STATUS_WORDS.items() if w in text]
+    if not used:
+        return ""
+    line = "status: " + "; ".join(f'"{w}": {m}' for w, m in used) + "."
+    return textwrap.fill(line, width=100, subsequent_indent="  ")
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
@@ -268,12 +294,15 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = p.parse_args(argv)
     files_only()
     root = results_root(args) / NAME
-    df = bands(
-        root,
-        full=args.full,
-        experiments=tuple(args.experiments.split(",")),
-        **sweep_options(args),
-    )
+    try:
+        df = bands(
+            root,
+            full=args.full,
+            experiments=tuple(args.experiments.split(",")),
+            **sweep_options(args),
+        )
+    except ValueError as exc:  # a bad option, e.g. --cluster without the cluster extra
+        raise SystemExit(f"python -m experiments.bands: {exc}") from None
     root.mkdir(parents=True, exist_ok=True)
     df.to_csv(root / "bands.csv", index=False)
     print(table(df))

@@ -33,7 +33,7 @@ BANDWIDTHS_GBPS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SYSTEMS = {
     "Full (PrimeRL-Full)": "prime-full",
     "Delta (AuroraRL, LEB128)": "aurora-leb128",
-    "Delta (aurora codec)": "aurora",
+    "Delta (AuroraRL, aurora codec)": "aurora",
     "Ideal RDMA 400 Gbps": "ideal-singledc",
 }
 PAPER = [

@@ -17,6 +17,9 @@ import csv
 import functools
 import math
 import os
+import re
+import sys
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +51,17 @@ class Point:
     """What to simulate."""
 
 
+def plain(text: str) -> str:
+    """``text`` (a docstring's first paragraph) as a command's help shows it: reST roles and
+    literals (``:func:`x```, double backquotes) reduced to their words, lines joined."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    return " ".join(text.replace("``", "").replace("`", "").split())
+
+
 def parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+    """The options every simulated experiment takes; ``description`` (a docstring's first
+    paragraph) is shown without its markup."""
+    p = argparse.ArgumentParser(description=plain(description))
     p.add_argument("--full", action="store_true", help="paper scale (slower)")
     p.add_argument("--out", default=None, help="results root (default results/)")
     p.add_argument(
@@ -145,13 +157,16 @@ def experiment_main(module: Any, argv: Sequence[str] | None) -> pd.DataFrame:
     args = parser(doc).parse_args(argv)
     files_only()
     root = results_root(args)
-    rows = run_points(
-        module.NAME,
-        module.points(args.full),
-        getattr(module, "measure", summary_measure),
-        root=root,
-        **sweep_options(args),
-    )
+    try:
+        rows = run_points(
+            module.NAME,
+            module.points(args.full),
+            getattr(module, "measure", summary_measure),
+            root=root,
+            **sweep_options(args),
+        )
+    except ValueError as exc:  # a bad option, e.g. --cluster without the cluster extra
+        raise SystemExit(f"python -m experiments.{module.NAME}: {exc}") from None
     module.figure(rows, root / module.NAME / f"{module.NAME}.png")
     print(claims_table(module.claims(rows)))
     print(written(root, module.NAME))
@@ -206,7 +221,9 @@ def run_points(
     todo = [p for p in points if _key_of(p.key.values()) not in done]
     new: dict[tuple[str, ...], dict[str, Any]] = {}
     header = list(old.columns)
-    bar = tqdm(total=len(todo), desc=name, unit="run", leave=False)
+    bar = tqdm(  # a bar on a terminal only: piped or redirected output gets the rows alone
+        total=len(todo), desc=name, unit="run", leave=False, disable=not sys.stderr.isatty()
+    )
     try:
         for point, metrics in sweep.run(todo, measure, workers=workers, cluster=cluster):
             row = point.key | metrics | provenance(point.config)
@@ -319,8 +336,37 @@ class Claim:
         return f"{side} by {abs(self.ours / edge - 1):.0%}" if edge else side
 
 
+VERDICT_WORDS = {
+    "within": "our value is inside the paper's range (a single value: within 20% of it)",
+    "below": "our value is under the paper's range, by the share given",
+    "above": "our value is over the paper's range, by the share given",
+    "not simulable": "the claim is about training quality, which the simulator does not model",
+    "NOT STEADY": "a run behind the value had not reached steady state; the row does not count",
+    "arithmetic, not counted": "our value is stated inputs through a formula (bytes / rate, "
+    "prices): it agrees or disagrees by construction, so it never counts as reproduced",
+    "input, not counted": "our value is one of the paper's stated inputs coming back out: it "
+    "agrees by construction and never counts as reproduced",
+}
+"""What each verdict word of :func:`claims_table` means (its footer explains the ones used)."""
+
+
+def verdict_footer(verdicts: Iterable[str]) -> str:
+    """A footer explaining every verdict word that occurs in ``verdicts``; '' when none does."""
+    text = " ".join(verdicts)
+    used = [
+        (word, meaning)
+        for word, meaning in VERDICT_WORDS.items()
+        if re.search(rf"(^|[ ;(]){re.escape(word)}\b", text)
+    ]
+    if not used:
+        return ""
+    text = "verdicts: " + "; ".join(f'"{word}": {meaning}' for word, meaning in used) + "."
+    return textwrap.fill(text, width=100, subsequent_indent="  ")
+
+
 def claims_table(claims: Sequence[Claim]) -> str:
-    """A table of claims: where, what, paper, ours, kind, verdict."""
+    """A table of claims: where, what, paper, ours, kind, verdict; a footer says what the
+    verdict words used mean."""
     lines = [f"{'where':<16} {'claim':<62} {'paper':>13} {'ours':>9}  {'kind':<10}  verdict"]
     for c in claims:
         ours = "-" if c.ours is None else f"{c.ours:.3g}"
@@ -329,6 +375,9 @@ def claims_table(claims: Sequence[Claim]) -> str:
         )
         if c.ours is None and c.note:
             lines.append(f"{'':<16}   ({c.note})")
+    footer = verdict_footer(c.verdict for c in claims)
+    if footer:
+        lines.append(footer)
     return "\n".join(lines)
 
 

@@ -49,6 +49,8 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.common import plain
+
 HOPS = (
     "extract_start",
     "trainer_out_first",
@@ -225,7 +227,7 @@ def report(run: Path, warmup: int = 2) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p = argparse.ArgumentParser(description=plain((__doc__ or "").split("\n\n")[0]))
     p.add_argument("runs", nargs="+", help="run folders (aurora real's output)")
     p.add_argument("--warmup", type=int, default=2, help="versions left out (default 2)")
     args = p.parse_args(argv)

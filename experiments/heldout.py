@@ -70,6 +70,7 @@ import pandas as pd
 
 from aurora.provenance import git_sha
 from experiments import sim_vs_real, wire_overhead
+from experiments.common import plain
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "evidence" / "sim_vs_real" / "traces"
@@ -303,8 +304,13 @@ def table(rows: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("what", choices=("predict", "run", "table"))
+    p = argparse.ArgumentParser(description=plain((__doc__ or "").split("\n\n")[0]))
+    p.add_argument(
+        "what",
+        choices=("predict", "run", "table"),
+        help="predict: write the set's predictions from its base runs; run: make the held-out "
+        "real runs; table: compare the runs with the predictions",
+    )
     p.add_argument("--set", default="standin", choices=sorted(SETS), help="the held-out set")
     p.add_argument("--seeds", default="0,1,2", help="seeds of the real held-out runs")
     p.add_argument("--out", default="results", help="results root of the real runs")

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.common import results_root, written
+from experiments.common import plain, results_root, written
 
 NAME = "learning"
 DEFAULT_LR = 5e-4
@@ -53,7 +53,8 @@ moved its default run to the ``learn`` regime's rate (``learn-regime``, ``LEARN_
 learning in 20 steps, 40% fewer delta bytes; docs/RL.md), and this point stays as the higher of
 the two rates compared."""
 SWEEP_LRS = (2e-3, 3e-5)
-"""``--full``: one rate above the default (rl-on-cpu.md: 2e-3 collapses) and one below."""
+"""``--full``: one rate above the default (docs/journal/early-measurements.md: 2e-3
+collapses) and one below."""
 TRANSFER_LR = 2e-6
 """An RL-scale learning rate for the ``transfer`` regime (sparse deltas, no learning expected)."""
 STEPS = 60
@@ -393,10 +394,12 @@ def summary(rows: pd.DataFrame, claim: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=plain(__doc__.split("\n\n")[0]))
     p.add_argument("--full", action="store_true", help="also the lr sweep and the transfer regime")
     p.add_argument("--out", default=None, help="results root (default results/)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="RL seeds (default 0 1 2)"
+    )
     p.add_argument("--smoke", action="store_true", help="a seconds-long run of the pipeline")
     p.add_argument("--cache", default=None, help="warm-start cache (default ~/.cache/aurora)")
     p.add_argument(

@@ -55,7 +55,7 @@ import yaml
 from aurora.faults import parse_fault
 from aurora.provenance import git_sha
 from aurora.topology import load_topology
-from experiments.common import RESULTS, files_only
+from experiments.common import RESULTS, files_only, plain
 
 NAME = "sim_vs_real"
 WARMUP = 2
@@ -652,7 +652,7 @@ def figure(rows: pd.DataFrame, steps: pd.DataFrame, path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
-    p = argparse.ArgumentParser(description=(__doc__ or NAME).split("\n\n")[0])
+    p = argparse.ArgumentParser(description=plain((__doc__ or NAME).split("\n\n")[0]))
     p.add_argument("--full", action="store_true", help="the rl backend (tiny Qwen3), 3 seeds")
     p.add_argument("--out", default=None, help="results root (default results/)")
     p.add_argument(

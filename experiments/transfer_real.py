@@ -73,7 +73,7 @@ import yaml
 
 from aurora.provenance import git_sha
 from aurora.topology import load_topology
-from experiments.common import RESULTS, files_only
+from experiments.common import RESULTS, files_only, plain
 from experiments.sim_vs_real import real_transfers, sim_transfers
 
 NAME = "transfer_real"
@@ -453,9 +453,17 @@ def figure(rows: pd.DataFrame, path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
-    p = argparse.ArgumentParser(prog="python -m experiments.transfer_real", description=__doc__)
-    p.add_argument("--network", default="loopback", choices=["loopback", "emulated", "both"])
-    p.add_argument("--model", default=MODEL)
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.transfer_real",
+        description=plain((__doc__ or "").split("\n\n")[0]),
+    )
+    p.add_argument(
+        "--network",
+        default="loopback",
+        choices=["loopback", "emulated", "both"],
+        help="loopback (default), the emulated WAN (root) or both",
+    )
+    p.add_argument("--model", default=MODEL, help=f"the real.model of the runs (default {MODEL})")
     p.add_argument("--steps", type=int, default=4, help="steps per run (quick: 4)")
     p.add_argument(
         "--phase",

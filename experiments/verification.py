@@ -468,7 +468,8 @@ def _g(x: str, digits: int = 3) -> str:
 
 
 def tables(out: Path) -> str:
-    """The markdown tables of docs/VERIFICATION.md, from the rows under ``out``."""
+    """The markdown tables of docs/journal/verification-measurements.md, from the rows under
+    ``out``."""
     tol = _rows(out / "tolerance.csv")
     lines = [
         "| engine | results checked | tokens | 99.9% / 99.99% token \\|delta\\| | max token "
@@ -541,18 +542,30 @@ def reanalyse(out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="verified rollouts: tolerance, detection, cost")
+    p = argparse.ArgumentParser(
+        description="Verified rollouts: the honest tolerance, how each dishonest Actor is "
+        "caught, what checking costs an honest run, and false positives."
+    )
     p.add_argument(
         "--part",
         default="all",
         choices=["tolerance", "detect", "cost", "fpr", "all", "tables", "reanalyse"],
+        help="which measurement to run (default all); tables: print them from the rows",
     )
-    p.add_argument("--engines", default="transformers")
-    p.add_argument("--seeds", default="0")
-    p.add_argument("--tolerance-batches", type=int, default=8)
-    p.add_argument("--cost-steps", type=int, default=30)
-    p.add_argument("--fpr-steps", type=int, default=150)
-    p.add_argument("--out", default="results/verification")
+    p.add_argument(
+        "--engines", default="transformers", help="comma-separated engines (transformers, vllm)"
+    )
+    p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    p.add_argument(
+        "--tolerance-batches", type=int, default=8, help="batches sampled per engine (default 8)"
+    )
+    p.add_argument("--cost-steps", type=int, default=30, help="steps of each cost run (default 30)")
+    p.add_argument(
+        "--fpr-steps", type=int, default=150, help="steps of each false-positive run (default 150)"
+    )
+    p.add_argument(
+        "--out", default="results/verification", help="output folder (default results/verification)"
+    )
     args = p.parse_args(argv)
     out = Path(args.out)
     engines = [e for e in args.engines.split(",") if e]

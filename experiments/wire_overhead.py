@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from aurora.provenance import git_sha
+from experiments.common import plain
 
 EVIDENCE = Path(__file__).resolve().parent.parent / "evidence" / "wire_overhead.json"
 """Where the measurement is committed (``sim_vs_real`` reads it)."""
@@ -78,7 +79,7 @@ def load(path: Path = EVIDENCE) -> float | None:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p = argparse.ArgumentParser(description=plain((__doc__ or "").split("\n\n")[0]))
     p.add_argument("--out", default=str(EVIDENCE), help="where to write the JSON")
     p.add_argument("--seconds", type=float, default=4.0, help="each transfer's length")
     args = p.parse_args(argv)

@@ -116,6 +116,15 @@ class SimConfig:
     """Keep the human-readable event trace, the timeline and every event fed to the Ledger with
     its decisions (turn off for 10^4 Actors and for sweeps)."""
 
+    @property
+    def batch_total(self) -> int:
+        """Rollouts per step: ``batch_rollouts``, else the traces' rollouts per Actor times the
+        Actors the topology starts with."""
+        if self.batch_rollouts is not None:
+            return self.batch_rollouts
+        actors = sum(g.count for g in self.topology.actors)
+        return int(self.traces.constants.rollouts_per_actor.value) * actors
+
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
@@ -125,6 +134,13 @@ class SimConfig:
             raise ValueError(
                 f"batch_rollouts ({self.batch_rollouts}) must be a multiple of "
                 f"rollouts_per_lease ({self.rollouts_per_lease})"
+            )
+        if self.batch_rollouts is None and self.batch_total % self.rollouts_per_lease:
+            per = int(self.traces.constants.rollouts_per_actor.value)
+            raise ValueError(
+                f"rollouts_per_lease ({self.rollouts_per_lease}) must divide the batch of "
+                f"{self.batch_total} rollouts ({per} per Actor x "
+                f"{self.batch_total // per} Actors)"
             )
         if self.segment_bytes < 1 or self.snapshot_interval < 1:
             raise ValueError("segment_bytes and snapshot_interval must be >= 1")

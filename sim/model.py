@@ -25,7 +25,7 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,8 @@ class Result:
     """SimPy events processed (for events/s)."""
     sim_time: float
     """Simulated seconds at the end."""
+    trainer_busy: dict[int, float] = field(default_factory=dict)
+    """Seconds the Trainer worked on each step (training and the publication it waits for)."""
 
     def summary(self, warmup: int = 2) -> dict[str, float]:
         """Mean step time and tokens/s over steps after ``warmup``, as the paper reports."""
@@ -120,14 +122,7 @@ class Simulation:
         self.dense_bytes = dense
 
         # Batches.
-        total = cfg.batch_rollouts or int(self.consts.rollouts_per_actor.value) * sum(
-            g.count for g in topo.actors
-        )
-        if total % cfg.rollouts_per_lease:
-            raise ValueError(
-                f"batch of {total} rollouts is not a multiple of rollouts_per_lease "
-                f"({cfg.rollouts_per_lease})"
-            )
+        total = cfg.batch_total  # a multiple of rollouts_per_lease (checked by SimConfig)
         self.prompts_per_batch = total // cfg.rollouts_per_lease
         self.tokens_per_lease = cfg.rollouts_per_lease * self.tokens_per_rollout
 
@@ -191,6 +186,7 @@ class Simulation:
             decisions=self.driver.decisions,
             events=next(self.env._eid),  # SimPy's running event id: events scheduled so far
             sim_time=self.env.now,
+            trainer_busy=self.trainer.busy,
         )
 
     def measure_fanout(self) -> float:

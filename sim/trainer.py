@@ -73,6 +73,9 @@ class Trainer:
         self.produce_rate = math.inf
         """Bytes/s the background work produces (caps cut-through sends until it ends)."""
         self.published_at: dict[int, float] = {}
+        self.busy: dict[int, float] = {}
+        """Seconds the Trainer worked on each step (training, then what publishing blocks it
+        for): what a step costs at least, so a step time equal to it is Trainer-bound."""
         self._wake: simpy.Event | None = None
         self._life: object | None = None
         """Token of the Trainer's current life; a crash ends it (see :meth:`crash`)."""
@@ -123,6 +126,7 @@ class Trainer:
             if self._life is not me:
                 return  # crashed while training: the step is redone after restart
             sim.recorder.span("trainer", TRAINER, "train", k, start)
+            self.busy[k] = duration
             if self.pub.sequential:
                 yield from self._publish_sequential(k, me)
                 continue
@@ -137,6 +141,7 @@ class Trainer:
                 if self._life is not me:
                     return
                 sim.recorder.span("trainer", TRAINER, self.pub.blocking, k, start)
+                self.busy[k] += self.pub.blocking_s
             self.publish(k)
 
     # -- publication ----------------------------------------------------------------------------
@@ -156,12 +161,14 @@ class Trainer:
             if self._life is not me:
                 return
             sim.recorder.span("trainer", TRAINER, pub.blocking, v, start)
+            self.busy[v] = self.busy.get(v, 0.0) + work
         if pub.announce_s > 0:
             start = env.now
             yield env.timeout(pub.announce_s)
             if self._life is not me:
                 return
             sim.recorder.span("trainer", TRAINER, "publish", v, start)
+            self.busy[v] = self.busy.get(v, 0.0) + pub.announce_s
         self.trained = v
         sim.recorder.row(v)
         snapshot = int(sim.dense_bytes) if v % sim.cfg.snapshot_interval == 0 else None

@@ -837,7 +837,8 @@ def test_aurora_real_refuses_engine_vllm_and_device_cuda_before_starting_anythin
         rc = main(["real", "--topology", str(topo), "--steps", "1", "--out", str(out), "--quiet"])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2, err
-        assert len(err) == 1 and err[0].startswith(f"aurora real: real.{line}"), err
+        # one line, naming the topology file and the field
+        assert len(err) == 1 and err[0].startswith(f"aurora real: {topo}: real.{line}"), err
         assert not list(out.glob("*/job.json"))  # no process was started
 
 

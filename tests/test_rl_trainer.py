@@ -169,7 +169,8 @@ def test_the_actors_log_probs_equal_the_trainers_recomputation_with_the_same_wei
 
 def test_a_bf16_compute_engine_agrees_with_the_trainer_within_the_bf16_tolerance():
     """bf16 compute (the GPU default) rounds activations to 8 bits of mantissa: the stated
-    tolerance is 0.15 nats per token (rl-on-cpu.md measured a worst of 0.04-0.12)."""
+    tolerance is 0.15 nats per token (docs/journal/early-measurements.md: a worst of
+    0.04-0.12)."""
     trainer, _ = make()
     model, tok = build_default()
     engine = TransformersEngine(model, tok, compute_dtype=torch.bfloat16)

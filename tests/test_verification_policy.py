@@ -155,9 +155,10 @@ def test_a_failed_check_excludes_for_good_and_a_check_after_it_raises_and_change
 
 
 def test_the_default_bounds_sit_between_the_measured_honest_and_dishonest_differences():
-    # docs/VERIFICATION.md, 2,048 honest results, 4 completions checked: largest token / mean
-    # |delta| 8.8e-6 / 1.9e-6 (transformers engine), 0.32 (of all 8 completions) / 0.023 (vLLM
-    # CPU build); a randomly initialised model of the same tokenizer: mean >= 4.0 per result.
+    # docs/journal/verification-measurements.md, 2,048 honest results, 4 completions checked:
+    # largest token / mean |delta| 8.8e-6 / 1.9e-6 (transformers engine), 0.32 (of all 8
+    # completions) / 0.023 (vLLM CPU build); a randomly initialised model of the same tokenizer:
+    # mean >= 4.0 per result.
     cfg = VerificationConfig(seed=0)
     for honest_max, honest_mean in ((8.8e-6, 1.9e-6), (0.32, 0.023)):
         m = Measures(max_delta=honest_max, mean_delta=honest_mean, min_logprob=-11.5, tokens=9)

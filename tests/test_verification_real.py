@@ -29,20 +29,19 @@ CASES = [
 ]
 """Each cheater and the step by which it must be excluded (counted as batches requested when
 the Ledger excluded it). A new Actor has every result checked until 8 pass on 3 versions
-(``VerificationConfig.probation``, ``probation_versions``), and each Actor returns ~6 results a
-step here, one-step async: a cheat on every result fails at its first checked result, in batch 1
-or 2. A ``stale`` Actor (frozen on v0) is honest on v0 (batches 1 and 2) and differs little on
-v1 (1 in 16 results beyond the bounds on this model; 10 in 16 from v2: docs/VERIFICATION.md),
-so it is caught from batch 4 if it is still checked on every result then. Under the default
-rule it may not be: its v0 and v1 results pass, and if the first checks of its v2 results pass
-too (6 in 16 do) it completes probation (8 checks on 3 versions) and is trusted at 10%; one run of
-the full suite caught it only at batch 8 that way (a rule's property, stated in
-docs/VERIFICATION.md). With ``probation`` 48 every result of the run is checked, and the bound
-tests the check itself: caught from batch 4, by 6 unless all its v2+ results pass (6/16 each).
-``partial:0.1`` lies on 10% of its
-prompts: with ``probation`` 48 here, every one of its results of the run is checked, and it
-returns ~48 of them, so it is caught unless it lied on none (0.9^48 = 0.6%; deterministic per
-run, the prompts it lies on are fixed by their ids)."""
+(``VerificationConfig.probation``, ``probation_versions``), and each Actor returns ~6 results a step
+here, one-step async: a cheat on every result fails at its first checked result, in batch 1 or 2. A
+``stale`` Actor (frozen on v0) is honest on v0 (batches 1 and 2) and differs little on v1 (1 in 16
+results beyond the bounds on this model; 10 in 16 from v2:
+docs/journal/verification-measurements.md), so it is caught from batch 4 if it is still checked on
+every result then. Under the default rule it may not be: its v0 and v1 results pass, and if the
+first checks of its v2 results pass too (6 in 16 do) it completes probation (8 checks on 3 versions)
+and is trusted at 10%; one run of the full suite caught it only at batch 8 that way (a rule's
+property, stated in docs/VERIFICATION.md). With ``probation`` 48 every result of the run is checked,
+and the bound tests the check itself: caught from batch 4, by 6 unless all its v2+ results pass
+(6/16 each). ``partial:0.1`` lies on 10% of its prompts: with ``probation`` 48 here, every one of
+its results of the run is checked, and it returns ~48 of them, so it is caught unless it lied on
+none (0.9^48 = 0.6%; deterministic per run, the prompts it lies on are fixed by their ids)."""
 
 TOPOLOGY = {
     "name": "verify",

@@ -1,4 +1,5 @@
-"""Signed announcements: the one thing a node believes about a version (DESIGN.md, "Trust").
+"""Signed announcements: the one thing a node believes about a version (docs/ARCHITECTURE.md,
+"Trust").
 
 Theory of operation
 -------------------
@@ -14,14 +15,13 @@ peers); anyone with the job's public key verifies them (:func:`verify`). A node 
 the segments' BLAKE3 leaves, :mod:`aurora.delta.hashing`), so forging a delta means forging an
 Ed25519 signature or a BLAKE3 collision, whoever relayed the bytes.
 
-Beyond the fields DESIGN.md lists, a delta announcement carries the *transfer key* (the hash of
-the delta's header that every segment is tagged with) and the *segment size*: with them a
-receiver knows, before any byte of ``D_v`` arrives, which segments exist (seq, offset, length)
-and can drop anything else on sight, so a source can neither make it hold more than the
-announced size nor make it hash a trailer that claims a terabyte. A snapshot announcement
-carries the chain hash because ``h(snapshot)`` (a hash of the weights) and ``h(v)`` (a hash
-chain over the deltas) are different values: a joiner needs the second to check the base of
-``D_{v+1}``.
+Beyond the fields the design lists (docs/ARCHITECTURE.md), a delta announcement carries the
+*transfer key* (the hash of the delta's header that every segment is tagged with) and the *segment
+size*: with them a receiver knows, before any byte of ``D_v`` arrives, which segments exist (seq,
+offset, length) and can drop anything else on sight, so a source can neither make it hold more than
+the announced size nor make it hash a trailer that claims a terabyte. A snapshot announcement
+carries the chain hash because ``h(snapshot)`` (a hash of the weights) and ``h(v)`` (a hash chain
+over the deltas) are different values: a joiner needs the second to check the base of ``D_{v+1}``.
 
 Canonical bytes (signed, little-endian, fixed layout, so there is one encoding per record)::
 

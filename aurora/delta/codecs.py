@@ -2,7 +2,7 @@
 
 A tensor's change is ``idx`` (sorted flat int64 indices of the bf16 elements whose 16-bit pattern
 changed) and ``new`` (their new bit patterns, uint16). Each codec turns that into a few byte
-streams and back. Measurements behind the choices: ``shared/notes/codec-measurements.md`` and
+streams and back. Measurements behind the choices: ``docs/journal/early-measurements.md`` and
 ``docs/DELTA.md``.
 
 ``leb128`` (the paper)
@@ -65,7 +65,8 @@ from aurora.delta.errors import CorruptError, TruncatedError, UnknownCodecError
 ESCAPE_SHARE_FOR_U16 = 0.03
 """Switch the aurora index stream to uint16 gaps when more than this share of uint8 gaps escape."""
 ZSTD_LEVEL = 1
-"""zstd level of every zstd stream; levels >= 3 gained nothing on this data (notes)."""
+"""zstd level of every zstd stream; levels >= 3 gained nothing on this data
+(docs/journal/early-measurements.md)."""
 _NO_U8 = np.zeros(0, np.uint8)
 _NO_U16 = np.zeros(0, np.uint16)
 

@@ -1,10 +1,11 @@
 """Dense encodings: every element of the tensor, for changes too dense for a sparse codec.
 
 A tiny model learning on a CPU changes 11-60% of its bf16 elements per step
-(``shared/notes/rl-on-cpu.md``), and the first steps after a warm start look the same. A sparse
-codec then spends an index on most elements and costs more than the tensor. Three encodings
+(``docs/journal/early-measurements.md``), and the first steps after a warm start look the same. A
+sparse codec then spends an index on most elements and costs more than the tensor. Three encodings
 of the whole tensor, each bit-exact and chosen per tensor by the writer when smallest
-(:data:`aurora.delta.codecs.FAMILIES`; sizes against density in ``docs/DELTA.md``):
+(:data:`aurora.delta.codecs.FAMILIES`; sizes against density in
+``docs/journal/delta-measurements.md``):
 
 ``dense``
     the new bits of every element, as a high-byte plane and a low-byte plane, each zstd-1. Needs

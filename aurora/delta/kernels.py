@@ -22,7 +22,7 @@ on top of that; the loops here read each stream once and keep the running index 
   each value before the store reaches it and the store keeps the old bits in an undo log, which
   the caller restores (:func:`restore`), with the records stored before, if the stream is
   refused part-way (``changes.CheckedAsStored``; ``benchmarks/test_apply_bound.py``,
-  docs/DELTA.md).
+  docs/journal/delta-measurements.md).
 * ``expand_*`` writes the int64 indices of a checked stream, for the torch path (``index_copy_``
   needs an index tensor), the tensor-parallel remap and a rollback.
 
@@ -142,13 +142,13 @@ def _ulp_add(old, z):  # type: ignore[no-untyped-def]
 @_jit
 def store_small_gaps(out, base, end, st, lo, hi, esc, va, vb, vesc, vmode, log, undo):  # type: ignore[no-untyped-def]
     """Store the changes of an ``aurora`` stream already checked whole (``check_small_gaps``)
-    whose fused index is below ``end`` into ``out[index - base]``; with ``log``, keep the old
-    bits of change ``i`` in ``undo[i]`` so an interrupted apply can be rolled back (a split
-    value's store reads nothing otherwise: the read and the log cost ~35% of this loop, a ULP
-    store ~0%, as it reads the old bits anyway: benchmarks/test_apply_bound.py). No checks;
-    the lookahead decodes each gap a second time for its prefetch (a ring of indices and
-    in-loop checks made it slower: docs/DELTA.md). ``st`` = [change, escape, value escape, last
-    index, lookahead change, lookahead escape, lookahead index] is read and updated in place."""
+    whose fused index is below ``end`` into ``out[index - base]``; with ``log``, keep the old bits
+    of change ``i`` in ``undo[i]`` so an interrupted apply can be rolled back (a split value's store
+    reads nothing otherwise: the read and the log cost ~35% of this loop, a ULP store ~0%, as it
+    reads the old bits anyway: benchmarks/test_apply_bound.py). No checks; the lookahead decodes
+    each gap a second time for its prefetch (a ring of indices and in-loop checks made it slower:
+    docs/journal/delta-measurements.md). ``st`` = [change, escape, value escape, last index,
+    lookahead change, lookahead escape, lookahead index] is read and updated in place."""
     n = lo.size
     wide = hi.size == n and n > 0
     i, j, k, cur, ia, ja, ca = st[0], st[1], st[2], st[3], st[4], st[5], st[6]

@@ -8,7 +8,7 @@ so ``lr`` sets the density; :func:`lr_for_density` finds it by bisection on a sa
 ``first=True`` is Adam's *first* step instead: its normalised update m/sqrt(v) is the sign of the
 gradient, so every weight moves by exactly ``lr``, and every bf16 element whose half-ULP is below
 ``lr`` changes: the dense regime of a warm start or of a tiny model learning fast
-(``shared/notes/rl-on-cpu.md``: 11-60% changed per step, 99.6% on the first).
+(``docs/journal/early-measurements.md``: 11-60% changed per step, 99.6% on the first).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ QWEN3_8B_LAYER = {
     "model.layers.0.self_attn.k_norm.weight": (128,),
 }
 """One Qwen3-8B decoder layer (hidden 4096, 32 q / 8 kv heads of 128, intermediate 12288):
-about 193M parameters, as in the codec notes."""
+about 193M parameters, the layer the codecs were chosen on
+(``docs/journal/early-measurements.md``)."""
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:

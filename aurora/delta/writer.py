@@ -10,8 +10,8 @@ Each tensor is encoded with every encoding of the requested codec's family
 (:data:`aurora.delta.codecs.FAMILIES`) that could be the smallest, and the smallest is kept and
 named in its record: ``aurora`` against ``leb128`` always (the LEB128 size is counted exactly
 without encoding; zstd frames cost ~10 bytes, which dominates tiny tensors, and LEB128 can win on
-huge sparse ones), the dense encodings when the tensor is small or its changes are dense enough
-to possibly win (:data:`DENSE_TRY_DENSITY`, from the sweep in ``docs/DELTA.md``).
+huge sparse ones), the dense encodings when the tensor is small or its changes are dense enough to
+possibly win (:data:`DENSE_TRY_DENSITY`, from the sweep in ``docs/journal/delta-measurements.md``).
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ DENSE_CODECS = frozenset({"dense", "dense-base", "xor-zstd"})
 DENSE_TRY_DENSITY = 0.1
 """Try the dense encodings (which read and compress the whole tensor) only from this share of
 changed elements up: below it every dense encoding was 1.2-3x the best sparse one in the sweep of
-``docs/DELTA.md`` (they win from ~60% with the base, ~99% without), so encoding them would only
-cost the Trainer time."""
+``docs/journal/delta-measurements.md`` (they win from ~60% with the base, ~99% without), so encoding
+them would only cost the Trainer time."""
 DENSE_TRY_NUMEL = 1 << 16
 """...or when the tensor is this small (norms, biases): trying is then cheaper than deciding."""
 

@@ -2,37 +2,18 @@
 
 Theory of operation
 -------------------
-vLLM builds a worker's weight-transfer engine with
-``WeightTransferEngineFactory.create_engine(config, vllm_config, device, model)`` right after the
-worker loads its model, by the name in ``weight_transfer_config["backend"]``. :func:`register`
-adds ``aurora_delta`` to that factory (lazily: the factory imports this module when the engine is
-first created). Importing this module registers it, and every vLLM worker imports it before it
-loads its model when it is the ``worker_extension_cls`` (:class:`AuroraWorkerExtension`, which
-:meth:`aurora.engines.vllm.VLLMEngine.launch` sets), so a stock ``vllm serve
---worker-extension-cls aurora.engines.vllm_plugin.AuroraWorkerExtension
---weight-transfer-config '{"backend": "aurora_delta"}'`` finds it too (and so does any vLLM
-process where AuroraRL is installed: ``pyproject.toml`` declares a ``vllm.general_plugins``
-entry point calling :func:`register`). ``vllm serve`` mounts the RL routes that drive it only
-with ``VLLM_SERVER_DEV_MODE=1`` in its environment (:class:`aurora.engines.vllm.HTTPWeightClient`).
-
-The base class is vLLM 0.32-0.34's (``vllm/distributed/weight_transfer/base.py``): five
-abstract methods (``init_transfer_engine``, ``start_weight_update``, ``finish_weight_update``,
-``receive_weights``, ``shutdown``); the sending side is a separate class there
-(``TrainerWeightTransferEngine``), which AuroraRL does not need: its deltas reach Actors over the
-data plane and each Actor applies them itself.
-
-:class:`AuroraDeltaWeightTransferEngine` is a thin adapter: vLLM parses ``init_info`` and
-``update_info`` into :class:`AuroraInitInfo` and :class:`AuroraUpdateInfo` (unknown keys are
-refused by vLLM's ``parse_*_info``) and the engine hands them to a
-:class:`aurora.engines.vllm.DeltaReceiver` holding this rank's parameters and tensor-parallel
-rank. Updates are applied in place, so ``start_weight_update``/``finish_weight_update`` have
-nothing to do (vLLM's layerwise reload is for engines that receive whole checkpoints).
-
-:class:`AuroraWorkerExtension` (``worker_extension_cls``) adds one collective RPC,
-``aurora_rank_state``, returning this rank's weights, version and h(v) so the driver can hash
-the bits vLLM actually holds.
-
-This module imports vLLM; nothing else in the package does at import time.
+vLLM builds a worker's weight-transfer engine by the name in ``weight_transfer_config["backend"]``
+right after the worker loads its model; :func:`register` adds ``aurora_delta`` to its factory.
+Every vLLM worker imports this module before it loads its model when it is the
+``worker_extension_cls`` (:class:`AuroraWorkerExtension`), and any vLLM process finds it through
+the ``vllm.general_plugins`` entry point in ``pyproject.toml``.
+:class:`AuroraDeltaWeightTransferEngine` is a thin adapter over vLLM 0.32-0.34's abstract base:
+vLLM parses ``init_info``/``update_info`` into :class:`AuroraInitInfo`/:class:`AuroraUpdateInfo`
+and the engine hands them to a :class:`aurora.engines.vllm.DeltaReceiver` holding this rank's
+parameters; updates are in place, so starting and finishing an update do nothing.
+:class:`AuroraWorkerExtension` adds the ``aurora_rank_state`` collective RPC (this rank's
+weights, version and h(v)) for the content digest. The interface and the versions are in
+``docs/VLLM.md``. This module imports vLLM; nothing else in the package does at import time.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Theory of operation
 -------------------
 Each version ``v`` an Actor hears of moves through ``NONE -> RECEIVING -> STAGED -> ACTIVE``:
 segments of ``D_v`` are arriving (RECEIVING), the whole delta verified against its hash and held
-in memory or on disk (STAGED), applied to the live weights (ACTIVE). Two rules from DESIGN.md are
-enforced here and nowhere else:
+in memory or on disk (STAGED), applied to the live weights (ACTIVE). Two rules of the data plane
+(docs/ARCHITECTURE.md, "Correctness rules") are enforced here and nowhere else:
 
 * stage ``D_v`` only once verified (``stage`` is the verified event) and only for a version newer
   than the active one;

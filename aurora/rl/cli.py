@@ -1,7 +1,7 @@
 """``aurora warmstart``: build (or find) the cached v0 snapshot of the default model.
 
-Wired into ``aurora/cli.py`` by the lead through :func:`add_parser` and :func:`run`; also
-``python -m aurora.rl.cli``. Prints the cache key, the supervised steps, the validation accuracy,
+``aurora/cli.py`` adds it through :func:`add_parser` and :func:`run`; ``python -m aurora.rl.cli``
+runs it alone. Prints the cache key, the supervised steps, the validation accuracy,
 h(v0) and where the snapshot is; ``--export DIR`` also writes it as a Hugging Face directory.
 """
 
@@ -16,7 +16,9 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "warmstart",
         help="build or find the warm-started default model (the cached v0 snapshot)",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description="Build the warm-started default model (a tiny Qwen3 trained on 3-digit "
+        "addition until it reaches the validation threshold) or find it in the cache, and print "
+        "where its v0 snapshot is. Needs the torch extra: pip install -e '.[torch]'.",
     )
     p.add_argument(
         "--cache", default=None, help="cache root (default $AURORA_CACHE or ~/.cache/aurora)"

@@ -16,7 +16,8 @@ A *task* (:class:`Task`) is a reward function plus prompts:
 * a fixed held-out set, ``task.heldout()``, disjoint from the training stream, drawn from its own
   seed so that runs with different training seeds are evaluated on the same problems.
 
-The default task (:class:`ArithmeticTask`) is the one ``shared/notes/rl-on-cpu.md`` measured: the
+The default task (:class:`ArithmeticTask`) is the one measured in
+``docs/journal/early-measurements.md``: the
 prompt ``a+b=`` with each operand's digit count uniform in 1..3 and then its value uniform among
 the numbers with that many digits; the completion must be exactly the digits of ``a+b`` followed
 by end-of-sequence (the completion text is what precedes ``<eos>``; a completion cut off by the

@@ -7,12 +7,13 @@ pretrained). For the built-in tiny Qwen3 that competence comes from a short supe
 the task: cross-entropy on the answer tokens (digits and ``<eos>``) of problems from a data
 stream of their own (``data_seed``), AdamW with a linear warm-up and gradient clipping.
 
-Competence arrives abruptly and at a step that varies by seed (rl-on-cpu.md: 41% / 65% / 55%
-greedy at step 300 for three seeds), so the run stops at an accuracy *threshold*, not a step
-count: every ``eval_every`` steps the bf16-rounded weights (what the Actors will hold) are
-evaluated greedily on a validation set drawn from the training distribution (never the task's
-held-out set, which stays untouched for the RL evaluation), and the first time they reach
-``threshold`` the run stops. Not reaching it within ``max_steps`` is an error.
+Competence arrives abruptly and at a step that varies by seed
+(``docs/journal/early-measurements.md``: 41% / 65% / 55% greedy at step 300 for three seeds), so the
+run stops at an accuracy *threshold*, not a step count: every ``eval_every`` steps the bf16-rounded
+weights (what the Actors will hold) are evaluated greedily on a validation set drawn from the
+training distribution (never the task's held-out set, which stays untouched for the RL evaluation),
+and the first time they reach ``threshold`` the run stops. Not reaching it within ``max_steps`` is
+an error.
 
 The result is cached as the v0 snapshot in the Checkpoint Store's format
 (:meth:`aurora.store.CheckpointStore.publish_snapshot`: safetensors, BF16, its weights hash in
@@ -58,7 +59,8 @@ class WarmStartError(RuntimeError):
 
 @dataclass(frozen=True, kw_only=True)
 class WarmStartConfig:
-    """Supervised pre-training of the default model (rl-on-cpu.md's measured recipe)."""
+    """Supervised pre-training of the default model (the recipe measured in
+    ``docs/journal/early-measurements.md``)."""
 
     model: TinyQwen3Config = field(default_factory=TinyQwen3Config)
     """The model to build and pre-train."""

@@ -154,11 +154,17 @@ def _job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", help="job spec JSON written by aurora real (instead of --topology)")
     p.add_argument("--topology", help="topology YAML (its real: section)")
     p.add_argument("--strategy", default="aurora", help="transfer strategy (default aurora)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the job: prompts, sampling (default 0)"
+    )
     p.add_argument("--steps", type=int, default=None, help="training steps (default real.steps)")
     p.add_argument("--store", default=None, help="Checkpoint Store URL (default RUN_DIR/store)")
     p.add_argument(
-        "--backend", default="rl", choices=["rl", "standin", "shapes"], help=argparse.SUPPRESS
+        "--backend",
+        default="rl",
+        choices=["rl", "standin", "shapes"],
+        help="compute: rl (real models, default), standin (load and fault tests) or shapes "
+        "(a published model's tensors, synthetic steps)",
     )
 
 
@@ -318,7 +324,14 @@ def _real(args: argparse.Namespace) -> int:
 def add_parsers(sub: Any) -> None:
     """Add every role subcommand to ``aurora``'s subparsers."""
     add_export_parser(sub)
-    p = sub.add_parser("real", help="run a topology on real processes on this host")
+    p = sub.add_parser(
+        "real",
+        help="run a topology on real processes on this host",
+        description="Run a topology's deployment as real processes on this host: a Trainer "
+        "with its Job Ledger, a relay per remote region and the Actors, over loopback (or an "
+        "emulated WAN with --emulate), with real models. Needs the torch extra: "
+        "pip install -e '.[torch]'. Writes results/real/NAME-STRATEGY-sSEED/.",
+    )
     p.add_argument("--topology", help="topology YAML (examples/geo.yaml)")
     p.add_argument(
         "--strategy",
@@ -326,7 +339,9 @@ def add_parsers(sub: Any) -> None:
         help="aurora, prime-full, prime-async2, prime-async4, ideal-singledc or aurora-norelay",
     )
     p.add_argument("--steps", type=int, default=None, help="training steps (default real.steps)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the job: prompts, sampling (default 0)"
+    )
     p.add_argument("--out", default="results/real", help="output folder (default results/real)")
     p.add_argument(
         "--fault",
@@ -374,11 +389,23 @@ def add_parsers(sub: Any) -> None:
         action="store_true",
         help="with --emulate: remove the namespaces, rules and processes a killed run left, exit",
     )
-    p.add_argument("--extra", default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--extra",
+        default=None,
+        metavar="JSON",
+        help="job spec fields to override, as JSON (e.g. '{\"verify\": true}')",
+    )
     p.add_argument("--quiet", action="store_true", help="no live line")
     p.set_defaults(func=_real)
 
-    p = sub.add_parser("trainer", help="run the Trainer (and by default the Ledger)")
+    p = sub.add_parser(
+        "trainer",
+        help="run the Trainer (and by default the Ledger)",
+        description="Run the Trainer of a job on this host: GRPO on each admitted batch, "
+        "publishing each version as a signed delta checkpoint; by default it hosts the Job "
+        "Ledger too. Relays and Actors on other hosts join it with --join. Needs the torch "
+        "extra for real models.",
+    )
     _job_args(p)
     p.add_argument("--run-dir", required=True, help="folder for the Trainer's state and logs")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -395,16 +422,28 @@ def add_parsers(sub: Any) -> None:
     )
     p.set_defaults(func=_trainer)
 
-    p = sub.add_parser("ledger", help="run a standalone Job Ledger (durable, SQLite)")
+    p = sub.add_parser(
+        "ledger",
+        help="run a standalone Job Ledger (durable, SQLite)",
+        description="Run the Job Ledger as its own process: it leases prompts, commits versions "
+        "and admits results through the policy core, logging every event to SQLite and "
+        "replaying the log on restart. Point the Trainer at it with --ledger HOST:PORT.",
+    )
     _job_args(p)
     p.add_argument("--run-dir", default=".", help="folder for the default store")
     p.add_argument("--db", required=True, help="SQLite log (replayed if it exists)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="control port to listen on (0: any)")
     _secret_arg(p)
     p.set_defaults(func=_ledger)
 
-    p = sub.add_parser("relay", help="run a region's relay")
+    p = sub.add_parser(
+        "relay",
+        help="run a region's relay",
+        description="Run a region's relay: it receives each delta checkpoint once over the WAN "
+        "and forwards its segments cut-through to the region's Actors. Joins a running job "
+        "through its Ledger.",
+    )
     p.add_argument("--join", required=True, help="HOST:PORT of the Ledger")
     p.add_argument("--id", required=True, help="relay id")
     p.add_argument("--region", required=True, help="region it serves")
@@ -415,7 +454,13 @@ def add_parsers(sub: Any) -> None:
     _identity_arg(p)
     p.set_defaults(func=_relay)
 
-    p = sub.add_parser("actor", help="run an Actor that joins a running job")
+    p = sub.add_parser(
+        "actor",
+        help="run an Actor that joins a running job",
+        description="Run an Actor that joins a running job through its Ledger: it generates "
+        "rollouts for its leases, stages the next delta while it generates, and activates it "
+        "at the end of a batch. Needs the torch extra (or a vLLM server: --engine-url).",
+    )
     p.add_argument("--join", required=True, help="HOST:PORT of the Ledger")
     p.add_argument("--id", required=True, help="Actor id (a returning Actor reuses its id)")
     p.add_argument("--region", required=True, help="region it runs in")
@@ -475,7 +520,11 @@ def _export(args: argparse.Namespace) -> int:
 
 def add_export_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "export", help="rebuild a version from the store (verified) as a Hugging Face model"
+        "export",
+        help="rebuild a version from the store (verified) as a Hugging Face model",
+        description="Rebuild policy version V from the Checkpoint Store (a snapshot plus the "
+        "delta chain, every piece verified against the Trainer's signature) and write it as a "
+        "Hugging Face model directory. Needs the torch extra.",
     )
     p.add_argument("--job", required=True, help="the run's job.json (model, store, job id)")
     p.add_argument("--store", default=None, help="Checkpoint Store URL (default: the job's)")

@@ -161,23 +161,27 @@ class Launcher:
         # Everything that can refuse the job first (the model, the device, every Actor's
         # engine), so a refused run leaves no folder behind and an earlier run's is kept.
         store = self.real.store or str(self.dir / "store")
-        self.spec = make_spec(
-            self.topo,
-            strategy=run.strategy,
-            seed=run.seed,
-            steps=run.steps,
-            store=store,
-            backend=run.backend,
-            extra={"start_actors": len(self.plan.actors), **run.extra},
-        )
-        if run.backend == "rl":
-            from aurora.runtime.rlbackend import check_compute
-
-            check_compute(
-                device=self.job.device,
-                engine=self.job.engine,
-                engines=[a.engine for a in self.plan.actors if a.engine],
+        try:
+            self.spec = make_spec(
+                self.topo,
+                strategy=run.strategy,
+                seed=run.seed,
+                steps=run.steps,
+                store=store,
+                backend=run.backend,
+                extra={"start_actors": len(self.plan.actors), **run.extra},
             )
+            if run.backend == "rl":
+                from aurora.runtime.rlbackend import check_compute
+
+                check_compute(
+                    device=self.job.device,
+                    engine=self.job.engine,
+                    engines=[a.engine for a in self.plan.actors if a.engine],
+                )
+        except ValueError as exc:
+            # The model, the device and the engines are the topology's (its real: section).
+            raise ValueError(f"{run.topology_path}: {exc}") from None
         if self.dir.exists():
             if not (self.dir / "job.json").exists():
                 raise LaunchError(

@@ -108,6 +108,10 @@ def _check_vllm(gpu: bool) -> None:
         import vllm
         from vllm.platforms import current_platform
     except Exception as exc:  # ImportError, or a broken dependency (docs/VLLM.md)
+        from aurora.extras import broken_torchvision, explain
+
+        if broken_torchvision(exc) is not None:  # the CUDA torchvision beside vLLM's CPU build
+            raise ValueError(f"real.engine: vllm: {explain(exc)}") from None
         why = "not installed" if isinstance(exc, ImportError) else f"not importable ({exc})"
         raise ValueError(
             f"real.engine: vllm: vLLM is {why[:160]} ({fix}; or engine: transformers)"
@@ -123,6 +127,24 @@ def _check_vllm(gpu: bool) -> None:
             "real.engine: vllm: no CUDA GPU is visible on this host and the installed vLLM is "
             f"not its CPU build ({fix}; or engine: transformers)"
         )
+    _check_torchvision()
+
+
+def _check_torchvision() -> None:
+    """vLLM's CPU build pulls in CUDA builds of torchvision whose C operators do not load; vLLM's
+    weight transfer and transformers' model imports then fail deep inside an Actor. An absent
+    torchvision is fine (vLLM needs it only for images and audio); a broken one is refused here,
+    in one line saying what to remove."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None:
+        return
+    try:
+        import torchvision  # noqa: F401
+    except Exception as exc:
+        from aurora.extras import explain
+
+        raise ValueError(f"real.engine: vllm: {explain(exc) or exc}") from None
 
 
 def model_dense_bytes(spec: JobSpec) -> int:

@@ -20,9 +20,9 @@ not one of these forms exactly (ASCII digits, nothing after the extension, not e
 so nothing outside the root can be named; on a local directory a name whose path runs through
 a symbolic link is refused too, so a link planted under the root cannot lead out of it.
 
-The store is untrusted (DESIGN.md, "Trust"): a joiner opens it with the job's id and public key
-and reads through :meth:`CheckpointStore.verified_delta` / :meth:`verified_snapshot`, which
-check every artifact against the Trainer's signed announcement stored beside it, so a snapshot
+The store is untrusted (docs/ARCHITECTURE.md, "Trust"): a joiner opens it with the job's id and
+public key and reads through :meth:`CheckpointStore.verified_delta` / :meth:`verified_snapshot`,
+which check every artifact against the Trainer's signed announcement stored beside it, so a snapshot
 and chain fetched from any mirror are the Trainer's or are refused.
 
 Publishing is atomic and exclusive: on a local directory a temporary file is written, fsynced
