@@ -1,7 +1,7 @@
 """What one result can do to a step, with and without the Trainer's bounds, and what honest
 behaviour log-probs look like (docs/RL.md, "What one result can do").
 
-Two parts, each a list of configs that :func:`main` runs:
+Three parts, each a list of configs that :func:`main` runs:
 
 * ``logprobs`` (offline): each engine (transformers: fp32 arithmetic on the bf16 weights; vLLM's
   CPU build: bf16 arithmetic) samples ``batches`` of ``prompts`` x ``group_size`` completions of
@@ -16,11 +16,17 @@ Two parts, each a list of configs that :func:`main` runs:
   and with the honest batch's, and what the step did (taken, refused, groups left out, weights
   finite after it and a publish).
 
-Rows (resolved config, seed, git SHA, metrics) go to ``results/bounds/{logprobs,attack}.csv``;
+* ``honest`` (``aurora real``, real processes): two honest Actors per run, per engine and seed:
+  whether the bounds ever touched an honest result (results refused by reason, Actors excluded,
+  steps the guard refused or left groups out of, the largest share of capped tokens, the
+  largest pre-clip gradient norm against the run's median).
+
+Rows (resolved config, seed, git SHA, metrics) go to
+``results/bounds/{logprobs,attack,honest}.csv``;
 re-running skips rows already there. The honest cost of the bounds on learning is
 ``python -m experiments.learning --bounds`` (the same seeds with and without them). CLI only
 under ``__main__``: ``python -m experiments.bounds [--part logprobs|attack|all]
-[--engines transformers,vllm] [--seeds 0,1,2]``.
+[--engines transformers,vllm] [--seeds 0,1,2] [--steps 20]``.
 """
 
 from __future__ import annotations
@@ -82,6 +88,89 @@ class AttackConfig:
     @property
     def key(self) -> str:
         return f"{self.forged:g}-{'on' if self.bounds else 'off'}-s{self.seed}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HonestConfig:
+    """One ``aurora real`` run of honest Actors only."""
+
+    engine: str
+    """The Actors' engine."""
+    seed: int
+    """The job's seed."""
+    steps: int = 20
+    """Training steps."""
+    actors: int = 2
+    """Honest Actors."""
+    prompts_per_step: int = 32
+    group_size: int = 8
+
+    @property
+    def key(self) -> str:
+        return f"{self.engine}-{self.steps}-s{self.seed}"
+
+
+def honest_run(cfg: HonestConfig, out: Path) -> dict[str, Any]:
+    """What the bounds did to one honest run (module docstring)."""
+    from aurora.runtime.launcher import Launcher, RealRun
+    from aurora.topology import topology_from_dict
+
+    topo = {
+        "name": f"honest-{cfg.engine}",
+        "trainer": {"region": "us", "model": "qwen3-8b", "gpu": "H100", "gpus": 1},
+        "regions": [{"name": "us"}],
+        "actors": [{"region": "us", "gpu": "A100", "count": cfg.actors}],
+        "real": {
+            "model": "tiny",
+            "engine": cfg.engine,
+            "steps": cfg.steps,
+            "prompts_per_step": cfg.prompts_per_step,
+            "group_size": cfg.group_size,
+            "eval_prompts": 50,
+            "lease_initial_s": 120.0,
+        },
+    }
+    launcher = Launcher(
+        RealRun(
+            topology=topology_from_dict(topo, source=NAME),
+            topology_path=NAME,
+            out=str(out / "runs" / cfg.key),
+            backend="rl",
+            seed=cfg.seed,
+            extra={"start_actors": cfg.actors},
+            progress=False,
+            stall_s=600.0,
+        )
+    )
+    code = launcher.main()
+    d = launcher.dir
+    with open(d / "events.csv") as f:
+        rows = [r | {"rec": json.loads(r["record"])} for r in csv.DictReader(f)]
+    steps = [
+        json.loads(line)["stats"]
+        for line in (d / "trainer" / "steps.jsonl").read_text().splitlines()
+    ]
+    refused: dict[str, int] = {}
+    for r in rows:
+        if r["type"] == "Refused":
+            why = r["rec"]["reason"]
+            refused[why] = refused.get(why, 0) + 1
+    norms = [float(s["grad_norm"]) for s in steps if not s.get("skipped") and s.get("grad_norm")]
+    norms.sort()
+    summary = json.loads((d / "summary.json").read_text())
+    return {
+        "exit_code": code,
+        "steps_completed": summary.get("steps_completed"),
+        "refused": json.dumps(refused, sort_keys=True),
+        "payload_refusals": refused.get("BAD_PAYLOAD", 0) + refused.get("TRAINER_REFUSED", 0),
+        "evicted": sum(r["type"] == "Evicted" for r in rows),
+        "steps_guard_refused": sum(bool(s.get("refused")) for s in steps),
+        "steps_skipped": sum(int(s.get("skipped") or 0) for s in steps),
+        "capped_frac_max": max((float(s.get("capped_frac") or 0.0) for s in steps), default=0.0),
+        "grad_norm_max_over_median": norms[-1] / norms[len(norms) // 2] if norms else "",
+        "prompts_lost": summary.get("prompts_lost"),
+        "run_s": summary.get("wall_s"),
+    }
 
 
 def _spec(engine: str, seed: int, tmp: str, cfg: Any) -> Any:
@@ -259,10 +348,11 @@ def _done(path: Path) -> set[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="what one result can do to a step; honest log-probs")
-    p.add_argument("--part", default="all", choices=["logprobs", "attack", "all"])
+    p.add_argument("--part", default="all", choices=["logprobs", "attack", "honest", "all"])
     p.add_argument("--engines", default="transformers")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--batches", type=int, default=32)
+    p.add_argument("--steps", type=int, default=20, help="steps of each honest run")
     p.add_argument("--out", default=f"results/{NAME}")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -279,11 +369,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             for x in FORGED
             for b in (False, True)
         ]
+    if args.part in ("honest", "all"):
+        jobs += [
+            ("honest", HonestConfig(engine=e, seed=s, steps=args.steps))
+            for e in engines
+            for s in seeds
+        ]
     for part, cfg in jobs:
         path = out / f"{part}.csv"
         if cfg.key in _done(path):
             continue
-        got = measure_logprobs(cfg) if part == "logprobs" else measure_attack(cfg)
+        if part == "logprobs":
+            got = measure_logprobs(cfg)
+        elif part == "attack":
+            got = measure_attack(cfg)
+        else:
+            got = honest_run(cfg, out)
         row = {"key": cfg.key, **dataclasses.asdict(cfg), **got, "git_sha": sha}
         _append(path, row)
         print(json.dumps(row, default=str), flush=True)

@@ -26,7 +26,7 @@ from aurora.topology import topology_from_dict
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-STEPS = 6
+STEPS = 4
 PROMPTS = 12
 TOPOLOGY = {
     "name": "untrusted",
@@ -188,7 +188,9 @@ def test_the_trainer_survives_a_batch_with_nothing_trainable_and_a_restart_on_it
     )
     out = outcome(d)
     assert out["summary"]["steps_completed"] == STEPS
-    assert out["evicted"] == {CHEATER: "TOKEN_MISMATCH"}
+    assert set(out["evicted"]) == {CHEATER}
+    assert "resumed from its checkpoint at v0" in (d / "logs" / "trainer.log").read_text()
     first = out["steps"][0]
     assert first.get("results") == 0 and first.get("skipped") == 1
+    assert first.get("density") == 0.0  # v1 is v0's weights: an empty delta
     assert model_is_finite(d)
