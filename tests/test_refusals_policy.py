@@ -176,6 +176,15 @@ def test_a_throughput_claim_counts_only_as_far_as_admitted_results_show_it():
     assert honest == (40, 0.45)  # an honest claim (generation within the span) is unchanged
     assert allocation.bounded_throughput(40, 0.1, shown_tokens=0, shown_seconds=0.5) is None
     assert allocation.bounded_throughput(40, 0.1, shown_tokens=40, shown_seconds=0.0) is None
+    # Nothing admitted since (its leases expired): only a claim that lowers its estimate counts.
+    slower = allocation.bounded_throughput(
+        40, 1.0, shown_tokens=0, shown_seconds=0.0, estimate=80.0
+    )
+    assert slower == (40, 1.0)
+    faster = allocation.bounded_throughput(
+        2**40, 1e-9, shown_tokens=0, shown_seconds=0.0, estimate=80.0
+    )
+    assert faster is None
     with pytest.raises(ValueError):
         allocation.bounded_throughput(40, 0.1, shown_tokens=40, shown_seconds=1.0, slack=0.5)
 

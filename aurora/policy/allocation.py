@@ -15,7 +15,8 @@ Estimates move by an exponential moving average of the observed tokens/s after e
 (:func:`ema_update`); an Actor reports its own tokens/s, and a report counts only as far as its
 admitted results show it (:func:`bounded_throughput`: no more tokens than they hold, at most
 :data:`THROUGHPUT_SLACK` times the rate at which the Ledger saw them delivered), so a claim of
-2^40 tokens in a nanosecond cannot take a batch. An Actor excluded from a step by the version
+2^40 tokens in a nanosecond cannot take a batch (with nothing admitted since its last report, a
+report may only lower its estimate). An Actor excluded from a step by the version
 predicate has its estimate decayed by ``alpha`` (:func:`exclusion_decay`), so a rejoining Actor
 starts with a small share and earns it back by demonstrating throughput. An Actor without an
 estimate (just joined) gets :func:`prior`: the median of the known estimates, or
@@ -133,19 +134,23 @@ def bounded_throughput(
     *,
     shown_tokens: int,
     shown_seconds: float,
+    estimate: float | None = None,
     slack: float = THROUGHPUT_SLACK,
 ) -> tuple[int, float] | None:
     """The ``(tokens, seconds)`` an Actor's throughput report counts for: its claim with at most
     ``shown_tokens`` tokens (those of its results admitted since its previous report) in at
     least ``shown_seconds / slack`` seconds (the span in which the Ledger saw them delivered:
-    :data:`THROUGHPUT_SLACK`). None when nothing shows it (no admitted result, no span): the
-    report is not counted."""
+    :data:`THROUGHPUT_SLACK`). With nothing shown (no admitted result since: its leases expired,
+    say), the claim counts only if it is no faster than its ``estimate`` (tokens/s): a report
+    may always lower an Actor's own share, never raise it unshown. None: not counted."""
     if not (math.isfinite(slack) and slack >= 1.0):
         raise ValueError(f"throughput slack must be a finite number >= 1, got {slack!r}")
-    if shown_tokens <= 0 or not (math.isfinite(shown_seconds) and shown_seconds > 0):
-        return None
     if tokens <= 0 or not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"a throughput report needs tokens, seconds > 0: {tokens!r}, {seconds!r}")
+    if shown_tokens <= 0 or not (math.isfinite(shown_seconds) and shown_seconds > 0):
+        if estimate is not None and tokens / seconds <= estimate:
+            return int(tokens), float(seconds)
+        return None
     return min(int(tokens), int(shown_tokens)), max(float(seconds), shown_seconds / slack)
 
 

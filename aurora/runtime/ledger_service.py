@@ -285,7 +285,8 @@ class Counters:
     verified: int = 0
     """Results the Trainer recomputed (verified rollouts)."""
     evicted: dict[str, str] = field(default_factory=dict)
-    """Actor -> why it failed verification (excluded for good)."""
+    """Actor -> why it was excluded for good (a failed verification's reason, or
+    ``REFUSED``: its refused results)."""
 
 
 class LedgerService:
@@ -1136,6 +1137,7 @@ class LedgerService:
                 float(msg["seconds"]),
                 shown_tokens=int(shown[0]) if shown else 0,
                 shown_seconds=shown[2] - shown[1] if shown else 0.0,
+                estimate=rec.estimate,
             )
             if got is not None:
                 self.feed(ThroughputObserved(actor=peer, tokens=got[0], seconds=got[1]))

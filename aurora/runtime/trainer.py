@@ -620,7 +620,7 @@ class TrainerProcess:
         return payload, version
 
     async def _step(self, k: int, results: list[tuple[int, bytes, int]], meta: dict) -> int:
-        assert self.compute is not None and self.node is not None
+        assert self.compute is not None and self.node is not None and self.channel is not None
         spec = self.spec
         t0 = time.time()
         stats = await asyncio.to_thread(self.compute.train, results)
