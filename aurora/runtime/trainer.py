@@ -502,7 +502,7 @@ class TrainerProcess:
             return
         actor, lease = r.get("actor"), r.get("lease")
         if isinstance(actor, str) and isinstance(lease, str) and actor and lease:
-            self._refusals.append((actor[:MAX_ID], lease[:MAX_ID], why[:200]))
+            self._refusals.append((actor[:MAX_ID], lease[:MAX_ID], _printable(why)))
 
     async def _verify(
         self, kept: list[tuple[str, str, bool, tuple[int, bytes, int], int]]
@@ -631,7 +631,7 @@ class TrainerProcess:
         for i in stats.get("dropped") or ():
             if 0 <= int(i) < len(self._batch_owners):
                 actor, lease = self._batch_owners[int(i)]
-                self._refusals.append((actor, lease, why[:200]))
+                self._refusals.append((actor, lease, _printable(why)))
                 log.warning(
                     "trainer: left %s's result for %s out of step %d: %s", actor, lease, k, why
                 )
@@ -762,6 +762,11 @@ class TrainerProcess:
         )
         # Give the Ledger a moment to tell everyone to stop before this process goes away.
         await asyncio.sleep(0.2)
+
+
+def _printable(why: str) -> str:
+    """A reason as the ``refused`` message carries it (printable, at most 200 characters)."""
+    return "".join(c if c.isprintable() else "?" for c in why[:200])
 
 
 def ledger_config(
