@@ -27,8 +27,8 @@ from aurora.rl.trainer import (  # noqa: E402
 
 TASK = ArithmeticTask()
 UNBOUNDED = {"ratio_cap": None, "guard": None}
-"""The objective as it was (the PPO clip alone, no outlier rule); the guard still refuses a
-non-finite step."""
+"""The objective without the bounds (the PPO clip alone, no outlier rule); the guard still
+refuses a non-finite step."""
 
 
 def has_seven(prompt, completion):
@@ -177,8 +177,8 @@ def test_without_the_cap_the_guard_alone_keeps_a_non_finite_step_from_being_take
     g = signal_group(trainer, groups)
     c = int(np.argmin(group_advantages(trainer.rewards(groups[g]))))
     stats = trainer.step(forged(groups, value, group=g, completion=c))
-    assert "not" not in (stats.refused or "") and stats.refused is not None
-    assert any(w in stats.refused for w in ("inf", "nan")) and stats.dropped == (g,)
+    assert stats.refused is not None and stats.dropped == (g,)
+    assert any(w in stats.refused for w in ("inf", "nan"))
     assert not stats.skipped and finite(trainer)
 
 
