@@ -45,7 +45,7 @@ from (nats): 5x the largest difference measured between two honest computations.
 
 def logprob_floor(vocab_size: int) -> float:
     """Lowest plausible reported log-prob of a sampled token (nats):
-    ``ln(FALSE_REFUSAL / V) - ENGINE_GAP_NATS``; -24.6 for V = 17, -33.6 for V = 151,936."""
+    ``ln(FALSE_REFUSAL / V) - ENGINE_GAP_NATS``; -24.6 for V = 17, -33.7 for V = 151,936."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
     return math.log(FALSE_REFUSAL / vocab_size) - ENGINE_GAP_NATS
