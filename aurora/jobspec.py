@@ -126,6 +126,13 @@ class JobSpec:
     """vLLM's share of GPU memory; None: the backend's default."""
     trainer_data: str | None = None
     """The Trainer's data-plane address (set by the Trainer when it registers the job)."""
+    vocab_size: int | None = None
+    """Token ids a result may carry are below this; it also sets the floor of plausible
+    log-probs (:func:`aurora.policy.refusals.logprob_floor`). Set by the Trainer when it
+    registers the job, from its model; None: not checked."""
+    eos_id: int | None = None
+    """The end-of-sequence token id: a completion ends at its first one (set by the Trainer
+    when it registers the job; None: not checked)."""
     verify: bool = False
     """Verified rollouts (docs/VERIFICATION.md): the Trainer recomputes a sample of each
     Actor's admitted results under the claimed version and the Ledger excludes an Actor whose

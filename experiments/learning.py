@@ -21,6 +21,9 @@ the whole set fits a shared 2-core machine in minutes.
 The claim and its margin (justified in docs/RL.md from the measured noise): over the seeds of
 the default point, the mean greedy held-out exact match improves by at least
 :data:`MARGIN_POINTS` points and every seed improves; the lr = 0 control does not improve.
+``--bounds`` measures what the Trainer's bounds on one result cost an honest run: the default
+and ``learn``-regime points again, same seeds, without them (``UNBOUNDED``: no ratio cap, no
+outlier rule), beside the points with them (:func:`bounds_cost`).
 
 Writes ``results/learning/rows.csv`` (one row per run: config, seed, git SHA, before/after,
 densities, log-prob agreement), ``results/learning/curves.csv`` (held-out reward by step; delta
@@ -61,6 +64,9 @@ STEPS = 60
 """GRPO steps of every point but ``transfer``."""
 MARGIN_POINTS = 5.0
 """Mean greedy held-out improvement (percentage points) the default point must reach."""
+UNBOUNDED = {"ratio_cap": None, "guard": None}
+"""GRPOConfig without the bounds on one result (the PPO clip alone, no outlier rule; a step
+that is not finite is still never taken)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,11 +147,27 @@ def smoke_config(seed: int = 0, *, lr: float = DEFAULT_LR, steps: int = 2) -> Le
     )
 
 
+def unbounded_configs(seed: int, *, steps: int = STEPS) -> list[LearningConfig]:
+    """The default and ``learn``-regime points without the bounds on one result."""
+    return [
+        dataclasses.replace(c, preset=f"{c.preset}-unbounded", extra=dict(UNBOUNDED))
+        for c in (default_config(seed, steps=steps), regime_config(seed, steps=steps))
+    ]
+
+
 def points(
-    *, full: bool = False, seeds: Sequence[int] = (0, 1, 2), smoke: bool = False
+    *,
+    full: bool = False,
+    seeds: Sequence[int] = (0, 1, 2),
+    smoke: bool = False,
+    bounds: bool = False,
 ) -> list[LearningConfig]:
     if smoke:
         return [smoke_config(seeds[0]), smoke_config(seeds[0], lr=0.0)]
+    if bounds:
+        return [
+            c for s in seeds for c in (default_config(s), regime_config(s), *unbounded_configs(s))
+        ]
     out = [default_config(s) for s in seeds]
     out += [regime_config(s) for s in seeds]
     out += [control_config(s) for s in seeds]
@@ -224,6 +246,14 @@ def run(cfg: LearningConfig, *, cache_dir: str | Path | None = None) -> dict[str
         "logp_diff_max_median": float(np.median([s.logp_diff_max for s in res.steps])),
         "logp_diff_max_max": float(np.max([s.logp_diff_max for s in res.steps])),
         "clip_frac_mean": float(np.mean([s.clip_frac for s in res.steps])),
+        "capped_frac_mean": float(np.mean([s.capped_frac for s in res.steps])),
+        "steps_refused": int(sum(s.refused is not None for s in res.steps)),
+        "grad_norm_max_over_median": float(
+            np.max([s.grad_norm for s in res.steps if not s.skipped])
+            / np.median([s.grad_norm for s in res.steps if not s.skipped])
+        )
+        if any(not s.skipped for s in res.steps)
+        else np.nan,
         "steps_skipped": int(sum(s.skipped for s in res.steps)),
         "step_s_median": float(np.median([s.seconds for s in res.steps])),
         "threads": torch.get_num_threads(),
@@ -246,6 +276,9 @@ def run(cfg: LearningConfig, *, cache_dir: str | Path | None = None) -> dict[str
                 "train_reward": st.reward_mean,
                 "logp_diff_max": st.logp_diff_max,
                 "clip_frac": st.clip_frac,
+                "capped_frac": st.capped_frac,
+                "grad_norm": st.grad_norm,
+                "refused": st.refused or "",
                 "skipped": st.skipped,
             }
         )
@@ -330,6 +363,32 @@ def verdict(
     }
 
 
+def bounds_cost(rows: pd.DataFrame) -> dict[str, Any]:
+    """Per learning rate: the held-out gain with and without the bounds on one result (same
+    seeds), their per-seed difference, and how many honest steps the bounds changed (refused
+    by the guard, or any token capped)."""
+    out: dict[str, Any] = {}
+    for preset in ("default", "learn-regime"):
+        on = rows[rows.preset == preset].sort_values("seed")
+        off = rows[rows.preset == f"{preset}-unbounded"].sort_values("seed")
+        seeds = sorted(set(on.seed) & set(off.seed))
+        a = on.set_index("seed").loc[seeds]
+        b = off.set_index("seed").loc[seeds]
+        out[preset] = {
+            "seeds": seeds,
+            "gain_with": [round(float(x), 1) for x in a.greedy_gain_points],
+            "gain_without": [round(float(x), 1) for x in b.greedy_gain_points],
+            "mean_difference": float((a.greedy_gain_points - b.greedy_gain_points).mean())
+            if seeds
+            else np.nan,
+            "honest_steps_refused": int(a.steps_refused.sum()) if "steps_refused" in a else 0,
+            "capped_frac_mean": float(a.capped_frac_mean.mean())
+            if "capped_frac_mean" in a
+            else np.nan,
+        }
+    return out
+
+
 def figure(root: Path) -> Path:
     import matplotlib
 
@@ -401,6 +460,9 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         "--seeds", type=int, nargs="+", default=[0, 1, 2], help="RL seeds (default 0 1 2)"
     )
     p.add_argument("--smoke", action="store_true", help="a seconds-long run of the pipeline")
+    p.add_argument(
+        "--bounds", action="store_true", help="the bounds' honest cost: with and without them"
+    )
     p.add_argument("--cache", default=None, help="warm-start cache (default ~/.cache/aurora)")
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: a shared 2-core machine)"
@@ -414,11 +476,14 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
-        configs = points(full=args.full, seeds=args.seeds, smoke=args.smoke)
+        configs = points(full=args.full, seeds=args.seeds, smoke=args.smoke, bounds=args.bounds)
         rows = run_points(configs, root, cache_dir=args.cache)
     finally:
         torch.set_num_threads(threads)  # main() also runs inside other processes (tests)
-    claim = {"smoke": "the pipeline only; no claim"} if args.smoke else verdict(rows)
+    if args.bounds:
+        claim = bounds_cost(rows)
+    else:
+        claim = {"smoke": "the pipeline only; no claim"} if args.smoke else verdict(rows)
     figure(root)
     print(summary(rows, claim))
     print(written(root, NAME))

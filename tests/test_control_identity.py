@@ -306,7 +306,14 @@ def test_out_of_range_messages_never_reach_the_log_and_it_replays(tmp_path):
         await a1.send({"op": "throughput", "tokens": "9" * 400, "seconds": 1.0})
         await a1.send({"op": "activated", "version": -1e30})
         await a1.send({"op": "caught_up", "version": "-" + "1" * 31})
-        await a1.send({"op": "throughput", "tokens": 100, "seconds": 1.0})  # honest, after
+        # Honest, after: a result (2 x 2 tokens) and its throughput report, which counts for
+        # no more tokens than the admitted result holds.
+        lease = svc.state.book.live("a1")[0]
+        body = payload(lease.prompt, int(lease.prompt.split("-")[1]))
+        await a1.send(
+            {"op": "result", "lease": lease.id, "version": 0, "weights_hash": H0, "payload": body}
+        )
+        await a1.send({"op": "throughput", "tokens": 100, "seconds": 1.0})
         await until(
             lambda: (
                 svc.state.actors["a1"].estimate is not None
@@ -317,7 +324,7 @@ def test_out_of_range_messages_never_reach_the_log_and_it_replays(tmp_path):
 
     asyncio.run(main())
     logged = rows(tmp_path)
-    assert all(r.get("tokens") in (None, 100) for r in logged)
+    assert all(r.get("tokens") in (None, 4) for r in logged)
     assert not [r for r in logged if r.get("type") in ("Activation", "VersionActivated")]
     again = service(tmp_path)
     assert again.replay() == len(logged)  # starts again on its own log

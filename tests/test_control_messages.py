@@ -52,6 +52,7 @@ VALID: dict[tuple[m.Direction, str], dict[str, Any]] = {
         "min_logprob": -7.5,
         "tokens": 12,
     },
+    (T, "refused"): {"actor": "a", "lease": "L1", "why": "gradient norm is nan"},
     (T, "stats"): {"version": 1, "loss": 0.5, "backend": "standin", "batch_versions": [0, 1]},
     (T, "finished"): {},
     (T, "heartbeat"): {},
@@ -252,6 +253,38 @@ def test_a_bad_payload_is_refused_with_a_named_reason(payload, why):
     with pytest.raises(m.MessageError) as info:
         m.decode_result_payload(payload, prompt="b1-3", index=3, **JOB)
     assert info.value.why is why, str(info.value)
+
+
+EOS = 2
+"""End of sequence in the payloads below (the arithmetic tokenizer's)."""
+
+
+@pytest.mark.parametrize(
+    ("comp", "refused"),
+    [
+        ({"ids": [5, 7, EOS], "lp": [-0.5, -1.0, -0.1]}, False),  # ends at <eos>
+        ({"ids": [5, 7, 9, 3], "lp": [-0.5] * 4}, False),  # the length limit, no <eos>
+        ({"ids": [5, EOS, 7], "lp": [-0.5] * 3}, True),  # a token after <eos>
+        ({"ids": [EOS, EOS], "lp": [-0.5] * 2}, True),
+        ({"ids": [5, 7], "lp": [-0.5] * 2}, True),  # short, and no <eos>
+        ({"ids": [], "lp": []}, True),  # nothing sampled
+        ({"ids": [5, EOS], "lp": [-0.5, -24.0]}, False),  # above the floor of V = 10
+        ({"ids": [5, EOS], "lp": [-0.5, -25.0]}, True),  # below it
+        ({"ids": [5, EOS], "lp": [-60.0, -0.1]}, True),  # the attack's forged log-prob
+        ({"ids": [5, EOS], "lp": [-math.inf, -0.1]}, True),
+    ],
+)
+def test_tokens_after_eos_and_implausible_log_probs_are_refused(comp, refused):
+    """The payload rule of aurora.policy.refusals: a completion ends at its first <eos> (or at
+    the length limit), and no reported log-prob is below ln(1e-9 / V) - 1 (-24.03 for V = 10)."""
+    good = {"ids": [3, EOS], "lp": [-0.3, -0.2]}
+    body = _payload(comps=[good, comp])
+    if refused:
+        with pytest.raises(m.MessageError) as info:
+            m.decode_result_payload(body, prompt="b1-3", index=3, eos_id=EOS, **JOB)
+        assert info.value.why in (m.Why.IMPLAUSIBLE, m.Why.NOT_FINITE), str(info.value)
+    else:
+        m.decode_result_payload(body, prompt="b1-3", index=3, eos_id=EOS, **JOB)
 
 
 def test_prompt_ids_map_to_task_indices_and_nothing_else_does():

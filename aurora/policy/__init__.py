@@ -17,6 +17,8 @@ Modules:
   when a batch is complete (pacer machine).
 * :mod:`~aurora.policy.reports` - staged reports that precede their version; what a hello means.
 * :mod:`~aurora.policy.timers` - one lease-expiry tick per distinct expiry.
+* :mod:`~aurora.policy.refusals` - what a result's completions may look like; refused results
+  count against their Actor up to exclusion (strike machine).
 * :mod:`~aurora.policy.core` - ``LedgerCore``: the above as the one object both drivers hold.
 
 :class:`IllegalTransition` (every machine's refusal) is this package's public error; its home,

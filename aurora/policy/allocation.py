@@ -12,11 +12,15 @@ split is a pure function of its inputs. Every share is then within 1 of its exac
 value and the shares sum to exactly ``B``.
 
 Estimates move by an exponential moving average of the observed tokens/s after each settlement
-(:func:`ema_update`), and an Actor excluded from a step by the version predicate has its estimate
-decayed by ``alpha`` (:func:`exclusion_decay`), so a rejoining Actor starts with a small share and
-earns it back by demonstrating throughput. An Actor without an estimate (just joined) gets
-:func:`prior`: the median of the known estimates, or :data:`DEFAULT_PRIOR_TOKENS_PER_S` when no
-Actor has one yet.
+(:func:`ema_update`); an Actor reports its own tokens/s, and a report counts only as far as its
+admitted results show it (:func:`bounded_throughput`: no more tokens than they hold, at most
+:data:`THROUGHPUT_SLACK` times the rate at which the Ledger saw them delivered), so a claim of
+2^40 tokens in a nanosecond cannot take a batch (with nothing admitted since its last report, a
+report may only lower its estimate). An Actor excluded from a step by the version
+predicate has its estimate decayed by ``alpha`` (:func:`exclusion_decay`), so a rejoining Actor
+starts with a small share and earns it back by demonstrating throughput. An Actor without an
+estimate (just joined) gets :func:`prior`: the median of the known estimates, or
+:data:`DEFAULT_PRIOR_TOKENS_PER_S` when no Actor has one yet.
 """
 
 from __future__ import annotations
@@ -31,6 +35,14 @@ even split among brand-new Actors; 1000 tokens/s is the order of one A100 on a 4
 DEFAULT_EMA_BETA = 0.3
 """Weight of the newest observation in the EMA (0 < beta <= 1). 0.3 reacts within ~3 settlements
 to a throttled GPU while smoothing per-batch noise in generated lengths."""
+
+THROUGHPUT_SLACK = 2.0
+"""How much faster than the Ledger saw its admitted results delivered an Actor may claim to
+generate. The Ledger's span runs from a lease's claim (or the Actor's previous admitted result,
+if later: it was busy until then) to the admission, so it holds the generation and one round
+trip: 2 lets the round trip be as long as the generation before an honest claim is cut. A liar
+beside an equally fast honest Actor then takes at most 2/3 of a batch, and only by delivering
+admitted results that fast."""
 
 DEFAULT_EXCLUSION_ALPHA = 0.5
 """Multiplier applied to an excluded Actor's estimate, once per excluded step (0 < alpha <= 1)."""
@@ -114,6 +126,32 @@ def ema_update(estimate: float | None, observed: float, beta: float = DEFAULT_EM
         return float(observed)
     _check_estimate("<estimate>", estimate)
     return beta * observed + (1.0 - beta) * estimate
+
+
+def bounded_throughput(
+    tokens: int,
+    seconds: float,
+    *,
+    shown_tokens: int,
+    shown_seconds: float,
+    estimate: float | None = None,
+    slack: float = THROUGHPUT_SLACK,
+) -> tuple[int, float] | None:
+    """The ``(tokens, seconds)`` an Actor's throughput report counts for: its claim with at most
+    ``shown_tokens`` tokens (those of its results admitted since its previous report) in at
+    least ``shown_seconds / slack`` seconds (the span in which the Ledger saw them delivered:
+    :data:`THROUGHPUT_SLACK`). With nothing shown (no admitted result since: its leases expired,
+    say), the claim counts only if it is no faster than its ``estimate`` (tokens/s): a report
+    may always lower an Actor's own share, never raise it unshown. None: not counted."""
+    if not (math.isfinite(slack) and slack >= 1.0):
+        raise ValueError(f"throughput slack must be a finite number >= 1, got {slack!r}")
+    if tokens <= 0 or not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"a throughput report needs tokens, seconds > 0: {tokens!r}, {seconds!r}")
+    if shown_tokens <= 0 or not (math.isfinite(shown_seconds) and shown_seconds > 0):
+        if estimate is not None and tokens / seconds <= estimate:
+            return int(tokens), float(seconds)
+        return None
+    return min(int(tokens), int(shown_tokens)), max(float(seconds), shown_seconds / slack)
 
 
 def exclusion_decay(estimate: float, alpha: float = DEFAULT_EXCLUSION_ALPHA) -> float:

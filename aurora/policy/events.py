@@ -175,6 +175,17 @@ class ResultVerified:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ResultRefused:
+    """The Trainer refused ``actor``'s admitted result for ``lease`` (its payload failed the
+    Trainer's check, or the step it would have made was not finite or an outlier: ``why``).
+    One strike against the Actor (:class:`aurora.policy.refusals.StrikeBook`)."""
+
+    actor: str
+    lease: str
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ThroughputObserved:
     """``actor`` generated ``tokens`` in ``seconds`` of its last batch."""
 
@@ -204,6 +215,7 @@ Event = (
     | ResultMalformed
     | ResultsArrived
     | ResultVerified
+    | ResultRefused
     | ThroughputObserved
     | Tick
 )
@@ -321,10 +333,10 @@ class Released:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Evicted:
-    """``actor`` failed verification (``reason``: a
-    :class:`~aurora.policy.verification.CheckFailure` name): it is excluded from the job for
-    good; its live leases were released (``Released`` actions before this one), and the
-    driver disconnects it."""
+    """``actor`` is excluded from the job for good: it failed verification (``reason``: a
+    :class:`~aurora.policy.verification.CheckFailure` name) or had ``max_refusals`` results
+    refused (``reason``: ``REFUSED``); its live leases were released (``Released`` actions
+    before this one), and the driver disconnects it."""
 
     actor: str
     reason: str
@@ -378,6 +390,7 @@ _EVENT_TYPES = {
         ResultMalformed,
         ResultsArrived,
         ResultVerified,
+        ResultRefused,
         ThroughputObserved,
         Tick,
     )

@@ -93,6 +93,7 @@ class Refusal(Enum):
     WRONG_HASH = "result generated on weights whose hash differs from h(v)"
     BAD_PAYLOAD = "result whose payload is not what its lease asked for"
     UNVERIFIED = "result whose completions failed the Trainer's recompute under pi_v"
+    TRAINER_REFUSED = "admitted result the Trainer refused (its payload, or a step it spoils)"
 
 
 class Lease(NamedTuple):

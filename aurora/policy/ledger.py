@@ -70,6 +70,7 @@ from aurora.policy.events import (
     Released,
     ResultArrived,
     ResultMalformed,
+    ResultRefused,
     ResultsArrived,
     ResultVerified,
     Route,
@@ -80,6 +81,7 @@ from aurora.policy.events import (
 from aurora.policy.leases import LeaseBook, LeaseConfig, Refusal
 from aurora.policy.makers import maker
 from aurora.policy.membership import TRAINER, ActorLife, advance, elect_relay, source_for
+from aurora.policy.refusals import DEFAULT_MAX_REFUSALS, StrikeBook
 from aurora.policy.staging import ActorVersions
 from aurora.policy.verification import Measures, Plan, TrustBook, VerificationConfig
 from aurora.policy.versions import Eligibility, plan_catch_up
@@ -122,6 +124,9 @@ class LedgerConfig:
     """Verified rollouts (:mod:`aurora.policy.verification`): which admitted results the
     Trainer recomputes and what a failure does. None: off (results are admitted on the
     acceptance predicate alone)."""
+    max_refusals: int = DEFAULT_MAX_REFUSALS
+    """Refused results (a payload refused before admission, or an admitted result the Trainer
+    refused) that exclude an Actor for good (:mod:`aurora.policy.refusals`)."""
 
     def __post_init__(self) -> None:
         if not self.trainer_region:
@@ -134,6 +139,14 @@ class LedgerConfig:
             )
         if isinstance(self.max_lag, bool) or not isinstance(self.max_lag, int) or self.max_lag < 1:
             raise ValueError(f"LedgerConfig.max_lag must be an int >= 1, got {self.max_lag!r}")
+        if (
+            isinstance(self.max_refusals, bool)
+            or not isinstance(self.max_refusals, int)
+            or self.max_refusals < 1
+        ):
+            raise ValueError(
+                f"LedgerConfig.max_refusals must be an int >= 1, got {self.max_refusals!r}"
+            )
         if not (math.isfinite(self.prior_tokens_per_s) and self.prior_tokens_per_s > 0):
             raise ValueError(
                 f"LedgerConfig.prior_tokens_per_s must be > 0, got {self.prior_tokens_per_s!r}"
@@ -205,6 +218,8 @@ class LedgerState:
     book: LeaseBook = field(init=False)
     trust: TrustBook | None = field(init=False)
     """Every Actor's verification record (None: verification off)."""
+    strikes: StrikeBook = field(init=False)
+    """Every Actor's refused results (:mod:`aurora.policy.refusals`)."""
     _ids: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
     """``actors``' ids in sorted order (see :func:`_by_id`)."""
 
@@ -212,12 +227,21 @@ class LedgerState:
         self.book = LeaseBook(self.config.lease)
         v = self.config.verification
         self.trust = None if v is None else TrustBook(v)
+        self.strikes = StrikeBook(self.config.max_refusals)
 
     def plan(self, actor: str, lease: str) -> Plan:
         """What the Trainer does with ``actor``'s admitted result for ``lease``: train it,
-        check it first, or drop it (its Actor was excluded); always ``TRAIN`` when
-        verification is off."""
+        check it first, or drop it (its Actor was excluded, by verification or for its
+        refused results); ``TRAIN`` or ``DROP`` when verification is off."""
+        if self.strikes.excluded(actor):
+            return Plan.DROP
         return Plan.TRAIN if self.trust is None else self.trust.plan(actor, lease)
+
+    def excluded(self, actor: str) -> bool:
+        """Whether ``actor`` is excluded from the job for good."""
+        return self.strikes.excluded(actor) or (
+            self.trust is not None and self.trust.excluded(actor)
+        )
 
 
 RETAIN_BATCHES = 4
@@ -304,6 +328,8 @@ def _on_joined(state: LedgerState, ev: ActorJoined, now: float, out: list[Action
             )
     if state.trust is not None and state.trust.excluded(ev.actor):
         raise ValueError(f"Actor {ev.actor!r} was excluded for failing verification")
+    if state.strikes.excluded(ev.actor):
+        raise ValueError(f"Actor {ev.actor!r} was excluded for its refused results")
     old = state.actors.get(ev.actor)
     life = advance(old.life if old else ActorLife.NEW, "join")
     rec = ActorRecord(
@@ -783,12 +809,32 @@ def _on_result(state: LedgerState, ev: ResultArrived, now: float, out: list[Acti
 
 def _on_malformed(state: LedgerState, ev: ResultMalformed, now: float, out: list[Action]) -> None:
     rec = _actor(state, ev.actor)
+    if state.strikes.excluded(ev.actor):  # a refusal it cannot be counted for: nothing changes
+        raise ValueError(f"Actor {ev.actor!r} was excluded for its refused results")
     refusal, _, returned = state.book.refuse_malformed(ev.lease, ev.actor)
     if refusal is Refusal.BAD_PAYLOAD:
         rec.stalled = True  # its results are spoiled: others take the prompt back first
     out.append(Refused(lease=ev.lease, actor=ev.actor, reason=refusal))
-    if returned:
+    if refusal is Refusal.BAD_PAYLOAD and state.strikes.strike(ev.actor, ev.lease):
+        _evict(state, rec, "REFUSED", now, out)  # dispatches the pool, the prompt included
+    elif returned:
         _dispatch(state, now, out)
+
+
+def _on_refused(state: LedgerState, ev: ResultRefused, now: float, out: list[Action]) -> None:
+    """The Trainer refused an admitted result: one strike; at ``max_refusals`` the Actor is
+    excluded for good. (The lease is settled and its batch trained without it: nothing to
+    lease again.)"""
+    rec = _actor(state, ev.actor)
+    lease = state.book.leases.get(ev.lease)
+    if lease is not None and lease.actor != ev.actor:
+        raise ValueError(f"ResultRefused: lease {ev.lease!r} is not {ev.actor!r}'s")
+    if state.excluded(ev.actor):
+        raise ValueError(f"ResultRefused: Actor {ev.actor!r} is excluded already")
+    evict = state.strikes.strike(ev.actor, ev.lease)  # ValueError for a lease counted before
+    out.append(Refused(lease=ev.lease, actor=ev.actor, reason=Refusal.TRAINER_REFUSED))
+    if evict:
+        _evict(state, rec, "REFUSED", now, out)
 
 
 def _on_results(state: LedgerState, ev: ResultsArrived, now: float, out: list[Action]) -> None:
@@ -878,9 +924,18 @@ def _on_verified(state: LedgerState, ev: ResultVerified, now: float, out: list[A
     if failure is None:
         return
     out.append(Refused(lease=ev.lease, actor=ev.actor, reason=Refusal.UNVERIFIED))
+    _evict(state, rec, failure.name, now, out)
+
+
+def _evict(
+    state: LedgerState, rec: ActorRecord, reason: str, now: float, out: list[Action]
+) -> None:
+    """Exclude ``rec``'s Actor for good (its record in the book that excluded it says so):
+    its live leases go back to the pool, its membership ends, its region re-routes, and the
+    pool is dispatched to the others."""
     for held in state.book.release_actor(rec.id):
         out.append(Released(lease=held.id, actor=rec.id, prompt=held.prompt))
-    out.append(Evicted(actor=rec.id, reason=failure.name))
+    out.append(Evicted(actor=rec.id, reason=reason))
     if rec.live:
         rec.life = advance(rec.life, "leave")
     rec.commit_sent = None
@@ -933,6 +988,7 @@ _HANDLERS: dict[type, Any] = {
     ResultMalformed: _on_malformed,
     ResultsArrived: _on_results,
     ResultVerified: _on_verified,
+    ResultRefused: _on_refused,
     ThroughputObserved: _on_throughput,
     Tick: _on_tick,
 }

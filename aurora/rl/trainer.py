@@ -13,17 +13,24 @@ The objective (GRPO with the token-level mean; symbols as in docs/RL.md): for gr
 rewards r_1..r_G,
 
     A_i = (r_i - mean(r)) / (std(r) + eps_A)            (std unbiased; A_i = 0 when G = 1)
-    rho_t = exp(log pi_theta(y_t | y_<t) - log pi_b(y_t | y_<t))
+    rho_t = exp(min(log pi_theta(y_t | y_<t) - log pi_b(y_t | y_<t), log c))
     L = -(1 / sum_i |y_i|) * sum_i sum_t min(rho_t A_i, clip(rho_t, 1 - eps_lo, 1 + eps_hi) A_i)
         + beta * (1 / sum_i |y_i|) * sum_i sum_t KL_t
 
 with log pi computed at the sampling temperature (logits / T), pi_b the behaviour policy the
 Actor recorded (so the ratio also corrects for bf16-vs-fp32 and version lag), the sums over every
 completion token of the batch (the end-of-sequence token included), and KL_t the k3 estimator
-``exp(q - p) - (q - p) - 1`` to the frozen starting weights (off: beta = 0 by default). One
-AdamW step per call on the fp32 master weights, after clipping the global gradient norm. A batch
-whose advantages are all zero carries no signal: with beta = 0 the step is skipped, so the
-policy does not drift on Adam's momentum alone.
+``exp(q - p) - (q - p) - 1`` to the frozen starting weights (off: beta = 0 by default). The cap
+``c`` (``ratio_cap``, 3) is dual-clip PPO: the PPO clip alone keeps the unbounded ``rho A`` for
+a negative advantage, so one forged behaviour log-prob (pi_b an Actor reports) made the loss and
+the step anything; capped in log space before the exponential, a token beyond ``c`` adds
+``c A`` and no gradient, and nothing overflows. One AdamW step per call on the fp32 master
+weights, after clipping the global gradient norm, and only if :class:`~aurora.rl.guard.
+StepGuard` passes it (finite loss and gradient, gradient norm no outlier against recent steps);
+when it does not, each group's own gradient is computed, the groups that are non-finite or
+alone beyond the guard's bound are left out (``StepStats.dropped``) and the step is computed
+again without them, else not taken. A batch whose advantages are all zero carries no signal:
+with beta = 0 the step is skipped, so the policy does not drift on Adam's momentum alone.
 
 :meth:`Trainer.publish` rounds the master weights to bf16 and extracts ``D_{v+1}`` against the
 last published bf16 weights with :class:`aurora.delta.DeltaEncoder` (exact 16-bit comparison,
@@ -69,9 +76,12 @@ from aurora.delta.codecs import DEFAULT_CODEC
 from aurora.engines.base import weights_digest_of
 from aurora.models import cast_weights
 from aurora.rl import device as gpu
+from aurora.rl.guard import GuardConfig, StepGuard
 from aurora.rl.tasks import RewardFn, score
 
 CHECKPOINT_FORMAT = 1
+BF16_MAX = 3.3895313892515355e38
+"""Largest finite bf16 value: a master weight beyond it rounds to inf when published."""
 GPU_COMPUTE_DTYPE = torch.bfloat16
 """Autocast dtype of the forward and backward on a GPU (the master weights stay fp32)."""
 
@@ -106,6 +116,13 @@ class GRPOConfig:
     """Oldest accepted generation version is ``version - max_lag`` (1: one-step async)."""
     micro_batch: int = 0
     """Sequences per forward/backward (gradients accumulate); 0: the whole batch at once."""
+    ratio_cap: float | None = 3.0
+    """Dual-clip c: the importance ratio is capped at c before the objective (a token beyond
+    it adds ``c A`` and no gradient). 3 is verl's default ``clip_ratio_c``. None: no cap (the
+    PPO clip alone, unbounded for a negative advantage)."""
+    guard: GuardConfig | None = dataclasses.field(default_factory=GuardConfig)
+    """The step guard's outlier rule (:mod:`aurora.rl.guard`); None: only a non-finite loss or
+    gradient refuses a step."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -119,6 +136,12 @@ class GRPOConfig:
             "max_lag": self.max_lag >= 0,
             "micro_batch": self.micro_batch >= 0,
             "weight_decay": self.weight_decay >= 0,
+            "ratio_cap": self.ratio_cap is None
+            or (
+                math.isfinite(self.ratio_cap)
+                and self.ratio_cap
+                > 1 + (self.clip_eps if self.clip_eps_high is None else self.clip_eps_high)
+            ),
         }
         for name, ok in checks.items():
             if not ok:
@@ -167,8 +190,16 @@ class StepStats:
     """max |log pi_theta - log pi_b| over tokens: off-policyness (version lag, bf16 vs fp32)."""
     kl: float
     grad_norm: float
+    """Global gradient L2 norm before clipping (of the step taken, or of the one refused)."""
     max_lag: int
     seconds: float
+    capped_frac: float = 0.0
+    """Share of tokens whose ratio the dual clip capped (beyond ``ratio_cap``)."""
+    refused: str | None = None
+    """Why the step guard refused the step, or the groups in ``dropped`` (None: it did not)."""
+    dropped: tuple[int, ...] = ()
+    """Indices of the groups the guard left out of the step (each alone non-finite or beyond
+    its bound)."""
 
 
 @dataclass(frozen=True)
@@ -247,10 +278,16 @@ def clipped_objective(
     *,
     clip_lo: float,
     clip_hi: float,
+    ratio_cap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Token-level-mean clipped surrogate (to maximise) over ``mask``; also the ratio and which
-    tokens the clip binds on. Shapes: ``[B, T]`` for logp, behaviour and mask, ``[B]`` for A."""
-    ratio = torch.exp(logp - behaviour)
+    tokens the clip binds on. Shapes: ``[B, T]`` for logp, behaviour and mask, ``[B]`` for A.
+    ``ratio_cap`` c (dual clip): the log-ratio is capped at log c before the exponential, so a
+    ratio beyond c (an infinite one included) is c, with no gradient through it."""
+    log_ratio = logp - behaviour
+    if ratio_cap is not None:
+        log_ratio = torch.clamp(log_ratio, max=math.log(ratio_cap))
+    ratio = torch.exp(log_ratio)
     a = advantages[:, None]
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1 - clip_lo, 1 + clip_hi) * a
@@ -349,6 +386,8 @@ class Trainer:
         self.version = version
         self.weights_hash = weights_hash or _snapshot_hash(self.published)
         self.steps = 0
+        self.guard = StepGuard(config.guard)
+        """The window of recent gradient norms the step guard judges by (checkpointed)."""
         eos = tokenizer.eos_token_id
         self.eos_id = int(eos)
 
@@ -476,7 +515,8 @@ class Trainer:
     # -- the step ------------------------------------------------------------------------------
 
     def step(self, groups: Sequence[Group]) -> StepStats:
-        """One GRPO update of the master weights from ``groups`` (one optimizer step)."""
+        """One GRPO update of the master weights from ``groups`` (one optimizer step, if the
+        step guard passes it: module docstring)."""
         t0 = time.perf_counter()
         self._check(groups)
         rewards = [self.rewards(g) for g in groups]
@@ -485,23 +525,97 @@ class Trainer:
             group_advantages(r, eps=cfg.adv_eps, scale_by_std=cfg.scale_by_std) for r in rewards
         ]
         zero = sum(1 for a in advantages if all(x == 0 for x in a))
-        batch = self._batch(groups, advantages)
-        total_tokens = float(batch["mask"].sum())
         skip = zero == len(groups) and cfg.kl_coef == 0
+        keep = list(range(len(groups)))
+        self.optimizer.zero_grad(set_to_none=True)
+        acc = self._accumulate(groups, advantages, keep, grad=not skip)
+        grad_norm, norm_t = 0.0, None
+        refused: str | None = None
+        dropped: tuple[int, ...] = ()
+        if not skip:
+            grad_norm, norm_t = self._grad_norm()
+            refused = self.guard.judge(acc["loss"], grad_norm)
+            if refused is not None:
+                dropped = () if self.sharded else self._culprits(groups, advantages, acc)
+                keep = [i for i in keep if i not in dropped]
+                skip = True
+                if dropped and any(any(x != 0 for x in advantages[i]) for i in keep):
+                    # The step without them, as if they had never been in the batch.
+                    self.optimizer.zero_grad(set_to_none=True)
+                    acc = self._accumulate(groups, advantages, keep, grad=True)
+                    grad_norm, norm_t = self._grad_norm()
+                    again = self.guard.judge(acc["loss"], grad_norm)
+                    skip = again is not None
+                    if again is not None:
+                        refused = f"{refused}; without groups {list(dropped)}: {again}"
+        if not skip:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            if cfg.grad_clip > 0 and norm_t is not None:
+                torch.nn.utils.clip_grads_with_norm_(params, cfg.grad_clip, norm_t)
+            self.optimizer.step()
+            self.guard.taken(grad_norm)
+            self.steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        flat = [x for r in rewards for x in r]
+        stats = acc  # of the step taken (without the dropped groups), or of the one refused
+        total_tokens = stats["tokens"]
+        return StepStats(
+            version=self.version,
+            loss=stats["loss"],
+            reward_mean=float(np.mean(flat)),
+            reward_std=float(np.std(flat)),
+            groups=len(groups),
+            completions=len(flat),
+            tokens=int(total_tokens),
+            zero_adv_groups=zero,
+            skipped=skip,
+            clip_frac=stats["clipped"] / max(total_tokens, 1.0),
+            ratio_max=stats["ratio_max"],
+            logp_diff_max=stats["diff_max"],
+            kl=stats["kl"],
+            grad_norm=grad_norm if math.isfinite(grad_norm) else float("nan"),
+            max_lag=max(self.version - g.version for g in groups),
+            seconds=time.perf_counter() - t0,
+            capped_frac=stats["capped"] / max(total_tokens, 1.0),
+            refused=refused,
+            dropped=dropped,
+        )
+
+    def _accumulate(
+        self,
+        groups: Sequence[Group],
+        advantages: Sequence[Sequence[float]],
+        rows: Sequence[int],
+        *,
+        grad: bool,
+        tokens: float | None = None,
+    ) -> dict[str, float]:
+        """Forward (and with ``grad``, backward: gradients accumulate into ``.grad``) the loss
+        of ``groups[i]`` for ``i`` in ``rows``, its token-level mean taken over ``tokens``
+        (default: theirs). Returns the loss and the statistics of those tokens."""
+        cfg = self.config
+        batch = self._batch([groups[i] for i in rows], [advantages[i] for i in rows])
+        total_tokens = float(batch["mask"].sum()) if tokens is None else tokens
         b = batch["ids"].shape[0]
         chunk = cfg.micro_batch or b
         clip_hi = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
-        loss_sum = kl_sum = clipped = 0.0
+        loss_sum = kl_sum = clipped = capped = 0.0
         ratio_max = diff_max = 0.0
-        self.optimizer.zero_grad(set_to_none=True)
+        cap = math.log(cfg.ratio_cap) if cfg.ratio_cap is not None else math.inf
         for sl, empty in self._chunks(b, chunk):
             mask, beh = batch["mask"][sl], batch["behaviour"][sl]
             if empty:  # this rank has no row here but must join the collectives
                 mask = torch.zeros_like(mask)
-            with torch.set_grad_enabled(not skip):
+            with torch.set_grad_enabled(grad):
                 logp = self._logp(self.model, batch["ids"][sl], batch["attn"][sl])
-                surrogate, ratio, bound = clipped_objective(
-                    logp, beh, batch["adv"][sl], mask, clip_lo=cfg.clip_eps, clip_hi=clip_hi
+                surrogate, _, bound = clipped_objective(
+                    logp,
+                    beh,
+                    batch["adv"][sl],
+                    mask,
+                    clip_lo=cfg.clip_eps,
+                    clip_hi=clip_hi,
+                    ratio_cap=cfg.ratio_cap,
                 )
                 # the chunk's share of the batch's token-level mean
                 share = float(mask.sum()) / max(total_tokens, 1.0)
@@ -513,7 +627,7 @@ class Trainer:
                     kl = ((torch.exp(d) - d - 1) * mask).sum() / max(total_tokens, 1.0)
                     loss = loss + cfg.kl_coef * kl
                     kl_sum += float(kl)
-            if not skip:
+            if grad:
                 # FSDP2 averages gradients over the ranks; each rank's loss is its share of
                 # the batch's, so scaling by the world size makes the average the sum
                 (loss * self._world if self.sharded else loss).backward()
@@ -521,43 +635,54 @@ class Trainer:
             clipped += float(bound.sum())
             m = mask.bool()
             if m.any():
-                ratio_max = max(ratio_max, float(ratio.detach()[m].max()))
-                diff_max = max(diff_max, float((logp.detach() - beh)[m].abs().max()))
+                log_ratio = (logp.detach() - beh)[m]
+                capped += float((log_ratio > cap).sum())
+                ratio_max = max(ratio_max, _exp(float(log_ratio.max())))
+                diff_max = max(diff_max, float(log_ratio.abs().max()))
         if self.sharded:
-            loss_sum, kl_sum, clipped, ratio_max, diff_max = _all_reduce_stats(
-                self.device, loss_sum, kl_sum, clipped, ratio_max, diff_max
+            loss_sum, kl_sum, clipped, capped, ratio_max, diff_max = _all_reduce_stats(
+                self.device, loss_sum, kl_sum, clipped, capped, ratio_max, diff_max
             )
-        grad_norm = 0.0
-        if not skip:
-            params = [p for p in self.model.parameters() if p.grad is not None]
-            if cfg.grad_clip > 0:
-                grad_norm = _scalar(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
-            else:
-                grad_norm = _scalar(
-                    torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
-                )
-            self.optimizer.step()
+        return {
+            "loss": loss_sum,
+            "kl": kl_sum,
+            "clipped": clipped,
+            "capped": capped,
+            "ratio_max": ratio_max,
+            "diff_max": diff_max,
+            "tokens": total_tokens,
+        }
+
+    def _grad_norm(self) -> tuple[float, torch.Tensor | None]:
+        """Global L2 norm of the accumulated gradients before clipping, as a float and as the
+        tensor clipping takes (a ``DTensor`` when sharded); ``(0.0, None)`` without any."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return 0.0, None
+        total = torch.nn.utils.get_total_norm(grads, 2.0)
+        return _scalar(total), total
+
+    def _culprits(
+        self,
+        groups: Sequence[Group],
+        advantages: Sequence[Sequence[float]],
+        whole: Mapping[str, float],
+    ) -> tuple[int, ...]:
+        """After the guard refused a step: the groups whose own gradient (their share of the
+        batch's loss, each alone) is not finite or beyond the guard's bound. One backward
+        per group, only when a step was refused."""
+        bound = self.guard.bound()
+        out = []
+        for i in range(len(groups)):
             self.optimizer.zero_grad(set_to_none=True)
-            self.steps += 1
-        flat = [x for r in rewards for x in r]
-        return StepStats(
-            version=self.version,
-            loss=loss_sum,
-            reward_mean=float(np.mean(flat)),
-            reward_std=float(np.std(flat)),
-            groups=len(groups),
-            completions=len(flat),
-            tokens=int(total_tokens),
-            zero_adv_groups=zero,
-            skipped=skip,
-            clip_frac=clipped / max(total_tokens, 1.0),
-            ratio_max=ratio_max,
-            logp_diff_max=diff_max,
-            kl=kl_sum,
-            grad_norm=grad_norm if math.isfinite(grad_norm) else float("nan"),
-            max_lag=max(self.version - g.version for g in groups),
-            seconds=time.perf_counter() - t0,
-        )
+            acc = self._accumulate(groups, advantages, [i], grad=True, tokens=whole["tokens"])
+            norm = self._grad_norm()[0]
+            if not (math.isfinite(acc["loss"]) and math.isfinite(norm)) or (
+                bound is not None and norm > bound
+            ):
+                out.append(i)
+        self.optimizer.zero_grad(set_to_none=True)
+        return tuple(out)
 
     def _chunks(self, b: int, chunk: int) -> list[tuple[slice, bool]]:
         """Row slices this process computes: every row in ``chunk``-row pieces; when sharded,
@@ -624,9 +749,12 @@ class Trainer:
         """Round the master to bf16 and extract D_{v+1} against the published bf16 weights.
 
         ``on_segment`` receives each segment as soon as it is cut (cut-through); if it raises,
-        nothing is committed. Returns the whole delta, its id and h(v+1).
+        nothing is committed. Returns the whole delta, its id and h(v+1). Master weights that
+        are not finite (or would round to infinity in bf16) are never published: TrainerError,
+        before anything is extracted.
         """
         t0 = time.perf_counter()
+        self._check_publishable()
         if self.extract_on_device and not self.dense:
             return self._publish_on_device(on_segment, t0)
         new = self._host_new()
@@ -644,6 +772,29 @@ class Trainer:
         pub = self._cut(enc, on_segment, total=sum(int(v.size) for v in new.values()), t0=t0)
         self.published, self.version, self.weights_hash = new, pub.version, pub.weights_hash
         return pub
+
+    def _check_publishable(self) -> None:
+        """TrainerError unless every master weight is finite and within bf16's range (every
+        rank checks its rows; when sharded, all agree before any raises)."""
+        bad = 0
+        for t in self.params.values():
+            local = t.detach()
+            to_local = getattr(local, "to_local", None)
+            if callable(to_local):
+                local = to_local()
+            if local.numel() and not bool((local.abs() <= BF16_MAX).all()):  # NaN fails too
+                bad += 1
+        if self.sharded:
+            import torch.distributed as dist
+
+            flag = torch.tensor([bad], device=self.device)
+            dist.all_reduce(flag)
+            bad = int(flag.item())
+        if bad:
+            raise TrainerError(
+                f"{bad} weight tensor(s) of the master hold non-finite values: "
+                f"v{self.version + 1} is not published"
+            )
 
     def _publish_on_device(
         self, on_segment: Callable[[Segment], None] | None, t0: float
@@ -746,6 +897,7 @@ class Trainer:
             "master": master,
             "optimizer": optim,
             "generator": self.generator.get_state(),
+            "guard": self.guard.state(),
             "published": {
                 k: torch.from_numpy(v.view(np.int16).copy()) for k, v in self.published.items()
             },
@@ -836,6 +988,7 @@ class Trainer:
         self.version = int(blob["version"])
         self.weights_hash = str(blob["weights_hash"])
         self.steps = int(blob["steps"])
+        self.guard.load_state([float(x) for x in blob.get("guard") or ()])
 
     def _scatter_state(self, blob: Mapping[str, Any]) -> None:
         """Each rank takes its shards of the whole state in ``blob`` (every rank read it)."""
@@ -857,6 +1010,14 @@ class Trainer:
             set_model_state_dict(self.reference, blob["reference"], options=opts)
 
 
+def _exp(x: float) -> float:
+    """``e^x``, inf beyond the float range (a ratio of a forged log-prob)."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
 def _snapshot_hash(state: Mapping[str, np.ndarray]) -> str:
     return weights_hash(state)
 
@@ -874,11 +1035,12 @@ def _scalar(t: torch.Tensor) -> float:
 
 
 def _all_reduce_stats(device: torch.device, *stats: float) -> tuple[float, ...]:
-    """Sums (loss, kl, clipped tokens) and maxima (ratio, log-prob gap) over the ranks."""
+    """Sums (loss, kl, clipped and capped tokens) and maxima (ratio, log-prob gap) over the
+    ranks."""
     import torch.distributed as dist
 
-    sums = torch.tensor(stats[:3], dtype=torch.float64, device=device)
-    maxes = torch.tensor(stats[3:], dtype=torch.float64, device=device)
+    sums = torch.tensor(stats[:4], dtype=torch.float64, device=device)
+    maxes = torch.tensor(stats[4:], dtype=torch.float64, device=device)
     dist.all_reduce(sums)
     dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
     return (*sums.tolist(), *maxes.tolist())

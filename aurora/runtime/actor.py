@@ -533,7 +533,11 @@ class ActorProcess:
             self.prompt_of.pop(lease, None)
         self.unsent = sent  # the latest batch, re-sent if the connection turns out to be gone
         self.stats["generated"] += tokens
-        self.send({"op": "throughput", "tokens": max(1, tokens), "seconds": max(t1 - t0, 1e-6)})
+        said = (max(1, tokens), max(t1 - t0, 1e-6))
+        claim = getattr(self.engine, "claim_throughput", None)  # a dishonest Actor's (cheats)
+        if claim is not None:
+            said = claim(*said)
+        self.send({"op": "throughput", "tokens": said[0], "seconds": said[1]})
         self.send(
             {
                 "op": "span",

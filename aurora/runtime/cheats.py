@@ -18,6 +18,19 @@ one finite log-prob per token). Only the completions lie:
 * ``partial:F``: ``random`` on a fraction ``F`` of its prompts (by a hash of the prompt id),
   honest on the rest.
 
+``random`` keeps each completion's end where the honest one had it (``<eos>`` last, or none at
+the length limit), so the payload passes the Ledger's check and only a recompute can tell.
+
+Attacks on the Trainer's step and on the Ledger's admission (each result otherwise honest):
+
+* ``forge-lp:X``: every behaviour log-prob of the first completion of each result is ``X``
+  (``-60``, ``-25``, ``-inf``...): the importance ratio of those tokens becomes ``e^(lp + |X|)``;
+* ``vocab-id``: the last token of the first completion is the id ``V`` (one past the
+  vocabulary);
+* ``after-eos``: the first completion has ``<eos>`` one token before its end (a token after
+  end-of-sequence);
+* ``throughput-lie``: honest results, but it reports 2^40 tokens generated in 1e-9 s.
+
 ``stale`` and ``othermodel`` generate on a second, transformers engine whatever the Actor's own
 engine is (a second vLLM would be a second server); the honest part of a vLLM Actor's results
 still comes from vLLM.
@@ -36,14 +49,34 @@ from aurora.delta import Delta
 from aurora.jobspec import JobSpec
 from aurora.runtime.compute import EngineSide, Generated, Sampling
 
-MODES = ("random", "stale", "othermodel", "forged-lp", "partial")
+MODES = (
+    "random",
+    "stale",
+    "othermodel",
+    "forged-lp",
+    "partial",
+    "forge-lp",
+    "vocab-id",
+    "after-eos",
+    "throughput-lie",
+)
+
+LIED_THROUGHPUT = (2**40, 1e-9)
+"""What ``throughput-lie`` reports: tokens, seconds (the largest count and the shortest time a
+``throughput`` message may carry)."""
 
 
 def parse(mode: str) -> tuple[str, float]:
-    """``(kind, fraction of prompts cheated)`` of a ``cheat`` hook value; ValueError otherwise."""
+    """``(kind, argument)`` of a ``cheat`` hook value: the fraction of prompts cheated
+    (``partial``), the forged log-prob (``forge-lp``), else 1; ValueError otherwise."""
     kind, _, arg = mode.partition(":")
     if kind not in MODES:
         raise ValueError(f"cheat: unknown mode {mode!r} (known: {', '.join(MODES)})")
+    if kind == "forge-lp":
+        value = float(arg)  # ValueError for a missing or bad number; -inf allowed
+        if not value <= 0:
+            raise ValueError(f"cheat: forge-lp:X needs a log-prob X <= 0, got {arg!r}")
+        return kind, value
     if kind != "partial":
         if arg:
             raise ValueError(f"cheat: {kind} takes no argument")
@@ -94,6 +127,8 @@ def lies_on(mode: str, prompt: str) -> bool:
     """Whether an Actor cheating with ``mode`` lies about its result for ``prompt`` (every
     prompt but a ``partial`` one's honest share)."""
     kind, share = parse(mode)
+    if kind == "throughput-lie":
+        return False  # its results are honest
     return kind != "partial" or _coin(prompt, "cheat") < share
 
 
@@ -106,6 +141,8 @@ class CheatingEngine:
         self.kind, self.share = parse(mode)
         self.spec = spec
         self.vocab = _vocab_size(spec)
+        self.eos = spec.eos_id
+        """The job's end-of-sequence id (set by the Trainer; None: not known)."""
         self.shadow: Any = None
         """The engine ``stale`` and ``othermodel`` sample from."""
         self._shadow_loaded = False
@@ -143,22 +180,61 @@ class CheatingEngine:
             self.cheated += len(prompts)
             return list(self.shadow.generate(prompts, sampling))
         out = list(self.inner.generate(prompts, sampling))
-        if self.kind == "forged-lp":
+        if self.kind == "throughput-lie":
+            return out
+        lie = {
+            "forged-lp": self._halve,
+            "forge-lp": self._forge,
+            "vocab-id": self._past_vocab,
+            "after-eos": self._after_eos,
+        }.get(self.kind)
+        if lie is not None:
             self.cheated += len(out)
-            return [self._rewrite(g, self._halve) for g in out]
+            return [self._rewrite(g, lie) for g in out]
         chosen = [g for g in out if self.kind == "random" or _coin(g.prompt, "cheat") < self.share]
         self.cheated += len(chosen)
         picked = {id(g) for g in chosen}
         return [self._rewrite(g, self._randomise) if id(g) in picked else g for g in out]
 
+    def claim_throughput(self, tokens: int, seconds: float) -> tuple[int, float]:
+        """What the Actor reports as its throughput (``throughput-lie``: the largest lie a
+        message carries; else the truth)."""
+        return LIED_THROUGHPUT if self.kind == "throughput-lie" else (tokens, seconds)
+
     def _rewrite(self, gen: Generated, how: Any) -> Generated:
         body = msgpack.unpackb(gen.payload)
         rng = np.random.default_rng(int(_coin(gen.prompt, "tokens") * 2**32))
-        body["completions"] = [how(c, rng) for c in body["completions"]]
+        first = {"forge-lp", "vocab-id", "after-eos"}  # these lie on one completion
+        body["completions"] = [
+            how(c, rng) if i == 0 or self.kind not in first else c
+            for i, c in enumerate(body["completions"])
+        ]
         return Generated(prompt=gen.prompt, payload=msgpack.packb(body), tokens=gen.tokens)
 
     def _randomise(self, comp: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-        ids = [int(x) for x in rng.integers(0, self.vocab, len(comp["ids"]))]
+        """Random ids, ``<eos>`` kept where the honest completion ended with it (and nowhere
+        else): a payload of the right shape."""
+        n = len(comp["ids"])
+        ids = [int(x) for x in rng.integers(0, self.vocab, n)]
+        if self.eos is not None:
+            ids = [x if x != self.eos else (x + 1) % self.vocab for x in ids]
+            if n and comp["ids"][-1] == self.eos:
+                ids[-1] = self.eos
+        return {"ids": ids, "lp": comp["lp"]}
+
+    def _forge(self, comp: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        return {"ids": comp["ids"], "lp": [self.share] * len(comp["ids"])}
+
+    def _past_vocab(self, comp: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        return {"ids": [*comp["ids"][:-1], self.vocab], "lp": comp["lp"]}
+
+    def _after_eos(self, comp: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        ids = list(comp["ids"])
+        if self.eos is None:
+            return comp
+        if len(ids) < 2:
+            return {"ids": [self.eos, *ids], "lp": [-0.1, *comp["lp"]]}
+        ids[-2] = self.eos
         return {"ids": ids, "lp": comp["lp"]}
 
     @staticmethod

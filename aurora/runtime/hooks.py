@@ -26,9 +26,10 @@ hook                     effect
 ``wrong_base_forward``   relay: serve ``D_{v-1}``'s segments, a delta on another base, as ``D_v``
                          (value: v)
 ``fail_at_start``        Actor: exit with this message before it joins (value: the message)
-``cheat``                Actor: lie about its completions (value: ``random``, ``stale``,
-                         ``othermodel``, ``forged-lp`` or ``partial:F``; :mod:`aurora.runtime.
-                         cheats`), the dishonest Actors verified rollouts must exclude
+``cheat``                Actor: lie about its completions or throughput (value: ``random``,
+                         ``stale``, ``othermodel``, ``forged-lp``, ``partial:F``, ``forge-lp:X``,
+                         ``vocab-id``, ``after-eos``, ``throughput-lie``; :mod:`aurora.runtime.
+                         cheats`): the dishonest Actors the Trainer and Ledger must withstand
 =======================  =========================================================================
 
 The relay hooks need the whole version before they serve it, so a relay carrying one is

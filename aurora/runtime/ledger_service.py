@@ -51,6 +51,7 @@ from aurora.delta.announce import (
     verify,
 )
 from aurora.jobspec import JobSpec
+from aurora.policy import allocation
 from aurora.policy.core import LedgerCore
 from aurora.policy.events import (
     Accepted,
@@ -75,6 +76,7 @@ from aurora.policy.events import (
     Released,
     ResultArrived,
     ResultMalformed,
+    ResultRefused,
     ResultVerified,
     Route,
     ThroughputObserved,
@@ -283,7 +285,8 @@ class Counters:
     verified: int = 0
     """Results the Trainer recomputed (verified rollouts)."""
     evicted: dict[str, str] = field(default_factory=dict)
-    """Actor -> why it failed verification (excluded for good)."""
+    """Actor -> why it was excluded for good (a failed verification's reason, or
+    ``REFUSED``: its refused results)."""
 
 
 class LedgerService:
@@ -327,6 +330,11 @@ class LedgerService:
         self.spans_dropped = 0
         self._quiet: dict[str, int] = {}
         self._admitted: dict[str, int] = {}
+        self._shown: dict[str, list[float]] = {}
+        """Actor -> [tokens, first, last]: its results admitted since its last throughput
+        report, and the span (s) in which they were delivered (:meth:`_count_shown`)."""
+        self._last_admit: dict[str, float] = {}
+        """Actor -> when its latest result was admitted (it was busy until then)."""
         self.unlogged = 0
         """Results decided but not logged (:data:`QUIET_ROWS`), in this life."""
         self._spans = Path(
@@ -555,9 +563,8 @@ class LedgerService:
         elif isinstance(action, Evicted):
             # Excluded for good: told to stop, and disconnected (a reconnect's join is refused
             # by the policy, and its results are refused as from an Actor no longer counted).
-            log.warning(
-                "ledger: %s failed verification (%s): excluded", action.actor, action.reason
-            )
+            why = "refused results" if action.reason == "REFUSED" else "failed verification"
+            log.warning("ledger: %s excluded for good (%s: %s)", action.actor, why, action.reason)
             channel = self.channels.pop(action.actor, None)
             if channel is not None:
                 channel.send_nowait({"op": "stop"})
@@ -793,6 +800,13 @@ class LedgerService:
                             tokens=int(msg["tokens"]),
                         )
                     )
+                elif op == "refused":
+                    # Trainer-only: an admitted result it refused, one strike for its Actor.
+                    self.feed(
+                        ResultRefused(
+                            actor=str(msg["actor"]), lease=str(msg["lease"]), why=str(msg["why"])
+                        )
+                    )
                 elif op == "stats":
                     self._tell_observers({**msg, "op": "stats"})
                 elif op == "finished":
@@ -989,29 +1003,45 @@ class LedgerService:
         if event is not None:
             self.feed(event)
 
-    def _bad_payload(self, peer: str, lease_id: str, payload: bytes) -> str | None:
+    def _bad_payload(self, peer: str, lease_id: str, payload: bytes) -> tuple[str | None, int]:
         """Why ``payload`` is not what lease ``lease_id`` asked for (its prompt and task index,
-        the job's group size and token limit: :func:`~aurora.runtime.messages.
-        decode_result_payload`, as the Trainer checks it again), or None. A result for a lease
-        that is not this Actor's is left to the policy (refused there, payload never kept)."""
+        the job's group size, token limit, vocabulary, end of sequence and plausible log-probs:
+        :func:`~aurora.runtime.messages.decode_result_payload`, the check the Trainer applies
+        again), or None; and the tokens it holds. A result for a lease that is not this
+        Actor's is left to the policy (refused there, payload never kept)."""
         lease = self.state.book.leases.get(lease_id)
         if lease is None or lease.actor != peer or self.job is None:
-            return None
+            return None, 0
         spec = self.job.spec
         try:
             per_step = spec.prompts_per_step or self.job.prompts_per_batch
             index = task_index(lease.prompt, per_step)
-            decode_result_payload(
+            decoded = decode_result_payload(
                 payload,
                 prompt=lease.prompt,
                 index=index,
                 group_size=spec.group_size or None,
                 max_new_tokens=spec.max_new_tokens or None,
-                vocab_size=None,
+                vocab_size=spec.vocab_size,
+                eos_id=spec.eos_id,
             )
         except (MessageError, ValueError, TypeError) as exc:
-            return str(exc)[:200]
-        return None
+            return str(exc)[:200], 0
+        return None, sum(len(c.ids) for c in decoded.completions)
+
+    def _count_shown(self, peer: str, claimed_at: float, tokens: int, now: float) -> None:
+        """An admitted result of ``peer`` (its lease claimed at ``claimed_at``, ``tokens``
+        tokens) is evidence of its throughput: delivered in the span from the claim, or from
+        its previous admitted result if later (it was busy until then), to ``now``."""
+        start = max(claimed_at, self._last_admit.get(peer, -math.inf))
+        shown = self._shown.get(peer)
+        if shown is None:
+            self._shown[peer] = [float(tokens), start, now]
+        else:
+            shown[0] += tokens
+            shown[1] = min(shown[1], start)
+            shown[2] = now
+        self._last_admit[peer] = now
 
     def _lose(self, peer: str, role: str) -> None:
         self._lost_timers.pop(peer, None)
@@ -1078,13 +1108,15 @@ class LedgerService:
                 self.feed(CaughtUp(actor=peer, version=version))
         elif op == "result":
             lease, payload = str(msg["lease"]), bytes(msg["payload"])
-            why = self._bad_payload(peer, lease, payload)
+            why, tokens = self._bad_payload(peer, lease, payload)
             if why is not None:
                 if self._quiet.get(peer, 0) < self._quiet_allowed(peer):  # a flood: no line each
                     log.warning("ledger: refused a result of %s for %s: %s", peer, lease, why)
                 self.feed(ResultMalformed(actor=peer, lease=lease))
                 return
-            self.feed(
+            held = self.state.book.leases.get(lease)
+            now = self.clock()
+            actions = self.feed(
                 ResultArrived(
                     actor=peer,
                     lease=lease,
@@ -1092,13 +1124,23 @@ class LedgerService:
                     weights_hash=str(msg["weights_hash"]),
                 ),
                 payload=(peer, lease, payload),
+                now=now,
             )
+            if held is not None and any(type(a) is Accepted for a in actions):
+                self._count_shown(peer, held.claimed_at, tokens, now)
         elif op == "throughput":
-            self.feed(
-                ThroughputObserved(
-                    actor=peer, tokens=int(msg["tokens"]), seconds=float(msg["seconds"])
-                )
+            # Counted only as far as its admitted results show it (policy's rule); the event
+            # logged is the bounded one, so a replay decides the same.
+            shown = self._shown.pop(peer, None)
+            got = allocation.bounded_throughput(
+                int(msg["tokens"]),
+                float(msg["seconds"]),
+                shown_tokens=int(shown[0]) if shown else 0,
+                shown_seconds=shown[2] - shown[1] if shown else 0.0,
+                estimate=rec.estimate,
             )
+            if got is not None:
+                self.feed(ThroughputObserved(actor=peer, tokens=got[0], seconds=got[1]))
         elif op == "notice":
             self.feed(PreemptionNotice(actor=peer, deadline=self.clock() + float(msg["seconds"])))
         elif op == "leave":

@@ -37,6 +37,8 @@ from typing import Any, ClassVar
 
 import msgpack
 
+from aurora.policy.refusals import completion_fault, logprob_floor
+
 MAX_VERSION = 2**53 - 1
 """Largest policy version or batch number (exact as a JSON number and as a float)."""
 MAX_TOKENS = 2**40
@@ -73,6 +75,7 @@ class Why(Enum):
     TOO_LONG = "too long"
     NOT_PRINTABLE = "not printable"
     MISMATCH = "does not match its lease or job"
+    IMPLAUSIBLE = "not what an honest sampler returns"
 
 
 class MessageError(ValueError):
@@ -423,6 +426,18 @@ class Verified(Message):
     tokens: int = bound(Int(1, MAX_TOKENS))
 
 
+@_message("refused")
+class RefusedResult(Message):
+    """The Trainer refused ``actor``'s admitted result for ``lease`` (``why``: its payload
+    failed the Trainer's check, or the step it would have made was not finite or an outlier).
+    Only the Trainer's session may send it: the Ledger feeds it to the policy as
+    ``ResultRefused``, one strike against the Actor."""
+
+    actor: str = bound(Str(MAX_ID))
+    lease: str = bound(LEASE)
+    why: str = bound(Str(MAX_TEXT, empty=True))
+
+
 @_message("stats")
 class Stats(Message):
     """A step's training statistics for observers: every other field of the map, each a
@@ -593,7 +608,7 @@ MESSAGES: dict[Direction, dict[str, type[Message]]] = {
         Staged, Activated, CaughtUp, Result, Throughput, Notice, Leave, Heartbeat, Span, Data
     ),
     Direction.TRAINER_TO_LEDGER: _table(
-        Job, Published, GetBatch, Verified, Stats, Finished, Heartbeat
+        Job, Published, GetBatch, Verified, RefusedResult, Stats, Finished, Heartbeat
     ),
     Direction.OBSERVER_TO_LEDGER: _table(Heartbeat),  # observers are read-only
     Direction.LEDGER_TO_PEER: _table(
@@ -685,10 +700,15 @@ def decode_result_payload(
     group_size: int | None,
     max_new_tokens: int | None,
     vocab_size: int | None,
+    eos_id: int | None = None,
 ) -> ResultPayload:
     """The completions in ``payload``, checked against the lease's ``prompt`` and task
     ``index`` and the job's ``group_size`` completions of at most ``max_new_tokens`` ids in
-    ``[0, vocab_size)`` (None: that bound is not known here); :class:`MessageError` otherwise."""
+    ``[0, vocab_size)``, each ending at its first ``eos_id`` (or at ``max_new_tokens``) with
+    every log-probability at least the plausible floor of ``vocab_size``
+    (:func:`aurora.policy.refusals.completion_fault`; None: that bound is not known here);
+    :class:`MessageError` otherwise. The Ledger applies it before it settles a lease, the
+    Trainer again on what it trains."""
     try:
         body = msgpack.unpackb(payload)
     except (ValueError, msgpack.UnpackException) as exc:
@@ -716,6 +736,7 @@ def decode_result_payload(
             f"{len(comps)} completions, the job samples {group_size}",
         )
     out = []
+    floor = logprob_floor(vocab_size) if vocab_size is not None else None
     for i, c in enumerate(comps):
         where = f"payload.completions[{i}]"
         ids = Seq(Int(0, (vocab_size or 2**31) - 1), max_new_tokens or 1 << 20).check(
@@ -724,6 +745,9 @@ def decode_result_payload(
         lp = Seq(Float(LOGPROB_MIN, LOGPROB_MAX), len(ids)).check(c["lp"], f"{where}.lp")
         if len(lp) != len(ids):
             raise MessageError(Why.MISMATCH, where, f"{len(ids)} ids but {len(lp)} log-probs")
+        fault = completion_fault(ids, lp, eos_id=eos_id, max_new_tokens=max_new_tokens, floor=floor)
+        if fault is not None:
+            raise MessageError(Why.IMPLAUSIBLE, where, fault)
         out.append(Completion(ids=ids, lp=lp))
     return ResultPayload(prompt=got_prompt, index=got_index, completions=tuple(out))
 

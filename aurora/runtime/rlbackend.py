@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -239,6 +240,8 @@ class RLTrainer:
         self.vocab_size: int | None = int(model.config.vocab_size)
         """Token ids a result may carry are below this (a larger one would index past the
         embedding table and kill the step)."""
+        self.eos_id: int | None = int(self.trainer.eos_id)
+        """The end-of-sequence id the Trainer's reward reads up to (a completion ends at it)."""
 
     @property
     def version(self) -> int:
@@ -252,15 +255,23 @@ class RLTrainer:
         return self.trainer.published
 
     def train(self, results: Sequence[tuple[int, bytes, int]]) -> dict[str, Any]:
+        """One step (:meth:`aurora.rl.trainer.Trainer.step`); ``dropped`` lists the indices
+        into ``results`` the step guard left out, ``refused`` why. Nothing to train (every
+        result of the batch refused): no step, the weights stay as they are."""
         from aurora.rl.trainer import Group
 
+        if not results:
+            return {"skipped": 1, "refused": "nothing trainable", "dropped": []}
         groups = []
         for index, payload, version in results:
             body = msgpack.unpackb(payload)
             comps = [_Sample(c["ids"], c["lp"]) for c in body["completions"]]
             groups.append(Group(prompt=self.task.prompt(index), completions=comps, version=version))
         s = self.trainer.step(groups)
-        return {
+        out = {
+            "capped_frac": s.capped_frac,
+            "refused": s.refused or "",
+            "dropped": list(s.dropped),
             "reward": s.reward_mean,
             "reward_std": s.reward_std,
             "loss": s.loss,
@@ -270,6 +281,10 @@ class RLTrainer:
             "zero_adv_groups": s.zero_adv_groups,
             "skipped": int(s.skipped),
             "lr": learning_rate(self.spec),
+        }
+        # A refused step's loss or norm may be NaN: reported as missing, not as NaN.
+        return {
+            k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in out.items()
         }
 
     def recompute(

@@ -157,6 +157,11 @@ class TrainerProcess:
         self._batch_tokens = 0
         self._batch_refused = 0
         """Results of the batch the Trainer refused (a payload that fails its checks)."""
+        self._refusals: list[tuple[str, str, str]] = []
+        """(Actor, lease, why) of each result of the batch the Trainer refused: each is one
+        strike against its Actor, told to the Ledger with the step (``refused``)."""
+        self._batch_owners: list[tuple[str, str]] = []
+        """(Actor, lease) of each result the step trains on, in the order handed to it."""
         """Messages from the Ledger other than ``batch_done`` (one queue per connection)."""
         self._batch_verify: dict[str, float | str] = {}
         """The batch's verification counts and time (``verify_s``, ``verified``, ...)."""
@@ -258,6 +263,16 @@ class TrainerProcess:
             )
         if self.spec.max_new_tokens is None:
             self.spec = replace(self.spec, max_new_tokens=self.compute.max_new_tokens)
+        # What the Ledger checks every payload against before admission, from the model: the
+        # same check the Trainer applies (aurora.runtime.messages.decode_result_payload).
+        vocab, eos = (
+            getattr(self.compute, "vocab_size", None),
+            getattr(self.compute, "eos_id", None),
+        )
+        if self.spec.vocab_size is None and vocab is not None:
+            self.spec = replace(self.spec, vocab_size=int(vocab))
+        if self.spec.eos_id is None and eos is not None:
+            self.spec = replace(self.spec, eos_id=int(eos))
         spec = self.spec
         meta = self._resume()
         if meta is None:
@@ -441,12 +456,14 @@ class TrainerProcess:
                 break
         self._batch_tokens = 0
         self._batch_refused = 0
+        self._refusals = []
         kept: list[tuple[str, str, bool, tuple[int, bytes, int], int]] = []
         dropped = 0
         for r in msg.get("results") or ():
             checked = self._check_result(r)
-            if checked is None:
+            if isinstance(checked, str):
                 self._batch_refused += 1
+                self._refuse(r, checked)
                 continue
             payload, version = checked
             plan = r.get("plan", Plan.TRAIN.value)
@@ -460,13 +477,13 @@ class TrainerProcess:
         failed = await self._verify(kept) if self.verification is not None else set()
         out = []
         trained: dict[str, int] = {}
-        for actor, _, _, entry, tokens in kept:
+        for actor, lease, _, entry, tokens in kept:
             if actor in failed:
                 dropped += 1  # every result of an Actor that failed in this batch goes
                 continue
             self._batch_tokens += tokens
             trained[actor] = trained.get(actor, 0) + 1
-            out.append(entry)
+            out.append((entry, actor, lease))
         self._batch_verify["dropped_results"] = dropped
         # Whose results the step trains on ("actor:count,..."; a short string, as the
         # observers' stats carry it), for the experiment's count of what a cheater got in.
@@ -474,8 +491,18 @@ class TrainerProcess:
         if len(shares) <= 1000:
             self._batch_verify["trained_from"] = shares
         # A deterministic order: the same batch trains to the same bytes after any restart.
-        out.sort(key=lambda t: t[0])
-        return out
+        out.sort(key=lambda t: t[0][0])
+        self._batch_owners = [(actor, lease) for _, actor, lease in out]
+        return [entry for entry, _, _ in out]
+
+    def _refuse(self, r: object, why: str) -> None:
+        """Note a refused result of the batch (one strike for its Actor, told with the step),
+        when it names an Actor and a lease (a result that does not is junk no Actor sent)."""
+        if not isinstance(r, dict):
+            return
+        actor, lease = r.get("actor"), r.get("lease")
+        if isinstance(actor, str) and isinstance(lease, str) and actor and lease:
+            self._refusals.append((actor[:MAX_ID], lease[:MAX_ID], _printable(why)))
 
     async def _verify(
         self, kept: list[tuple[str, str, bool, tuple[int, bytes, int], int]]
@@ -546,10 +573,11 @@ class TrainerProcess:
         }
         return failed
 
-    def _check_result(self, r: object) -> tuple[ResultPayload, int] | None:
+    def _check_result(self, r: object) -> tuple[ResultPayload, int] | str:
         """One admitted result of a batch, decoded and checked against its lease (prompt and
-        task index) and the job (group size, tokens, vocabulary); None, with one log line,
-        when it is refused. Before, the Trainer unpacked payloads unchecked: one admitted
+        task index), the job (group size, tokens, vocabulary, end of sequence, plausible
+        log-probs: the Ledger's check before admission) and the lag bound; why, with one log
+        line, when it is refused. Before, the Trainer unpacked payloads unchecked: one admitted
         result with the payload ``{"index": 0}`` raised KeyError and killed the Trainer (and
         the Ledger inside it), and again after every restart, since it fetched the same
         batch. A refused result is left out of the step: the rest of the batch trains."""
@@ -559,7 +587,13 @@ class TrainerProcess:
             if not isinstance(r, dict):
                 raise MessageError(Why.NOT_A_MAP, "batch.results[]", type(r).__name__)
             prompt = Str(MAX_ID).check(r.get("prompt"), "batch.results[].prompt")
-            version = Int().check(r.get("version"), "batch.results[].version")
+            now = getattr(self.compute, "version", None)
+            lag = spec.strategy.max_lag
+            version = (
+                Int().check(r.get("version"), "batch.results[].version")
+                if not isinstance(now, int)
+                else Int(max(0, now - lag), now).check(r.get("version"), "batch.results[].version")
+            )
             body = Blob(MAX_PAYLOAD).check(r.get("payload"), "batch.results[].payload")
             try:
                 index = task_index(prompt, spec.prompts_per_step)
@@ -572,6 +606,7 @@ class TrainerProcess:
                 group_size=spec.group_size or None,
                 max_new_tokens=spec.max_new_tokens or None,
                 vocab_size=getattr(self.compute, "vocab_size", None),
+                eos_id=getattr(self.compute, "eos_id", None),
             )
         except MessageError as exc:
             who = r.get("actor") if isinstance(r, dict) else None
@@ -581,15 +616,31 @@ class TrainerProcess:
                 str(r.get("lease") if isinstance(r, dict) else None)[:MAX_ID],
                 exc,
             )
-            return None
+            return str(exc)
         return payload, version
 
     async def _step(self, k: int, results: list[tuple[int, bytes, int]], meta: dict) -> int:
-        assert self.compute is not None and self.node is not None
+        assert self.compute is not None and self.node is not None and self.channel is not None
         spec = self.spec
         t0 = time.time()
         stats = await asyncio.to_thread(self.compute.train, results)
         t1 = time.time()
+        # The step guard's dropped results and the payloads refused at fetch: each one strike
+        # for its Actor at the Ledger (the policy counts them up to exclusion).
+        why = str(stats.get("refused") or "the step guard")
+        for i in stats.get("dropped") or ():
+            if 0 <= int(i) < len(self._batch_owners):
+                actor, lease = self._batch_owners[int(i)]
+                self._refusals.append((actor, lease, _printable(why)))
+                log.warning(
+                    "trainer: left %s's result for %s out of step %d: %s", actor, lease, k, why
+                )
+        for actor, lease, reason in self._refusals:
+            await self.channel.send(
+                {"op": "refused", "actor": actor, "lease": lease, "why": reason}
+            )
+        refused_step = len(self._refusals)
+        self._refusals = []
         if self.compute.version != k - 1:
             raise RuntimeError(f"the Trainer's compute is at v{self.compute.version}, not v{k - 1}")
         queue, done = _publish_in_thread(self.compute, asyncio.get_running_loop())
@@ -635,6 +686,7 @@ class TrainerProcess:
             "results": len(results),
             "tokens": self._batch_tokens,
             "refused_results": self._batch_refused,
+            "refusals_reported": refused_step,
             **self._batch_verify,
             "time": t2,
         }
@@ -710,6 +762,11 @@ class TrainerProcess:
         )
         # Give the Ledger a moment to tell everyone to stop before this process goes away.
         await asyncio.sleep(0.2)
+
+
+def _printable(why: str) -> str:
+    """A reason as the ``refused`` message carries it (printable, at most 200 characters)."""
+    return "".join(c if c.isprintable() else "?" for c in why[:200])
 
 
 def ledger_config(
