@@ -47,6 +47,7 @@ from aurora.policy.actor import (
     Wait,
     Work,
     after_catch_up,
+    assigned,
     next_action,
     takes_catch_up,
     to_fetch,
@@ -123,6 +124,13 @@ def caught_up(node: Node, version: int, weights_hash: str) -> None:
     node.set_active(version, weights_hash)
 
 
+RECENT_GENERATIONS = 8
+"""Generations an Actor remembers to judge whether work would finish before its expiry
+(:func:`aurora.policy.actor.least_seconds` takes the shortest comparable one)."""
+HELD_AFTER_EXPIRY_S = 5.0
+"""How long an Actor keeps recognising a lease after its expiry (s): the Ledger re-sends only
+live leases, and this covers the assignment's time on the wire."""
+
 KEY_CHECKS = 3
 """Announcements from the Ledger that must fail verification, with none verified, before an
 Actor concludes it was given the wrong job key (:meth:`ActorProcess._check_job_key`)."""
@@ -143,6 +151,16 @@ class ActorProcess:
         self.channel: Channel | None = None
         self.queue: collections.deque[Work] = collections.deque()
         self.prompt_of: dict[str, str] = {}
+        """Lease -> prompt of every lease queued or being generated."""
+        self.held: dict[str, float] = {}
+        """Lease -> its expiry (s, ``time.monotonic``) of every lease taken: queued, being
+        generated or generated, until it has expired (the Ledger re-sends only live leases), so
+        that a lease re-sent after a reconnect is recognised (:func:`aurora.policy.actor.
+        assigned`)."""
+        self.recent: collections.deque[tuple[int, float]] = collections.deque(
+            maxlen=RECENT_GENERATIONS
+        )
+        """``(leases, seconds)`` of its last generations: what work takes at least."""
         self.plan: CatchUpPlan | None = None
         self.pending_commit: int | None = None
         self.snapshots: dict[int, tuple[dict, str]] = {}
@@ -265,11 +283,21 @@ class ActorProcess:
             if self.node is not None:
                 self._announce(data)
         elif op == "assign":
-            leases = []
-            for lease, prompt in msg["leases"]:
-                self.prompt_of[lease] = prompt
-                leases.append(lease)
-            self.queue.append(Work(version=int(msg["version"]), leases=tuple(leases)))
+            now = time.monotonic()
+            for lease, expiry in list(self.held.items()):
+                if expiry + HELD_AFTER_EXPIRY_S < now:
+                    del self.held[lease]
+            expiry = now + float(msg["expiry_in"])
+            leases = [str(lease) for lease, _ in msg["leases"]]
+            work = assigned(int(msg["version"]), leases, expiry, held=self.held)
+            if work is None:
+                log.info("%s: %d re-sent leases already held", self.id, len(leases))
+                return
+            prompts = dict((str(lease), str(prompt)) for lease, prompt in msg["leases"])
+            for lease in work.leases:
+                self.prompt_of[lease] = prompts[lease]
+                self.held[lease] = expiry
+            self.queue.append(work)
         elif op == "commit":
             self.pending_commit = int(msg["version"])
         elif op == "catch_up":
@@ -407,6 +435,9 @@ class ActorProcess:
             await self._apply(staged[v])
         t1 = time.time()
         keep, _restage = after_catch_up(plan, queue=self.queue, staged=staged)
+        for work in self.queue:
+            if work not in keep:
+                self._forget(work)
         self.queue = collections.deque(keep)
         self.plan = None
         self.pending_commit = None
@@ -474,6 +505,8 @@ class ActorProcess:
                 plan=self.plan,
                 pending_commit=self.pending_commit,
                 snapshots=set(self.snapshots),
+                now=time.monotonic(),
+                recent=self.recent,
             )
             if isinstance(decision, ApplyPlan):
                 await self._apply_plan(decision.plan)
@@ -484,6 +517,7 @@ class ActorProcess:
                 await self._activate(decision.version)
             elif isinstance(decision, Drop):
                 self.queue.popleft()
+                self._forget(decision.work)
                 log.info(
                     "%s: dropped %d leases on v%d (%s)",
                     self.id,
@@ -497,6 +531,12 @@ class ActorProcess:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), 0.5)
 
+    def _forget(self, work: Work) -> None:
+        """``work`` will not be generated here: its prompts are no longer needed (its leases
+        stay recognised until they expire, :attr:`held`)."""
+        for lease in work.leases:
+            self.prompt_of.pop(lease, None)
+
     async def _generate(self, work: Work) -> None:
         assert self.engine is not None and self.job is not None and self.sampling is not None
         per_step = self.job.prompts_per_step
@@ -504,9 +544,10 @@ class ActorProcess:
             (self.prompt_of[lease], task_index(self.prompt_of[lease], per_step))
             for lease in work.leases
         ]
-        t0 = time.time()
+        t0, started = time.time(), time.monotonic()
         out = await asyncio.to_thread(self.engine.generate, prompts, self.sampling)
         t1 = time.time()
+        self.recent.append((len(work.leases), time.monotonic() - started))
         h = self.engine.weights_hash
         late = hooks.get("late_results")
         if late is not None and int(late[0]) == work.version:
