@@ -61,6 +61,7 @@ from aurora.runtime.compute import EngineSide, Sampling, make_engine
 from aurora.runtime.job import digest_due, transport_config
 from aurora.runtime.messages import Direction, task_index
 from aurora.store import CheckpointStore
+from aurora.store.manifest import check as check_model
 from aurora.transport import Node
 
 log = logging.getLogger("aurora.runtime.actor")
@@ -664,6 +665,12 @@ class ActorProcess:
         self.store = CheckpointStore(job.store, job=job.job_id, public_key=self.run.public_key)
         self.engine = await asyncio.to_thread(
             make_engine, job, engine=self.run.engine, engine_url=self.run.engine_url
+        )
+        # Built from the model files the Trainer signed with its snapshots, or not at all.
+        signed = await asyncio.to_thread(self.store.model_manifest)
+        check_model(self.engine.model_files, signed, where=job.model)
+        log.info(
+            "%s: model %s: its %d files as the Trainer signed", self.id, job.model, len(signed)
         )
         if hooks.get("cheat"):  # a dishonest Actor, for the tests of verified rollouts
             from aurora.runtime.cheats import CheatingEngine
