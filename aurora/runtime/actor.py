@@ -21,7 +21,11 @@ published, so a torn or wrong apply is counted, never silent. A SIGTERM is a pre
 the Actor tells the Ledger (which drains it: no new leases), finishes what it holds within the
 notice, leaves gracefully and exits; SIGUSR1 is a plain graceful leave (its leases go back to
 the pool at once). If the Ledger connection drops, the Actor reconnects under
-the same id and re-sends the results the Ledger may not have received.
+the same id and re-sends the results the Ledger may not have received; a lease the Ledger
+re-sends meanwhile is taken once (:func:`aurora.policy.actor.assigned`), whether it is queued,
+being generated or done. Before it takes any work the Actor checks that the model files its
+engine was built from are the ones the Trainer signed with its snapshots
+(:mod:`aurora.store.manifest`), and stops with one line naming the file otherwise.
 """
 
 from __future__ import annotations
