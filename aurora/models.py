@@ -14,6 +14,15 @@ Two ways to get ``(model, tokenizer)``:
   path). A path that does not exist, a directory that is not a model, or a tokenizer whose ids do
   not fit the model's embedding is a :class:`ModelLoadError` naming the thing.
 
+:func:`load_pinned` is :func:`load` of a private copy whose files were hashed as they were copied
+(:func:`aurora.store.manifest.pinned_copy`), returning that manifest too: every role loads the
+job's model this way and refuses it unless its files are the ones the Trainer signed with its
+snapshots; :func:`tiny_manifest` is the built-in model's, the hash of what it is built from.
+
+:func:`sign_model_dir` gives a directory the Trainer wrote (its ``model/``) a signed record: the
+snapshot announcement of its weights and files (``aurora.announce``) and the manifest it signs
+(``aurora.manifest``), which :func:`verify_model_dir` (``aurora check-model``) checks.
+
 :func:`save_pretrained` writes the reverse: a Hugging Face directory (``config.json``, generation
 config, tokenizer files, ``model.safetensors`` in bf16) that stock
 ``AutoModelForCausalLM.from_pretrained`` loads, from a model (its own weights) or from published
@@ -28,6 +37,7 @@ delta package's convention, :func:`aurora.delta.hf.bf16_views`); :func:`state_to
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -148,6 +158,60 @@ def build_default(
     cast_weights(model, dtype)
     model.eval()
     return model, arithmetic_tokenizer()
+
+
+def tiny_manifest(config: TinyQwen3Config | None = None) -> dict[str, str]:
+    """The model manifest of the built-in tiny Qwen3 (:mod:`aurora.store.manifest`): it has no
+    files, so one ``builtin:tiny`` entry hashes what it is built from (its configuration, the
+    tokenizer's alphabet)."""
+    from aurora.store import manifest
+
+    cfg = config or TinyQwen3Config()
+    definition = {
+        "config": dataclasses.asdict(cfg),
+        "tokenizer": {"alphabet": list(ALPHABET), "bos": "<bos>", "eos": "<eos>", "pad": "<pad>"},
+    }
+    return manifest.builtin("tiny", definition)
+
+
+def local_dir(path_or_id: str | os.PathLike[str]) -> Path:
+    """The local directory of a model named by path or hub id (a hub id: its snapshot in the
+    Hugging Face cache, fetched if it is not there). Raises :class:`ModelLoadError`."""
+    name = os.fspath(path_or_id)
+    path = Path(name).expanduser()
+    if path.exists() or isinstance(path_or_id, os.PathLike) or _looks_like_path(name):
+        if not path.exists():
+            raise ModelLoadError(f"model path {path} does not exist")
+        if not path.is_dir():
+            raise ModelLoadError(f"model path {path} is a file, not a Hugging Face model directory")
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id=name))
+    except Exception as exc:  # the hub's errors: not found, offline, unauthorised, bad id
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"cannot fetch model {name!r}: {first[:200]}") from None
+
+
+def load_pinned(
+    path_or_id: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+) -> tuple[Any, Any, dict[str, str]]:
+    """``(model, tokenizer, manifest)``: :func:`load` of a private copy of the model's
+    directory whose files were hashed as they were copied, so the manifest describes exactly
+    what was loaded (:func:`aurora.store.manifest.pinned_copy`)."""
+    from aurora.store import manifest
+
+    where = local_dir(path_or_id)
+    copy_dir, files = manifest.pinned_copy(where)
+    try:
+        model, tokenizer = load(copy_dir, dtype=dtype, device=device)
+    except ModelLoadError as exc:  # named as the caller named it, not by the private copy
+        raise ModelLoadError(str(exc).replace(str(copy_dir), str(where))) from None
+    return model, tokenizer, files
 
 
 def _looks_like_path(name: str) -> bool:
@@ -290,3 +354,115 @@ def save_pretrained(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+# ------------------------------------------------------------------------------------------
+# A model directory the Trainer signed
+# ------------------------------------------------------------------------------------------
+
+
+def _weights_of(directory: Path) -> tuple[str, int, list[str]]:
+    """``(weights hash, bytes, files)`` of the ``*.safetensors`` weights of ``directory``: the
+    hash of every tensor's bf16 bit patterns (:func:`aurora.delta.weights_hash`, as a snapshot
+    announcement signs it), their files' total size, and those files."""
+    from safetensors import safe_open
+
+    from aurora.delta import weights_hash
+
+    files = sorted(p for p in directory.glob("*.safetensors") if p.is_file())
+    state: dict[str, np.ndarray] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    t = st.get_tensor(name)
+                    if t.dtype != torch.bfloat16:
+                        raise ModelLoadError(f"{f.name}: tensor {name} is {t.dtype}, not bf16")
+                    state[name] = t.contiguous().view(torch.int16).numpy().view(np.uint16)
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # safetensors' own error type is none of the builtin ones
+            raise ModelLoadError(
+                f"model {directory}: {f.name} is not a readable safetensors file ({exc})"
+            ) from None
+    return weights_hash(state), sum(f.stat().st_size for f in files), [f.name for f in files]
+
+
+def sign_model_dir(
+    directory: str | os.PathLike[str],
+    *,
+    job: str,
+    version: int,
+    chain_hash: str,
+    signing_key: bytes,
+) -> None:
+    """Sign the Hugging Face directory ``directory`` (written by :func:`save_pretrained`) as
+    version ``version`` of ``job`` (``chain_hash``: its h(v)): a snapshot announcement of its
+    bf16 weights (their hash and bytes) and of the manifest of its other files, written to
+    ``aurora.announce`` beside that manifest, ``aurora.manifest``."""
+    from aurora.delta.announce import SnapshotAnnouncement, sign
+    from aurora.delta.hashing import H
+    from aurora.store import manifest
+
+    root = Path(directory)
+    h, size, _ = _weights_of(root)
+    listed = manifest.encode(manifest.manifest_of(root))
+    ann = SnapshotAnnouncement(
+        job=job,
+        version=version,
+        weights_hash=h,
+        chain_hash=chain_hash,
+        size=size,
+        model_hash=H(listed).hex(),
+    )
+    (root / "aurora.manifest").write_bytes(listed)
+    (root / "aurora.announce").write_bytes(sign(ann, signing_key))
+
+
+def verify_model_dir(directory: str | os.PathLike[str], *, public_key: bytes, job: str) -> Any:
+    """The signed snapshot announcement of a model directory the Trainer wrote and signed
+    (:func:`sign_model_dir`) once every file in it is the one signed: the announcement by the
+    job's key, the manifest by its hash, each other file by the manifest, the weights by their
+    hash and size. Raises :class:`aurora.store.manifest.ModelMismatchError` (one line naming
+    the file that differs) or :class:`ModelLoadError`."""
+    from aurora.delta.announce import AnnouncementError, SnapshotAnnouncement, verify
+    from aurora.delta.hashing import H
+    from aurora.store import manifest
+
+    root = Path(directory)
+    if not root.is_dir():
+        raise ModelLoadError(f"model path {root} is not a directory")
+    try:
+        signed = (root / "aurora.announce").read_bytes()
+        listed = (root / "aurora.manifest").read_bytes()
+    except FileNotFoundError as exc:
+        name = Path(str(exc.filename)).name
+        raise manifest.ModelMismatchError(
+            f"model {root}: {name} is missing: the directory carries no signed record"
+        ) from None
+    try:
+        ann = verify(signed, public_key, job=job)
+    except AnnouncementError as exc:
+        raise manifest.ModelMismatchError(f"model {root}: aurora.announce: {exc}") from None
+    if not isinstance(ann, SnapshotAnnouncement):
+        raise manifest.ModelMismatchError(f"model {root}: aurora.announce is not a snapshot's")
+    if H(listed).hex() != ann.model_hash:
+        raise manifest.ModelMismatchError(
+            f"model {root}: aurora.manifest differs from the manifest the Trainer signed"
+        )
+    manifest.check(
+        manifest.manifest_of(root), manifest.decode(listed, what="aurora.manifest"), where=str(root)
+    )
+    h, size, files = _weights_of(root)
+    for rel in manifest.files_of(root):
+        if manifest.is_weights(rel) and rel not in files:
+            raise manifest.ModelMismatchError(
+                f"model {root}: {rel} is not in the model the Trainer signed; refusing to use it"
+            )
+    if h != ann.weights_hash or size != ann.size:
+        named = ", ".join(files) or "the weights"
+        raise manifest.ModelMismatchError(
+            f"model {root}: {named} differs from the weights the Trainer signed (hash "
+            f"{h[:12]}.., {size} bytes; signed {ann.weights_hash[:12]}.., {ann.size} bytes)"
+        )
+    return ann

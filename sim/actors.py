@@ -58,7 +58,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 GBPS = 1e9 / 8
 """Bytes/s in one Gbit/s."""
 _work = maker(Work)
-"""``Work(version, leases)``, positionally (:mod:`aurora.policy.makers`): one per assignment."""
+"""``Work(version, leases, expiry)``, positionally (:mod:`aurora.policy.makers`): one per
+assignment."""
 
 
 class Actors:
@@ -158,7 +159,7 @@ class Actors:
 
     def assign(self, action: Assign) -> None:
         actor = self.nodes[action.actor]
-        actor.queue.append(_work(action.version, action.leases))
+        actor.queue.append(_work(action.version, action.leases, action.expiry))
         rec = self.sim.recorder
         if rec.on:  # the message costs more than the rest of an assignment at 10^5 Actors
             rec.log(action.actor, f"assign {len(action.leases)} on v{action.version}")
@@ -187,6 +188,8 @@ class Actors:
             queue=actor.queue,
             plan=actor.plan,
             pending_commit=actor.pending_commit,
+            now=self.env.now,
+            recent=actor.recent,
         )
 
     def kick(self, actor: ActorNode) -> None:
@@ -354,6 +357,7 @@ class Actors:
         yield self.env.timeout(seconds)
         if actor.life is not me:
             return  # lost while generating: the rollouts are gone
+        actor.recent = ((len(leases), seconds),)
         sim.recorder.span("actor", actor.id, "generate", version, start)
         h = weights_hash(version)
         feed = sim.driver.feed

@@ -273,6 +273,7 @@ class Cohorts:
             cohort.generating.discard(actor)
             if actor.cohort is not cohort:
                 continue  # lost while generating: the rollouts are gone
+            actor.recent = ((len(work.leases), seconds),)
             if rec.on:
                 rec.span("actor", actor.id, "generate", work.version, start)
             version = work.version

@@ -93,6 +93,11 @@ class ActorNode(Node):
     """While the Actor waits for something to do: the event that wakes it."""
     cohort: Cohort | None = None
     """The cohort whose process drives it (:mod:`sim.cohorts`), or None: its own process."""
+    recent: tuple[tuple[int, float], ...] = ()
+    """Its last generation as ``((leases, seconds),)`` (empty: none yet): what it expects work
+    to take at least when it asks whether work is still worth starting (:func:`aurora.policy.
+    actor.next_action`). The runtime's Actor keeps its last few; one here, since a tuple per
+    Actor is what 10^5 Actors can afford."""
     noise: list[float] = field(default_factory=list)
     """Throughput noises drawn ahead from ``rng``, next last (:meth:`sim.actors.Actors.
     draw_noise`); kept across lives, so the draws stay in order whatever the Actor becomes."""

@@ -95,3 +95,45 @@ def test_a_catch_up_is_taken_only_when_it_moves_the_actor_forwards():
     ahead = CatchUpPlan(target=3, snapshot=None, deltas=(3,), bytes=0)
     assert not takes_catch_up(back, active=2) and not takes_catch_up(same, active=2)
     assert takes_catch_up(ahead, active=2) and takes_catch_up(back, active=None)
+
+
+def test_work_whose_lease_has_expired_is_dropped_before_it_starts():
+    w = Work(version=3, leases=("a",), expiry=10.0)
+    assert next_action(active=3, staged=(), queue=[w], now=9.9) == Generate(w)
+    assert next_action(active=3, staged=(), queue=[w], now=10.0) == Drop(w, "expired")
+    # Expired work on the next version does not activate its delta for nothing either.
+    nxt = Work(version=4, leases=("b",), expiry=10.0)
+    assert next_action(active=3, staged={4}, queue=[nxt], now=11.0) == Drop(nxt, "expired")
+    # Without a clock, or without an expiry, nothing is dropped for lateness.
+    assert next_action(active=3, staged=(), queue=[w]) == Generate(w)
+    free = Work(version=3, leases=("c",))
+    assert next_action(active=3, staged=(), queue=[free], now=1e9) == Generate(free)
+
+
+def test_work_the_actor_cannot_finish_before_its_expiry_at_its_best_pace_is_dropped_as_late():
+    w = Work(version=3, leases=("a", "b"), expiry=10.0)
+    # Two leases took 5 s at best: from t = 6 they would come at 11, after the expiry.
+    recent = [(2, 7.0), (2, 5.0), (4, 9.0)]
+    assert next_action(active=3, staged=(), queue=[w], now=6.0, recent=recent) == Drop(w, "late")
+    assert next_action(active=3, staged=(), queue=[w], now=4.0, recent=recent) == Generate(w)
+
+
+def test_least_seconds_is_the_shortest_generation_of_no_more_leases_never_scaled_up():
+    from aurora.policy.actor import least_seconds
+
+    recent = [(1, 4.0), (16, 6.0), (2, 3.0)]
+    assert least_seconds(2, recent) == 3.0
+    assert least_seconds(1, recent) == 4.0
+    assert least_seconds(32, recent) == 3.0
+    # Nothing comparable (only larger batches seen), or nothing at all: no lower bound.
+    assert least_seconds(1, [(16, 6.0)]) == 0.0
+    assert least_seconds(4, []) == 0.0
+
+
+def test_an_assign_that_resends_held_leases_gives_only_the_new_ones_once():
+    from aurora.policy.actor import assigned
+
+    assert assigned(3, ["a", "b"], 9.0, held=set()) == Work(3, ("a", "b"), 9.0)
+    assert assigned(3, ["a", "b", "c"], 9.0, held={"a", "b"}) == Work(3, ("c",), 9.0)
+    assert assigned(3, ["a"], 9.0, held={"a"}) is None
+    assert assigned(3, ["a", "a"], 9.0, held=set()) == Work(3, ("a",), 9.0)

@@ -62,7 +62,9 @@ H0 = "ab" * 32
 
 
 def snapshot_signed(h: str = H0) -> bytes:
-    ann = SnapshotAnnouncement(job=JOB_ID, version=0, weights_hash=h, chain_hash=h, size=4096)
+    ann = SnapshotAnnouncement(
+        job=JOB_ID, version=0, weights_hash=h, chain_hash=h, size=4096, model_hash="ef" * 32
+    )
     return sign(ann, JOB_KEY)
 
 

@@ -162,7 +162,7 @@ def test_feed_each_refuses_a_bad_now_before_deciding_anything():
         (VersionActivated, ("a", 3)),
         (ResultsArrived, ("a", ("L1",), 3, "h3")),
         (ThroughputObserved, ("a", 120, 2.5)),
-        (Work, (3, ("L1",))),
+        (Work, (3, ("L1",), 9.5)),
         (Generate, (Work(3, ("L1",)),)),
     ],
 )

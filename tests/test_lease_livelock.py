@@ -1,13 +1,18 @@
-"""Leases that cannot livelock (issue 26): the lease length adapts from expiries as well as
-admissions, per Actor, so a slow Actor left alone after a fast one shrank the median still gets
-results admitted. Driven through ``decide`` as the simulator and the runtime drive it."""
+"""Leases that cannot livelock: the lease length adapts from expiries as well as admissions, per
+Actor, so a slow Actor left alone after a fast one shrank the median still gets results
+admitted. Driven through ``decide`` as the simulator and the runtime drive it; the serial
+Actors below decide what to run next with :func:`aurora.policy.actor.next_action`, as the
+simulator's and the runtime's do."""
 
 from __future__ import annotations
 
 import heapq
+import math
+from collections import deque
 
 import pytest
 
+from aurora.policy.actor import Drop, Generate, Wait, Work, next_action
 from aurora.policy.leases import LeaseBook, LeaseConfig, Refusal
 from aurora.policy.ledger import (
     Accepted,
@@ -16,6 +21,7 @@ from aurora.policy.ledger import (
     Assign,
     BatchRequested,
     DeltaPublished,
+    Expired,
     LedgerConfig,
     ResultArrived,
     ThroughputObserved,
@@ -164,3 +170,166 @@ def test_by_default_expiries_grow_leases_no_longer_than_the_initial_length():
     assert book.lease_length("a") == pytest.approx(10.0)  # 2 x 10 s, capped at initial_s
     with pytest.raises(ValueError, match="max_s"):
         LeaseConfig(max_s=0.0)
+
+
+class SerialActors:
+    """Actors that generate one assignment at a time, as the runtime's and the simulator's do:
+    each ``Assign`` queues a :class:`Work` with its expiry; at every safe point the Actor asks
+    :func:`next_action` (with ``now`` and its recent generations, or, with ``skip=False``,
+    without them: the Actor before it dropped work no longer worth starting); a generation of
+    any number of leases takes ``needs[actor]`` seconds (an engine that batches them), and
+    every lease's result arrives when it ends, whether or not the lease is still live."""
+
+    def __init__(self, state, needs: dict[str, float], *, skip: bool = True) -> None:
+        self.state, self.needs, self.skip = state, needs, skip
+        self.queue: dict[str, deque[Work]] = {a: deque() for a in needs}
+        self.busy: set[str] = set()
+        self.recent: dict[str, list[tuple[int, float]]] = {a: [] for a in needs}
+        self.events: list[tuple[float, int, object]] = []
+        self.seq = 0
+        self.admitted: list[tuple[float, str, str]] = []
+        """(time, actor, prompt) of every admitted result."""
+        self.expired: list[tuple[float, str]] = []
+        """(time, lease) of every expiry."""
+        self.length: dict[str, float] = {}
+        """Lease -> its length (s) as the Ledger set it."""
+        self.gone: set[str] = set()
+
+    def _at(self, t: float, item: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, item))
+
+    def handle(self, actions, t: float) -> None:
+        for a in actions:
+            if isinstance(a, Assign):
+                self.queue[a.actor].append(Work(a.version, a.leases, a.expiry))
+                self.length.update(dict.fromkeys(a.leases, a.expiry - t))
+                self._at(a.expiry + TICK_SLACK_S, Tick())
+                self._at(t, ("safe point", a.actor))
+            elif isinstance(a, Accepted):
+                self.admitted.append((t, a.actor, a.prompt))
+            elif isinstance(a, Expired):
+                self.expired.append((t, a.lease))
+
+    def _safe_point(self, actor: str, t: float) -> None:
+        if actor in self.busy or actor in self.gone:
+            return
+        queue = self.queue[actor]
+        while True:
+            decision = next_action(
+                active=0,
+                staged=(),
+                queue=queue,
+                now=t if self.skip else None,
+                recent=self.recent[actor],
+            )
+            if isinstance(decision, Drop):
+                queue.popleft()
+                continue
+            if isinstance(decision, Wait):
+                return
+            assert isinstance(decision, Generate)
+            work = queue.popleft()
+            self.busy.add(actor)
+            self.recent[actor].append((len(work.leases), self.needs[actor]))
+            self._at(t + self.needs[actor], ("finished", actor, work))
+            return
+
+    def run(self, first_actions, now: float, *, until: float) -> None:
+        self.handle(first_actions, now)
+        while self.events and self.events[0][0] <= until:
+            t, _, item = heapq.heappop(self.events)
+            if isinstance(item, Tick):
+                _, actions = decide(self.state, item, now=t)
+                self.handle(actions, t)
+                continue
+            if item[0] == "safe point":
+                self._safe_point(item[1], t)
+                continue
+            _, actor, work = item
+            self.busy.discard(actor)
+            if actor in self.gone:
+                continue
+            for lease in work.leases:
+                event = ResultArrived(
+                    actor=actor, lease=lease, version=work.version, weights_hash="h0"
+                )
+                _, actions = decide(self.state, event, now=t)
+                self.handle(actions, t)
+            self._safe_point(actor, t)
+
+
+def _fast_then_slow_serial(*, skip: bool) -> tuple[SerialActors, float, float]:
+    """The scenario of :func:`_fast_then_slow` with serial Actors: a fast Actor (0.2 s a
+    generation) and a slow one (5 s) share batch 1; the fast one's completions take the median
+    to 0.2 s (L = max(1 s, 2.5 x 0.2 s) = 1 s); it leaves, and batch 2 (4 prompts) goes to the
+    slow one alone. Returns the Actors, L and the time batch 2 was requested."""
+    s = initial_state(LedgerConfig(trainer_region="us"))
+    decide(
+        s,
+        DeltaPublished(version=0, weights_hash="h0", delta_bytes=None, snapshot_bytes=1000),
+        now=0.0,
+    )
+    for actor in ("fast", "slow"):
+        decide(s, ActorJoined(actor=actor, region="us", active=0), now=0.0)
+    decide(s, ThroughputObserved(actor="fast", tokens=25_000, seconds=1.0), now=0.5)
+    decide(s, ThroughputObserved(actor="slow", tokens=1_000, seconds=1.0), now=0.5)
+    actors = SerialActors(s, {"fast": 0.2, "slow": 5.0}, skip=skip)
+    _, actions = decide(
+        s, BatchRequested(version=0, prompts=tuple(f"a{i}" for i in range(40))), now=1.0
+    )
+    actors.run(actions, 1.0, until=30.0)
+    assert all(f"a{i}" in s.book.done for i in range(40))
+    length = s.book.lease_length()
+    assert length == pytest.approx(1.0)
+    actors.gone.add("fast")
+    decide(s, ActorLeft(actor="fast"), now=31.0)
+    _, actions = decide(
+        s, BatchRequested(version=0, prompts=tuple(f"b{i}" for i in range(4))), now=32.0
+    )
+    actors.run(actions, 32.0, until=32.0 + 120.0)
+    s.book.check()
+    return actors, length, 32.0
+
+
+def _rounds(actors: SerialActors, after: float) -> list[float]:
+    """The length of the leases of each round of expiry after ``after`` (s), in order."""
+    rounds: dict[float, float] = {}
+    for t, lease in actors.expired:
+        if t > after:
+            rounds[t] = max(rounds.get(t, 0.0), actors.length[lease])
+    return [rounds[t] for t in sorted(rounds)]
+
+
+def test_a_serial_actor_left_alone_is_admitted_within_log2_t_over_l_rounds_and_one_generation():
+    """The design's bound, for an Actor that generates one assignment at a time and needs T
+    seconds: every expiry at least doubles its leases, so it is admitted after at most
+    floor(log2(T / L)) + 1 rounds of expiry; and since it drops work it can no longer finish
+    in time instead of generating it, the batch completes within the expired leases' lengths
+    (each at most T, each at least twice the one before: less than 2T together), the ticks
+    that found them expired, and one generation: sum(l) + r x tick + T < 3T + r x tick. Here
+    T = 5 s, L = 1 s: 2 rounds (1 s, then 5 s: the longest completion it was admitted with),
+    11.1 s, where the Actor that ran its backlog in order took 15 s (the next test)."""
+    actors, length, asked = _fast_then_slow_serial(skip=True)
+    batch = {f"b{i}" for i in range(4)}
+    assert {p for _, _, p in actors.admitted} >= batch
+    stall = max(t for t, _, p in actors.admitted if p in batch) - asked
+    need = actors.needs["slow"]
+    rounds = _rounds(actors, asked)
+    assert 1 <= len(rounds) <= math.floor(math.log2(need / length)) + 1
+    assert all(r <= need for r in rounds)
+    bound = sum(rounds) + len(rounds) * TICK_SLACK_S + need
+    assert stall <= bound + 1e-6
+    assert bound < 3 * need + len(rounds) * TICK_SLACK_S
+    assert stall == pytest.approx(11.1)
+
+
+def test_an_actor_that_runs_its_expired_backlog_in_order_stalls_past_the_design_bound():
+    """Without the rule (the Actor runs its backlog of expired assignments in order, as it did
+    before it asked :func:`next_action` with the time), the lease that would have been admitted
+    waits behind a generation that can only be refused late: 15 s, beyond the bound the
+    previous test holds."""
+    actors, length, asked = _fast_then_slow_serial(skip=False)
+    stall = max(t for t, _, p in actors.admitted if p.startswith("b")) - asked
+    rounds = _rounds(actors, asked)
+    assert stall > sum(rounds) + len(rounds) * TICK_SLACK_S + actors.needs["slow"] + 1.0

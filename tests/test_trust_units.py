@@ -63,7 +63,12 @@ def test_an_announcement_round_trips_and_describes_the_delta_exactly():
     assert verify(signed, PUB, job=JOB) == ANN
     assert sign(ANN, KEY) == signed  # Ed25519 is deterministic: one announcement, one byte string
     snap = SnapshotAnnouncement(
-        job=JOB, version=4, weights_hash="ab" * 32, chain_hash="cd" * 32, size=10
+        job=JOB,
+        version=4,
+        weights_hash="ab" * 32,
+        chain_hash="cd" * 32,
+        size=10,
+        model_hash="ef" * 32,
     )
     assert verify(sign(snap, KEY), PUB, job=JOB) == snap
 

@@ -13,7 +13,9 @@ based on, and the file's size. Anyone may carry the signed bytes (the Ledger, re
 peers); anyone with the job's public key verifies them (:func:`verify`). A node then stages
 ``D_v`` only if the bytes it reassembled hash to the announced ``id(D_v)`` (the Merkle root over
 the segments' BLAKE3 leaves, :mod:`aurora.delta.hashing`), so forging a delta means forging an
-Ed25519 signature or a BLAKE3 collision, whoever relayed the bytes.
+Ed25519 signature or a BLAKE3 collision, whoever relayed the bytes. A snapshot announcement also
+signs ``h(manifest)``, the hash of the model's other files (config, tokenizer, chat template:
+:mod:`aurora.store.manifest`), so the whole model is pinned, not only its weights.
 
 Beyond the fields the design lists (docs/ARCHITECTURE.md), a delta announcement carries the
 *transfer key* (the hash of the delta's header that every segment is tagged with) and the *segment
@@ -28,7 +30,7 @@ Canonical bytes (signed, little-endian, fixed layout, so there is one encoding p
     "AURANN01" | u8 kind (1 delta, 2 snapshot) | u8 n | job id (n ASCII bytes) | u64 v
     delta:     | u64 base | 32 h(v-1) | 16 key | 32 id(D_v) | 32 h(v) | u64 size
                | u32 segments | u32 segment size
-    snapshot:  | 32 h(snapshot) | 32 h(v) | u64 size
+    snapshot:  | 32 h(snapshot) | 32 h(v) | u64 size | 32 h(manifest)
 
 and on the wire the 64-byte Ed25519 signature follows. Ed25519 comes from ``cryptography``
 (OpenSSL underneath; never hand-rolled). This module is pure: bytes and raw 32-byte keys in,
@@ -86,7 +88,7 @@ MAX_ANNOUNCEMENT_BYTES = 512
 _TRAILER_FIXED = len(TRAILER_MAGIC) + 16 + 2 * HASH_BYTES + 8
 _U64 = 1 << 64
 _DELTA_TAIL = struct.Struct(f"<QQ{HASH_BYTES}s16s{HASH_BYTES}s{HASH_BYTES}sQII")
-_SNAPSHOT_TAIL = struct.Struct(f"<Q{HASH_BYTES}s{HASH_BYTES}sQ")
+_SNAPSHOT_TAIL = struct.Struct(f"<Q{HASH_BYTES}s{HASH_BYTES}sQ{HASH_BYTES}s")
 
 
 class AnnouncementError(DeltaError):
@@ -241,6 +243,9 @@ class SnapshotAnnouncement:
     """h(v) of the delta chain at ``version``: the base hash ``D_{version+1}`` names."""
     size: int
     """Bytes of the snapshot file."""
+    model_hash: str
+    """h(manifest): the hash of the canonical bytes of the manifest of the model's files other
+    than its weights (:func:`aurora.store.manifest.digest`), hex."""
 
     def __post_init__(self) -> None:
         _job(self.job)
@@ -248,6 +253,7 @@ class SnapshotAnnouncement:
         _hex(self.weights_hash, HASH_BYTES, "weights_hash")
         _hex(self.chain_hash, HASH_BYTES, "chain_hash")
         _uint(self.size, _U64, "size")
+        _hex(self.model_hash, HASH_BYTES, "model_hash")
 
     def canonical(self) -> bytes:
         job = _job(self.job)
@@ -260,6 +266,7 @@ class SnapshotAnnouncement:
                 bytes.fromhex(self.weights_hash),
                 bytes.fromhex(self.chain_hash),
                 self.size,
+                bytes.fromhex(self.model_hash),
             )
         )
 
@@ -338,9 +345,14 @@ def _parse(body: bytes) -> Announcement:
         elif kind == KIND_SNAPSHOT:
             if len(tail) != _SNAPSHOT_TAIL.size:
                 raise MalformedAnnouncementError(f"snapshot announcement of {len(body)} bytes")
-            v, wh, ch, size = _SNAPSHOT_TAIL.unpack(tail)
+            v, wh, ch, size, mh = _SNAPSHOT_TAIL.unpack(tail)
             ann = SnapshotAnnouncement(
-                job=job, version=v, weights_hash=wh.hex(), chain_hash=ch.hex(), size=size
+                job=job,
+                version=v,
+                weights_hash=wh.hex(),
+                chain_hash=ch.hex(),
+                size=size,
+                model_hash=mh.hex(),
             )
         else:
             raise MalformedAnnouncementError(f"unknown announcement kind {kind}")

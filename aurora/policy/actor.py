@@ -11,18 +11,27 @@ them the same way, so they live here and both call them:
 
   1. a catch-up plan whose pieces are all held is applied first (:class:`ApplyPlan`): the Actor
      is behind and nothing else it could do would be admitted;
-  2. the oldest queued work runs if it is on the active version (:class:`Generate`);
-  3. work on ``active + 1`` whose delta is staged first activates that delta (:class:`Activate`):
+  2. the oldest queued work is dropped if it is no longer worth starting
+     (:func:`not_worth_starting`: its lease has expired, or would before the Actor could finish
+     it at its best recent pace), so an Actor behind its leases never spends a generation on a
+     result that can only be refused late while the prompt's next lease waits behind it;
+  3. the oldest queued work runs if it is on the active version (:class:`Generate`);
+  4. work on ``active + 1`` whose delta is staged first activates that delta (:class:`Activate`):
      the end-of-batch safe point of the paper (§5.2), so no rollout ever sees a partly applied
      policy;
-  4. work on any other version cannot run here (its delta is not staged, or it is older than
+  5. work on any other version cannot run here (its delta is not staged, or it is older than
      the active version): it is dropped (:class:`Drop`) and its leases expire back to the pool,
      where the Ledger re-leases them to Actors that can run them;
-  5. a pending ``Commit(active + 1)`` with the delta staged activates it (:class:`Activate`);
-  6. otherwise :class:`Wait`.
+  6. a pending ``Commit(active + 1)`` with the delta staged activates it (:class:`Activate`);
+  7. otherwise :class:`Wait`.
 
   The caller carries out the decision (popping the queue on ``Generate`` and ``Drop``) and asks
   again at its next safe point.
+* :func:`assigned` - the work of an ``Assign``: only the leases the Actor does not hold already.
+  The Ledger re-sends an Actor's live leases when it reconnects (a blip, a restarted Ledger),
+  and the Actor may be generating one of them right then: a lease is taken once.
+* :func:`least_seconds` - the least time a piece of work can be expected to take, from the
+  Actor's recent generations: what decides that work would finish too late (rule 2).
 * :func:`to_fetch` - after a ``CatchUp`` plan arrives: which snapshot and deltas the Actor must
   still fetch (those neither held nor already on their way), in the order they are applied.
 * :func:`after_catch_up` - once a plan is applied: the work that is still worth keeping (on the
@@ -33,12 +42,13 @@ them the same way, so they live here and both call them:
   snapshot over newer weights (an injected ``catch_up`` to v0 was loaded by an Actor at v2,
   issue 26); ``Commit`` cannot move it backwards either, since only ``active + 1`` activates.
 
-Nothing here reads a clock or does I/O; versions are plain ints and work items plain tuples.
+Nothing here reads a clock or does I/O: the caller passes ``now`` (seconds, on the clock the
+work's expiries are on); versions are plain ints and work items plain tuples.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Container, Iterable, Sequence
 from dataclasses import dataclass
 
 from aurora.policy.makers import maker
@@ -53,6 +63,9 @@ class Work:
     """The version the results must be generated on."""
     leases: tuple[str, ...]
     """Lease ids (one prompt and its group of completions each)."""
+    expiry: float | None = None
+    """When the leases expire (s, on the caller's clock; one ``Assign`` has one expiry): a
+    result after it is refused. None: not known (never dropped for lateness)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +96,9 @@ class Drop:
 
     work: Work
     reason: str
-    """``stale`` (older than the active version) or ``unreachable`` (newer, delta not staged)."""
+    """``expired`` (its lease has expired), ``late`` (it would expire before the Actor could
+    finish it), ``stale`` (older than the active version) or ``unreachable`` (newer, delta not
+    staged)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,18 +130,27 @@ def next_action(
     plan: CatchUpPlan | None = None,
     pending_commit: int | None = None,
     snapshots: Collection[int] = (),
+    now: float | None = None,
+    recent: Iterable[tuple[int, float]] = (),
 ) -> Decision:
     """The Actor's next step at a safe point (the order is in the module docstring).
 
     ``active`` is the active version (None before any weights are loaded), ``staged`` the
     versions whose deltas are held verified, ``queue`` the work in arrival order, ``plan`` the
     catch-up plan in force, ``pending_commit`` the version of an unserved ``Commit`` and
-    ``snapshots`` the snapshot versions held verified.
+    ``snapshots`` the snapshot versions held verified. ``now`` (None: expiries are not looked
+    at) is the time on the clock of the work's expiries, and ``recent`` the Actor's recent
+    generations as ``(leases, seconds)`` (:func:`least_seconds`; none: only a lease that has
+    expired is dropped).
     """
     if plan is not None and plan_ready(plan, staged=staged, snapshots=snapshots):
         return ApplyPlan(plan)
     if queue:
         work = queue[0]
+        if now is not None and work.expiry is not None:
+            why = not_worth_starting(work, now=now, recent=recent)
+            if why is not None:
+                return Drop(work, why)
         if active is not None and work.version == active:
             return _generate(work)
         if active is not None and work.version == active + 1 and work.version in staged:
@@ -141,6 +165,48 @@ def next_action(
     ):
         return Activate(pending_commit)
     return _WAIT
+
+
+def not_worth_starting(
+    work: Work, *, now: float, recent: Iterable[tuple[int, float]] = ()
+) -> str | None:
+    """Why ``work`` is no longer worth starting at ``now``, or None when it is: ``expired``
+    (its lease has expired) or ``late`` (it would take at least :func:`least_seconds`, and its
+    results would come after the expiry). Either way its results could only be refused as late;
+    dropped, its leases expire back to the pool, the Ledger lengthens this Actor's next leases
+    (:mod:`aurora.policy.leases`), and the Actor is free when they come."""
+    expiry = work.expiry
+    if expiry is None:
+        return None
+    if now >= expiry:
+        return "expired"
+    if recent and now + least_seconds(len(work.leases), recent) >= expiry:
+        return "late"
+    return None
+
+
+def least_seconds(leases: int, recent: Iterable[tuple[int, float]]) -> float:
+    """The least time (s) work of ``leases`` leases can be expected to take: the shortest of the
+    Actor's ``recent`` generations (``(leases, seconds)`` each) of no more leases, since more
+    leases never take less time; 0.0 when there is none. The shortest and never scaled up, so
+    that work is dropped as ``late`` only when even the Actor's best comparable pace misses the
+    expiry (an engine that batches runs 16 leases in about the time of one)."""
+    best = 0.0
+    for count, seconds in recent:
+        if count <= leases and seconds > 0 and (best == 0.0 or seconds < best):
+            best = seconds
+    return best
+
+
+def assigned(
+    version: int, leases: Iterable[str], expiry: float | None, *, held: Container[str]
+) -> Work | None:
+    """The work an ``Assign`` of ``leases`` on ``version`` gives an Actor that already holds
+    ``held`` (queued, being generated, or generated): only the leases it does not hold, None if
+    none is new. The Ledger re-sends every live lease to an Actor that reconnects, some of them
+    possibly in the middle of their generation; each lease is generated once."""
+    new = tuple(lease for lease in dict.fromkeys(leases) if lease not in held)
+    return Work(version, new, expiry) if new else None
 
 
 def to_fetch(

@@ -17,7 +17,12 @@ length also adapts from expiries, per Actor (:meth:`LeaseBook.lease_length` with
 * an expired lease of length ``l`` makes its holder's next leases at least
   ``expiry_growth * l`` long (a late result's measured time too), up to ``max_s`` (by default
   the initial length): an Actor that needs ``T`` seconds gets an admitted result after at most
-  ``log2(T / L)`` rounds of expiry;
+  ``floor(log2(T / L)) + 1`` rounds of expiry. An Actor generates one assignment at a time, so
+  this holds only because it drops work whose lease has expired, or would before it could
+  finish it (:func:`aurora.policy.actor.next_action`): otherwise each new lease waits behind a
+  generation that can only be refused late. With that, the stall is at most the expired
+  leases' lengths (each at most ``T``, together less than ``2T``), the ticks that found them,
+  and one generation (``tests/test_lease_livelock.py``);
 * once an Actor has had a lease expire, its leases are never shorter than the longest completion
   it was admitted with among its last ``own_window`` (what it has needed), so after the first
   admission it is not starved again by the others' median.

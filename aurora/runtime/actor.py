@@ -21,7 +21,11 @@ published, so a torn or wrong apply is counted, never silent. A SIGTERM is a pre
 the Actor tells the Ledger (which drains it: no new leases), finishes what it holds within the
 notice, leaves gracefully and exits; SIGUSR1 is a plain graceful leave (its leases go back to
 the pool at once). If the Ledger connection drops, the Actor reconnects under
-the same id and re-sends the results the Ledger may not have received.
+the same id and re-sends the results the Ledger may not have received; a lease the Ledger
+re-sends meanwhile is taken once (:func:`aurora.policy.actor.assigned`), whether it is queued,
+being generated or done. Before it takes any work the Actor checks that the model files its
+engine was built from are the ones the Trainer signed with its snapshots
+(:mod:`aurora.store.manifest`), and stops with one line naming the file otherwise.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from aurora.policy.actor import (
     Wait,
     Work,
     after_catch_up,
+    assigned,
     next_action,
     takes_catch_up,
     to_fetch,
@@ -60,6 +65,7 @@ from aurora.runtime.compute import EngineSide, Sampling, make_engine
 from aurora.runtime.job import digest_due, transport_config
 from aurora.runtime.messages import Direction, task_index
 from aurora.store import CheckpointStore
+from aurora.store.manifest import check as check_model
 from aurora.transport import Node
 
 log = logging.getLogger("aurora.runtime.actor")
@@ -123,6 +129,13 @@ def caught_up(node: Node, version: int, weights_hash: str) -> None:
     node.set_active(version, weights_hash)
 
 
+RECENT_GENERATIONS = 8
+"""Generations an Actor remembers to judge whether work would finish before its expiry
+(:func:`aurora.policy.actor.least_seconds` takes the shortest comparable one)."""
+HELD_AFTER_EXPIRY_S = 5.0
+"""How long an Actor keeps recognising a lease after its expiry (s): the Ledger re-sends only
+live leases, and this covers the assignment's time on the wire."""
+
 KEY_CHECKS = 3
 """Announcements from the Ledger that must fail verification, with none verified, before an
 Actor concludes it was given the wrong job key (:meth:`ActorProcess._check_job_key`)."""
@@ -143,6 +156,16 @@ class ActorProcess:
         self.channel: Channel | None = None
         self.queue: collections.deque[Work] = collections.deque()
         self.prompt_of: dict[str, str] = {}
+        """Lease -> prompt of every lease queued or being generated."""
+        self.held: dict[str, float] = {}
+        """Lease -> its expiry (s, ``time.monotonic``) of every lease taken: queued, being
+        generated or generated, until it has expired (the Ledger re-sends only live leases), so
+        that a lease re-sent after a reconnect is recognised (:func:`aurora.policy.actor.
+        assigned`)."""
+        self.recent: collections.deque[tuple[int, float]] = collections.deque(
+            maxlen=RECENT_GENERATIONS
+        )
+        """``(leases, seconds)`` of its last generations: what work takes at least."""
         self.plan: CatchUpPlan | None = None
         self.pending_commit: int | None = None
         self.snapshots: dict[int, tuple[dict, str]] = {}
@@ -265,11 +288,21 @@ class ActorProcess:
             if self.node is not None:
                 self._announce(data)
         elif op == "assign":
-            leases = []
-            for lease, prompt in msg["leases"]:
-                self.prompt_of[lease] = prompt
-                leases.append(lease)
-            self.queue.append(Work(version=int(msg["version"]), leases=tuple(leases)))
+            now = time.monotonic()
+            for lease, expiry in list(self.held.items()):
+                if expiry + HELD_AFTER_EXPIRY_S < now:
+                    del self.held[lease]
+            expiry = now + float(msg["expiry_in"])
+            leases = [str(lease) for lease, _ in msg["leases"]]
+            work = assigned(int(msg["version"]), leases, expiry, held=self.held)
+            if work is None:
+                log.info("%s: %d re-sent leases already held", self.id, len(leases))
+                return
+            prompts = dict((str(lease), str(prompt)) for lease, prompt in msg["leases"])
+            for lease in work.leases:
+                self.prompt_of[lease] = prompts[lease]
+                self.held[lease] = expiry
+            self.queue.append(work)
         elif op == "commit":
             self.pending_commit = int(msg["version"])
         elif op == "catch_up":
@@ -407,6 +440,9 @@ class ActorProcess:
             await self._apply(staged[v])
         t1 = time.time()
         keep, _restage = after_catch_up(plan, queue=self.queue, staged=staged)
+        for work in self.queue:
+            if work not in keep:
+                self._forget(work)
         self.queue = collections.deque(keep)
         self.plan = None
         self.pending_commit = None
@@ -474,6 +510,8 @@ class ActorProcess:
                 plan=self.plan,
                 pending_commit=self.pending_commit,
                 snapshots=set(self.snapshots),
+                now=time.monotonic(),
+                recent=self.recent,
             )
             if isinstance(decision, ApplyPlan):
                 await self._apply_plan(decision.plan)
@@ -484,6 +522,7 @@ class ActorProcess:
                 await self._activate(decision.version)
             elif isinstance(decision, Drop):
                 self.queue.popleft()
+                self._forget(decision.work)
                 log.info(
                     "%s: dropped %d leases on v%d (%s)",
                     self.id,
@@ -497,6 +536,12 @@ class ActorProcess:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), 0.5)
 
+    def _forget(self, work: Work) -> None:
+        """``work`` will not be generated here: its prompts are no longer needed (its leases
+        stay recognised until they expire, :attr:`held`)."""
+        for lease in work.leases:
+            self.prompt_of.pop(lease, None)
+
     async def _generate(self, work: Work) -> None:
         assert self.engine is not None and self.job is not None and self.sampling is not None
         per_step = self.job.prompts_per_step
@@ -504,9 +549,10 @@ class ActorProcess:
             (self.prompt_of[lease], task_index(self.prompt_of[lease], per_step))
             for lease in work.leases
         ]
-        t0 = time.time()
+        t0, started = time.time(), time.monotonic()
         out = await asyncio.to_thread(self.engine.generate, prompts, self.sampling)
         t1 = time.time()
+        self.recent.append((len(work.leases), time.monotonic() - started))
         h = self.engine.weights_hash
         late = hooks.get("late_results")
         if late is not None and int(late[0]) == work.version:
@@ -627,6 +673,12 @@ class ActorProcess:
         self.store = CheckpointStore(job.store, job=job.job_id, public_key=self.run.public_key)
         self.engine = await asyncio.to_thread(
             make_engine, job, engine=self.run.engine, engine_url=self.run.engine_url
+        )
+        # Built from the model files the Trainer signed with its snapshots, or not at all.
+        signed = await asyncio.to_thread(self.store.model_manifest)
+        check_model(self.engine.model_files, signed, where=job.model)
+        log.info(
+            "%s: model %s: its %d files as the Trainer signed", self.id, job.model, len(signed)
         )
         if hooks.get("cheat"):  # a dishonest Actor, for the tests of verified rollouts
             from aurora.runtime.cheats import CheatingEngine

@@ -115,7 +115,9 @@ def _other_model(spec: JobSpec) -> Any:
 
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(spec.model))
         tokenizer = AutoTokenizer.from_pretrained(spec.model)
-    return RLEngine(spec, TransformersEngine(model, tokenizer, seed=spec.seed), _task(spec))
+    return RLEngine(
+        spec, TransformersEngine(model, tokenizer, seed=spec.seed), _task(spec), model_files={}
+    )
 
 
 def _coin(prompt: str, salt: str) -> float:

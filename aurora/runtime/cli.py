@@ -483,7 +483,9 @@ def add_parsers(sub: Any) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     """Rebuild version V from the store's snapshot + delta chain, every piece verified against
-    the Trainer's signature, and write it as a Hugging Face model directory."""
+    the Trainer's signature, and write it as a Hugging Face model directory whose config,
+    tokenizer and chat template are the job model's files the Trainer signed with that
+    snapshot (refused, naming the file, otherwise)."""
     from aurora.delta import apply_chain
     from aurora.keys import load_public_key
     from aurora.policy.versions import plan_catch_up
@@ -505,15 +507,38 @@ def _export(args: argparse.Namespace) -> int:
         want = store.verified_delta(args.version)[1].weights_hash if plan.deltas else h
         if h != want:
             raise ValueError(f"v{args.version} rebuilt to h={h[:16]}.., signed h={want[:16]}..")
+        signed = store.verified_manifest(plan.snapshot)
         from aurora.runtime.rlbackend import export_state
 
-        export_state(spec, state, args.out)
+        export_state(spec, state, args.out, signed=signed)
     except (ValueError, KeyError, OSError) as exc:
         print(f"aurora export: {exc}", file=sys.stderr)
         return 2
     print(
         f"v{args.version}: snapshot v{plan.snapshot} + {len(plan.deltas)} deltas, h(v) {h[:16]}.. "
-        f"(signed), written to {args.out}"
+        f"and {len(signed)} model files (signed), written to {args.out}"
+    )
+    return 0
+
+
+def _check_model(args: argparse.Namespace) -> int:
+    """Check a model directory the Trainer wrote and signed (a run's ``model/``) against the
+    job's key: every file as signed, or one line naming the first that is not."""
+    from aurora.keys import load_public_key
+    from aurora.models import verify_model_dir
+
+    _logging("check-model")
+    try:
+        spec = _load_job(args)
+        ann = verify_model_dir(
+            args.dir, public_key=load_public_key(args.public_key), job=spec.job_id
+        )
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"aurora check-model: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"{args.dir}: v{ann.version} of job {ann.job}, h(v) {ann.chain_hash[:16]}.., weights "
+        f"{ann.weights_hash[:16]}.. and every other file (signed)"
     )
     return 0
 
@@ -534,3 +559,13 @@ def add_export_parser(sub: Any) -> None:
         "--public-key", default=None, help="the job's public key (default: $AURORA_JOB_PUBLIC_KEY)"
     )
     p.set_defaults(func=_export, topology=None)
+
+    p = sub.add_parser(
+        "check-model", help="check a run's model/ directory against the Trainer's signature"
+    )
+    p.add_argument("dir", help="the model directory (a run's model/)")
+    p.add_argument("--job", required=True, help="the run's job.json (its job id)")
+    p.add_argument(
+        "--public-key", default=None, help="the job's public key (default: $AURORA_JOB_PUBLIC_KEY)"
+    )
+    p.set_defaults(func=_check_model, topology=None)

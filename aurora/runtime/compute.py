@@ -76,6 +76,10 @@ class EngineSide(Protocol):
     version: int | None
     weights_hash: str | None
     """h(v) of the loaded weights: the snapshot's hash, then chained per applied delta."""
+    model_files: Mapping[str, str]
+    """The manifest of the model files it was built from (config, tokenizer, chat template:
+    :mod:`aurora.store.manifest`); the Actor refuses to run unless they are the ones the
+    Trainer signed. Empty where the backend loads no model."""
 
     def load(self, state: Mapping[str, np.ndarray], *, version: int, weights_hash: str) -> None:
         """Replace the weights (a snapshot, as bf16 bit patterns)."""
@@ -99,6 +103,9 @@ class TrainerSide(Protocol):
     """The task's longest completion (tokens), used when the job does not set one."""
     vocab_size: int | None
     """Token ids a result may carry are below this (None: not known; not checked)."""
+    model_files: Mapping[str, str]
+    """The manifest of the model files it loaded (:mod:`aurora.store.manifest`), signed with
+    every snapshot; empty where the backend loads no model."""
 
     def published(self) -> Mapping[str, np.ndarray]:
         """The last published bf16 weights (bit patterns): the base of the next delta."""

@@ -7,7 +7,9 @@ The runtime's two compute interfaces (:mod:`aurora.runtime.compute`) mapped onto
 
 * the model is ``tiny`` (the built-in tiny Qwen3, warm-started on the task and cached as the v0
   snapshot: :func:`aurora.rl.warmstart.warm_start`), a local Hugging Face directory, or a hub id
-  (:func:`aurora.models.load`);
+  (:func:`aurora.models.load_pinned`); every side keeps the manifest of the model files it
+  loaded (``model_files``), which the Trainer signs with its snapshots and everyone else checks
+  against them (:mod:`aurora.store.manifest`);
 * prompts travel as ids: a lease names ``b{k}-{i}``, the Actor and the Trainer rebuild the text
   from the task's seeded stream (:meth:`aurora.rl.tasks.ArithmeticTask.prompt`), so an Actor
   cannot change what it was asked;
@@ -57,20 +59,23 @@ def _task(spec: JobSpec) -> Any:
     return ArithmeticTask(ArithmeticConfig(seed=spec.seed, heldout_size=spec.eval_prompts))
 
 
-def _model(spec: JobSpec, *, cache: str | None = None) -> tuple[Any, Any, str | None]:
-    """(fp32 model, tokenizer, h(v0) or None) of the job's model."""
+def _model(
+    spec: JobSpec, *, cache: str | None = None
+) -> tuple[Any, Any, str | None, dict[str, str]]:
+    """(fp32 model, tokenizer, h(v0) or None, manifest of its files) of the job's model."""
     name = spec.model
     if name == "tiny":
+        from aurora.models import tiny_manifest
         from aurora.rl.warmstart import warm_start
 
         ws = warm_start(cache_dir=cache)
-        return ws.model, ws.tokenizer, ws.weights_hash
+        return ws.model, ws.tokenizer, ws.weights_hash, tiny_manifest()
     import torch
 
-    from aurora.models import load
+    from aurora.models import load_pinned
 
-    model, tokenizer = load(name, dtype=torch.float32)
-    return model, tokenizer, None
+    model, tokenizer, files = load_pinned(name, dtype=torch.float32)
+    return model, tokenizer, None, files
 
 
 def check_compute(
@@ -202,7 +207,7 @@ class RLTrainer:
         check_compute(device=spec.device)  # the Trainer needs no engine
         self.spec = spec
         self.task = _task(spec)
-        model, self.tokenizer, h0 = _model(spec)
+        model, self.tokenizer, h0, self.model_files = _model(spec)
         self._template = copy.deepcopy(model)  # the architecture, for evaluation and export
         self.device = spec.device or "cpu"
         """The Trainer's device: on ``cuda`` it runs bf16 autocast over its fp32 master and
@@ -389,9 +394,13 @@ class RLTrainer:
 class RLEngine:
     """The engine side: a transformers or a vLLM engine (:mod:`aurora.engines`)."""
 
-    def __init__(self, spec: JobSpec, engine: Any, task: Any) -> None:
+    def __init__(
+        self, spec: JobSpec, engine: Any, task: Any, *, model_files: Mapping[str, str]
+    ) -> None:
         self.spec, self.engine, self.task = spec, engine, task
         self.seed = spec.seed
+        self.model_files = dict(model_files)
+        """The manifest of the model files the engine was built from."""
 
     @property
     def version(self) -> int | None:
@@ -461,10 +470,17 @@ def _vllm_engine(spec: JobSpec) -> RLEngine:
     _threads(spec)
     name = spec.model
     if name == "tiny":  # vLLM loads a directory: the architecture; weights come from the snapshot
-        from aurora.models import build_default, save_pretrained
+        from aurora.models import build_default, save_pretrained, tiny_manifest
 
         model, tokenizer = build_default()
         name = str(save_pretrained(model, tokenizer, f"{tempfile.mkdtemp(prefix='aurora-')}/m"))
+        files = tiny_manifest()
+    else:  # vLLM reads the files it was pinned by: a private copy, hashed as it was made
+        from aurora.models import local_dir
+        from aurora.store.manifest import pinned_copy
+
+        copy_dir, files = pinned_copy(local_dir(name))
+        name = str(copy_dir)
     extra: dict[str, Any] = {}
     if not torch.cuda.is_available():  # vLLM's CPU build (check_compute made sure)
         # Several Actors share the host's cores: let the OS place each Actor's worker threads
@@ -477,7 +493,7 @@ def _vllm_engine(spec: JobSpec) -> RLEngine:
         gpu_memory_utilization=spec.vllm_gpu_memory_utilization or VLLM_GPU_MEMORY,
         **extra,
     )
-    return RLEngine(spec, engine, _task(spec))
+    return RLEngine(spec, engine, _task(spec), model_files=files)
 
 
 def _served_engine(spec: JobSpec, url: str) -> RLEngine:
@@ -487,17 +503,26 @@ def _served_engine(spec: JobSpec, url: str) -> RLEngine:
 
     name = spec.model
     if name == "tiny":
-        from aurora.models import TinyQwen3Config, arithmetic_tokenizer
+        from aurora.models import TinyQwen3Config, arithmetic_tokenizer, tiny_manifest
 
         config, tokenizer = TinyQwen3Config().hf_config(), arithmetic_tokenizer()
+        files = tiny_manifest()
     else:
         from transformers import AutoConfig, AutoTokenizer
 
-        config, tokenizer = AutoConfig.from_pretrained(name), AutoTokenizer.from_pretrained(name)
+        from aurora.models import local_dir
+        from aurora.store.manifest import pinned_copy
+
+        copy_dir, files = pinned_copy(local_dir(name))
+        config = AutoConfig.from_pretrained(copy_dir)
+        tokenizer = AutoTokenizer.from_pretrained(copy_dir)
     eos = config.eos_token_id
     eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
     return RLEngine(
-        spec, VLLMServerEngine.connect(url, config, tokenizer, eos_ids=eos_ids), _task(spec)
+        spec,
+        VLLMServerEngine.connect(url, config, tokenizer, eos_ids=eos_ids),
+        _task(spec),
+        model_files=files,
     )
 
 
@@ -518,23 +543,40 @@ def make_rl_engine(
     warm_up()  # compile the apply kernels now, not inside the first activation (~1 s)
     name = spec.model
     if name == "tiny":
-        from aurora.models import build_default
+        from aurora.models import build_default, tiny_manifest
 
         model, tokenizer = build_default()  # the architecture; weights come from the snapshot
+        files = tiny_manifest()
     else:
         import torch
 
-        from aurora.models import load
+        from aurora.models import load_pinned
 
-        model, tokenizer = load(name, dtype=torch.bfloat16)
-    return RLEngine(spec, TransformersEngine(model, tokenizer, seed=spec.seed), _task(spec))
+        model, tokenizer, files = load_pinned(name, dtype=torch.bfloat16)
+    return RLEngine(
+        spec, TransformersEngine(model, tokenizer, seed=spec.seed), _task(spec), model_files=files
+    )
 
 
-def export_state(spec: JobSpec, state: Mapping[str, np.ndarray], out: str) -> None:
+def export_state(
+    spec: JobSpec,
+    state: Mapping[str, np.ndarray],
+    out: str,
+    *,
+    signed: Mapping[str, str] | None,
+) -> None:
     """Write bf16 weights ``state`` (split names) of the job's model as a Hugging Face
-    directory that stock ``from_pretrained`` loads."""
-    from aurora.models import build_default, load, save_pretrained
+    directory that stock ``from_pretrained`` loads, with the config, tokenizer and chat template
+    of the job's model, refused (:class:`aurora.store.manifest.ModelMismatchError`, nothing
+    written) unless their files are the ``signed`` ones (None: not checked)."""
+    from aurora.models import build_default, load_pinned, save_pretrained, tiny_manifest
+    from aurora.store import manifest
 
     name = spec.model
-    model, tokenizer = build_default() if name == "tiny" else load(name)
+    if name == "tiny":
+        (model, tokenizer), files = build_default(), tiny_manifest()
+    else:
+        model, tokenizer, files = load_pinned(name)
+    if signed is not None:
+        manifest.check(files, signed, where=name)
     save_pretrained(model, tokenizer, out, state=state)

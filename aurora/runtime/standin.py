@@ -75,6 +75,9 @@ def initial_weights(seed: int, hidden: int = 64) -> dict[str, np.ndarray]:
 class StandinTrainer:
     """The Trainer side (see the module docstring)."""
 
+    model_files: Mapping[str, str] = {}
+    """No model files: the stand-in has no model (its manifest names no file)."""
+
     def __init__(self, spec: JobSpec) -> None:
         self.seed = spec.seed
         self.density = spec.standin_density
@@ -172,6 +175,9 @@ class StandinTrainer:
 
 class StandinEngine:
     """The engine side (see the module docstring)."""
+
+    model_files: Mapping[str, str] = {}
+    """No model files: the stand-in has no model."""
 
     def __init__(self, spec: JobSpec) -> None:
         self.seed = spec.seed

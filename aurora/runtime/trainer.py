@@ -64,6 +64,7 @@ from aurora.runtime.messages import (
 from aurora.runtime.publisher import TrainerNode
 from aurora.store import CheckpointStore
 from aurora.store.files import write_atomic
+from aurora.store.manifest import check as check_model
 
 log = logging.getLogger("aurora.runtime.trainer")
 
@@ -278,7 +279,10 @@ class TrainerProcess:
         if meta is None:
             h0 = await asyncio.to_thread(
                 lambda: self.store.publish_snapshot(
-                    0, self.compute.published(), signing_key=self.run.signing_key
+                    0,
+                    self.compute.published(),
+                    signing_key=self.run.signing_key,
+                    model=self.compute.model_files,
                 )
             )
             self.hashes = {0: h0}
@@ -287,6 +291,9 @@ class TrainerProcess:
             self._save(meta)
         else:
             log.info("trainer: resumed from its checkpoint at v%d", meta["version"])
+            # The model files it restarted with must be the ones it signed before.
+            signed = await asyncio.to_thread(self.store.model_manifest)
+            check_model(self.compute.model_files, signed, where=spec.model)
         self.hashes = {int(k): v for k, v in meta["hashes"].items()}
         v = int(meta["version"])
         config = transport_config(spec, secret=self.run.secret, public_key=self.run.public_key)
@@ -667,6 +674,7 @@ class TrainerProcess:
                     self.compute.published(),
                     chain_hash=self.hashes[k],
                     signing_key=self.run.signing_key,
+                    model=self.compute.model_files,
                 )
             )
             snapshot_bytes = self.store.size_of("snapshot", k)
@@ -751,6 +759,17 @@ class TrainerProcess:
             meta["reward_last"] = await asyncio.to_thread(self.compute.evaluate)
             export = self.dir / "model"
             await asyncio.to_thread(self.compute.export, str(export))
+            if (export / "config.json").exists():  # a Hugging Face model: signed, every file
+                from aurora.models import sign_model_dir
+
+                await asyncio.to_thread(
+                    sign_model_dir,
+                    export,
+                    job=self.spec.job_id,
+                    version=self.compute.version,
+                    chain_hash=self.hashes[self.compute.version],
+                    signing_key=self.run.signing_key,
+                )
             meta["exported"] = str(export)
             await asyncio.to_thread(self._save, meta)
         await self.channel.send(

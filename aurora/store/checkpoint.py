@@ -13,6 +13,9 @@ Layout under the root (a directory, or any fsspec URL such as ``s3://bucket/job`
     deltas/v00000042.announce         the Trainer's signed announcement of D_42
     snapshots/v00000040.safetensors   bf16 weights of v40, safetensors with BF16 dtype
     snapshots/v00000040.announce      the Trainer's signed announcement of that snapshot
+    snapshots/v00000040.manifest      the model's other files (config, tokenizer, chat
+                                      template) by content hash, whose hash that announcement
+                                      signs (aurora.store.manifest)
 
 Names are made from version numbers only; :meth:`CheckpointStore.resolve` is the one way a name
 from outside (a peer asking a relay for a file) becomes a path, and it refuses anything that is
@@ -23,7 +26,9 @@ a symbolic link is refused too, so a link planted under the root cannot lead out
 The store is untrusted (docs/ARCHITECTURE.md, "Trust"): a joiner opens it with the job's id and
 public key and reads through :meth:`CheckpointStore.verified_delta` / :meth:`verified_snapshot`,
 which check every artifact against the Trainer's signed announcement stored beside it, so a snapshot
-and chain fetched from any mirror are the Trainer's or are refused.
+and chain fetched from any mirror are the Trainer's or are refused;
+:meth:`CheckpointStore.verified_manifest` gives the model files the Trainer signed with a
+snapshot, which a role checks the model it loads against.
 
 Publishing is atomic and exclusive: on a local directory a temporary file is written, fsynced
 and hard-linked to its name, which the kernel does only if the name is free
@@ -66,11 +71,14 @@ from aurora.delta.announce import (
     verify,
 )
 from aurora.delta.errors import DeltaError
+from aurora.delta.hashing import H
+from aurora.store import manifest
 from aurora.store.files import clean_temp_files, write_exclusive
 
 _DELTA = re.compile(r"deltas/v([0-9]{8})\.delta", re.ASCII)
 _SNAPSHOT = re.compile(r"snapshots/v([0-9]{8})\.safetensors", re.ASCII)
 _ANNOUNCE = re.compile(r"(deltas|snapshots)/v([0-9]{8})\.announce", re.ASCII)
+_MANIFEST = re.compile(r"snapshots/v([0-9]{8})\.manifest", re.ASCII)
 
 
 class StoreError(ValueError):
@@ -94,6 +102,11 @@ def delta_name(version: int) -> str:
 
 def snapshot_name(version: int) -> str:
     return f"snapshots/v{_check_version(version):08d}.safetensors"
+
+
+def manifest_name(version: int) -> str:
+    """``snapshots/vNNNNNNNN.manifest``: the model manifest signed with that snapshot."""
+    return f"snapshots/v{_check_version(version):08d}.manifest"
 
 
 def announcement_name(version: int, kind: str) -> str:
@@ -142,15 +155,19 @@ class CheckpointStore:
 
     def resolve(self, name: str) -> str:
         """The path of artifact ``name`` (``deltas/v00000042.delta``,
-        ``snapshots/v00000040.safetensors`` or either's ``.announce``); anything else is
-        refused, and so is a local path that runs through a symbolic link."""
+        ``snapshots/v00000040.safetensors``, either's ``.announce``, or a snapshot's
+        ``.manifest``); anything else is refused, and so is a local path that runs through a
+        symbolic link."""
         if not isinstance(name, str) or not (
-            _DELTA.fullmatch(name) or _SNAPSHOT.fullmatch(name) or _ANNOUNCE.fullmatch(name)
+            _DELTA.fullmatch(name)
+            or _SNAPSHOT.fullmatch(name)
+            or _ANNOUNCE.fullmatch(name)
+            or _MANIFEST.fullmatch(name)
         ):
             raise PathOutsideRootError(
                 f"{name[:80] if isinstance(name, str) else name!r} is not an artifact name "
-                "(deltas/vNNNNNNNN.delta, snapshots/vNNNNNNNN.safetensors or .announce); "
-                "nothing outside the store root can be named"
+                "(deltas/vNNNNNNNN.delta, snapshots/vNNNNNNNN.safetensors, .announce or "
+                ".manifest); nothing outside the store root can be named"
             )
         path = f"{self.root}/{name}"
         if self.local:
@@ -250,6 +267,36 @@ class CheckpointStore:
             )
         return state, ann
 
+    def verified_manifest(self, version: int) -> dict[str, str]:
+        """The model files (``{path: BLAKE3 hex}``, :mod:`aurora.store.manifest`) the Trainer
+        signed with the snapshot of ``version``: the stored manifest, checked against the hash
+        its signed announcement carries."""
+        ann = self._verified_announcement(version, "snapshots")
+        assert isinstance(ann, SnapshotAnnouncement)
+        name = manifest_name(version)
+        data = self._get(name, f"the model manifest of snapshot v{version}")
+        if H(data).hex() != ann.model_hash:
+            raise StoreError(
+                f"{name} hashes to {H(data).hex()[:16]}.., its snapshot's announcement signs "
+                f"{ann.model_hash[:16]}.."
+            )
+        try:
+            return manifest.decode(data, what=name)
+        except ValueError as exc:
+            raise StoreError(str(exc)) from None
+
+    def model_manifest(self) -> dict[str, str]:
+        """:meth:`verified_manifest` of the newest snapshot that has its announcement (one
+        being published may not yet): the model files the Trainer signed. UnknownVersionError
+        when no snapshot has."""
+        for v in reversed(self.list().snapshots):
+            try:
+                self.announcement(v, "snapshots")
+            except UnknownVersionError:
+                continue
+            return self.verified_manifest(v)
+        raise UnknownVersionError(f"no signed snapshot is in the store at {self.url}")
+
     # -- deltas -------------------------------------------------------------------------------
 
     def publish_delta(
@@ -309,26 +356,33 @@ class CheckpointStore:
         *,
         chain_hash: str | None = None,
         signing_key: bytes | None = None,
+        model: Mapping[str, str] | None = None,
     ) -> str:
         """Store bf16 weights (uint16 bit patterns) of ``version``; returns their weights hash.
         With ``signing_key`` (the Trainer's) and ``chain_hash`` (h(v) of the delta chain at
         ``version``; for v0 the weights hash itself) a signed snapshot announcement is stored
-        beside it."""
+        beside it, signing ``model``, the manifest of the model's other files (None: no file,
+        as for a backend without a model), which is stored beside it too."""
         h = weights_hash(state)
         data = _safetensors_bf16(state, {"version": str(version), "weights_hash": h})
-        signed = None
+        signed = listed = None
         if signing_key is not None:
             job, _ = self._trust()
+            listed = manifest.encode(model or {})
             ann = SnapshotAnnouncement(
                 job=job,
                 version=version,
                 weights_hash=h,
                 chain_hash=chain_hash if chain_hash is not None else h,
                 size=len(data),
+                model_hash=H(listed).hex(),
             )
             signed = sign(ann, signing_key)
         self._put(snapshot_name(version), data)
-        if signed is not None:
+        if signed is not None and listed is not None:
+            # The manifest before the announcement: a reader that finds the announcement finds
+            # what it signs.
+            self._put(manifest_name(version), listed)
             self._put(announcement_name(version, "snapshots"), signed)
         return h
 
@@ -393,9 +447,12 @@ class CheckpointStore:
         for name in doomed:
             self.fs.rm(self.resolve(name))
             kind, rest = name.split("/")
-            announce = f"{kind}/{rest.split('.')[0]}.announce"
-            if self.fs.exists(self.resolve(announce)):
-                self.fs.rm(self.resolve(announce))
+            beside = [f"{kind}/{rest.split('.')[0]}.announce"]
+            if kind == "snapshots":
+                beside.append(f"{kind}/{rest.split('.')[0]}.manifest")
+            for other in beside:
+                if self.fs.exists(self.resolve(other)):
+                    self.fs.rm(self.resolve(other))
         return doomed
 
 
