@@ -200,6 +200,11 @@ def _ledger_refusal(
         cert = Certificate.from_wire(msg)
     except ValueError as exc:
         return str(exc), None
+    if cert.role != "ledger":
+        return (
+            f"it showed the certificate of {cert.role[:20]} {cert.id[:40]!r}, not a Ledger's",
+            cert,
+        )
     why = check_identity(
         "ledger", cert.id, cert.public_key, cert, job_key, job=job, now=now, revoked=revoked
     )
@@ -227,7 +232,10 @@ async def _client_identify(
     msg = await ch.recv()
     eph_s = msg.get("eph")
     if msg.get("op") != "kx" or not isinstance(eph_s, bytes) or len(eph_s) != 32:
-        raise ProtocolError("the server did not start the identity step")
+        # The job's Ledger always starts it: a server that does not is something else.
+        raise IdentityRefused(
+            f"not this job's Ledger: it started no identity step ({str(msg.get('op'))[:40]!r})"
+        )
     # The Ledger proves itself first: a server that cannot is told nothing about us.
     why, cert = _ledger_refusal(
         msg, transcript, eph_s, job_key=job_key, job=job, revoked=revoked, now=clock()
