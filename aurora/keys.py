@@ -717,9 +717,11 @@ class RevocationFile:
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise KeyFileError(
-                f"{self.path}: cannot read the revocation list ({exc.strerror})"
-            ) from None
+            if strict:
+                raise KeyFileError(
+                    f"{self.path}: cannot read the revocation list ({exc.strerror})"
+                ) from None
+            return False
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp == self._stamp:
             return False

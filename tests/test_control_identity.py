@@ -534,7 +534,7 @@ def test_an_invalid_event_is_kept_for_the_record_and_skipped_on_replay(tmp_path)
 # ---- identities ----------------------------------------------------------------------------
 
 
-def test_an_issued_identity_is_a_0600_file_whose_certificate_holds_only_for_its_role_id_job_and_time(
+def test_an_issued_identity_is_a_0600_file_whose_certificate_holds_for_its_role_id_job_and_time(
     tmp_path,
 ):
     import stat

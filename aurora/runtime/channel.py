@@ -19,13 +19,12 @@ replays, reorders, reflects or cuts out makes the next frame fail its MAC, and t
 closes the connection (both ends then reconnect and resynchronise through the protocol, as after
 any broken connection). The plain data-plane handshake alone left every later frame open to
 rewriting (16 of 16 rewritten results were admitted, and an injected ``catch_up`` moved an Actor
-back to v0). Why a MAC and not TLS: TLS needs a certificate per role and a way to issue and pin
-them, which the job does not have yet (the job's only key pair is the Trainer's Ed25519 key, and
-only the Trainer holds the private half); a MAC keyed from the handshake every connection
-already runs adds no key to distribute and 32 bytes per frame. What it does not give:
-confidentiality (results travel readable; TLS is for that), and protection from a party that
-holds the job secret and sits on the path (it can derive the keys): that needs each role's own
-key pair, the second half of issue 26 (``docs/TRANSPORT.md``, "The control plane").
+back to v0). Why a MAC and not TLS: TLS would need X.509 certificates per role and a way to pin
+them; a MAC keyed from the handshake every connection already runs (and re-keyed by the
+identity step below, whose certificates the job key issues) adds 32 bytes per frame. What it
+does not give:
+confidentiality (results travel readable; TLS is for that); against a party that holds the job
+secret and sits on the path, the identity step below re-keys each connection.
 
 **Bounded resources** (:class:`ChannelLimits`, one per server): a server holds at most
 ``max_pending_per_host`` unauthenticated connections from one remote host and
@@ -42,22 +41,27 @@ part of a 64 MiB frame hold at most the budget, not 6 x 64 MiB. Each connection 
 rate and no more). A peer that stops reading while more than ``max_send_buffer`` bytes wait
 for it is disconnected.
 
-**Every peer proves its role and id** when the server is given the job's public key (the
-Ledger always is): right after the secret handshake, under the keys above, the server sends an
-ephemeral X25519 key (``kx``) and the client answers ``identify``: its role, id, Ed25519 public
-key, the job key's certificate for that (role, id, key) (:func:`aurora.keys.check_identity`; the
-Trainer's key is the job key itself), its own ephemeral X25519 key and a signature with its
-role key over the handshake's transcript and both ephemeral keys. The server checks all of it
-(the id and role must also be the HELLO's), then both ends re-key: HKDF over the X25519 shared
-secret, salted with the secret-derived keys, bound to the transcript and both ephemeral keys
-(:func:`identity_keys`), sequence numbers from 0; the server's first frame under the new keys
-is ``identified``, so a refused identity is one error at connect. So the id is bound to a key,
-not to a HELLO field (a secret holder can no longer speak as another Actor or as the Trainer),
-and a secret holder on the path can no longer derive the session's keys: it would need an
-ephemeral private key, and it cannot swap either ephemeral key since the client's signature
-covers both. The server itself proves nothing beyond the secret (the Ledger has no key of its
-own): a secret holder who redirects a peer's connection can pose as the Ledger to it, which the
-data plane's signatures and the Actor's never-backwards rules bound (``docs/TRANSPORT.md``).
+**Both ends prove who they are** when the server is given the job's public key (the Ledger
+always is). Right after the secret handshake, under the keys above, the server sends ``kx``: an
+ephemeral X25519 key, its certificate (role ``ledger``, issued by the job key for this job,
+:class:`aurora.keys.Certificate`) and a signature with the certified key over the handshake's
+transcript and that ephemeral key (:func:`ledger_proof`). The client checks all of it first
+(role, job, validity, the job key's signature, not revoked for the Trainer) and goes no further
+with a server that cannot prove it (:class:`IdentityRefused`): a secret holder, or an Actor with
+its own certificate, can no longer pose as the Ledger. The client then answers ``identify``: its
+role, id, Ed25519 public key, its certificate (:func:`aurora.keys.check_identity`; the Trainer's
+key is the job key itself), its own ephemeral key and a signature with its role key over the
+transcript and both ephemeral keys. The server checks the signature, then both ends re-key: HKDF
+over the X25519 shared secret, salted with the secret-derived keys, bound to the transcript and
+both ephemeral keys (:func:`identity_keys`), sequence numbers from 0. The server then checks the
+certificate (this job, valid now within :data:`aurora.keys.CLOCK_SKEW_S`, the HELLO's role and
+id) and asks ``admit`` (the Ledger: revoked? excluded?); its first frame under the new keys is
+``identified``, or ``refused`` with the reason, then the connection closes: a refused identity
+is one error at connect, with no session, however often it returns (refusals are logged once
+per 5 s). A session ends when the client's certificate expires (:meth:`Channel.close_at`). So
+an id is bound to a key for one job and a limited time, and a secret holder on the path can no
+longer derive the session's keys: it would need an ephemeral private key, and it cannot swap
+either ephemeral key since the two signatures cover them.
 
 A :class:`Channel` is one connection after the handshake: :meth:`Channel.send` queues a
 message and waits for the socket to drain (backpressure), :meth:`Channel.recv` returns the next

@@ -201,12 +201,22 @@ def _secret_arg(p: argparse.ArgumentParser, *, public_key: bool = True) -> None:
 
 def _ledger(args: argparse.Namespace) -> int:
     async def main() -> int:
+        from aurora.keys import IdentityFile
         from aurora.runtime.ledger_service import LedgerService, channel_limits
         from aurora.runtime.trainer import ledger_config
 
         spec = _load_job(args)
-        args.id = "ledger"
-        identity = _identity(args, "ledger")
+        identity = IdentityFile(args.identity)
+        mine = identity.identity
+        if mine.role != "ledger":
+            raise ValueError(
+                f"the identity is for {mine.role} {mine.id!r}, not a Ledger's "
+                "(aurora keys issue --role ledger --id ledger)"
+            )
+        if args.job and mine.job != spec.job_id:
+            raise ValueError(
+                f"the identity is for job {mine.job!r}, --job {args.job} is {spec.job_id!r}"
+            )
         service = LedgerService(ledger_config(spec, args.db), public_key=_public_key(args))
         service.replay()
         port = await service.start(

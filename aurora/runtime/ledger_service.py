@@ -21,7 +21,10 @@ before their version is announced and what a (re)connecting Actor's hello means
 (:mod:`aurora.policy.reports`), and lease-expiry ticks (:mod:`aurora.policy.timers`). This
 module keeps the log, the connections and the timers, polls the pacer after every event (with
 that event's time) and when a timer it asked for fires, and carries out the actions. When a
-batch completes (``BatchCompleted``) the Trainer is told and fetches the results.
+batch completes (``BatchCompleted``) the Trainer is told and fetches the results. Who may
+connect is settled before any of this: the Ledger shows every peer its own certificate (role
+``ledger``, the job it serves), and refuses a peer revoked by the job's signed list (logged as
+it arrives from the Trainer) or excluded by the policy at the identity step, with no session.
 
 Restart: :meth:`LedgerService.replay` feeds the log back through ``decide`` with the recorded
 times, which rebuilds the state exactly (the lease book, versions, estimates, the orchestrator's
