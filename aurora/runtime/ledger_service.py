@@ -882,7 +882,8 @@ class LedgerService:
         for peer in new:
             channel = self.channels.pop(peer, None)
             if channel is not None:
-                channel.send_nowait({"op": "stop"})
+                # Closed, not told to stop: it reconnects, is refused with the reason, and
+                # stops with that line (its operator learns why).
                 channel.close()
             timer = self._lost_timers.pop(peer, None)
             if timer is not None:
