@@ -800,3 +800,38 @@ def test_aurora_keys_revoke_during_a_run_cuts_the_actor_off_and_the_run_finishes
     assert steps[-1]["version"] == 10
     assert victim in steps[0]["stats"]["trained_from"]  # it was trained on before
     assert victim not in steps[-1]["stats"]["trained_from"]  # and is not at the end
+
+
+def test_a_role_reads_its_renewed_identity_file_at_its_next_connection_and_keeps_a_good_one(
+    tmp_path,
+):
+    from aurora.keys import IdentityFile, replace_identity
+
+    path = tmp_path / "a1.identity"
+    first = actor("a1", lifetime_s=60)
+    write_identity(path, first)
+    source = IdentityFile(path)
+    assert source() == first
+    renewed = renew_identity(first, JOB_KEY, lifetime_s=7 * 86400)
+    replace_identity(path, renewed)
+    assert source() == renewed  # picked up without a restart
+    replace_identity(path, actor("a2"))  # another id's file put in its place: not taken
+    assert source() == renewed
+    path.write_text("not an identity")  # a half-written or broken file: not taken either
+    assert source() == renewed
+
+
+def test_a_self_issued_identity_is_certified_again_once_half_its_lifetime_is_left():
+    from aurora.keys import SelfIssued
+
+    now = [1e9]
+    source = SelfIssued(
+        "ledger", "ledger", JOB_KEY, job=JOB_ID, lifetime_s=1000, clock=lambda: now[0]
+    )
+    first = source()
+    now[0] += 400
+    assert source() is first
+    now[0] += 200  # 400 s left of 1,000
+    second = source()
+    assert second.cert.issued == now[0] and second.expires == now[0] + 1000
+    assert second.private_key == first.private_key and second.job == JOB_ID
