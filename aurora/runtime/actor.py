@@ -215,7 +215,11 @@ class ActorProcess:
                     job_key=self.run.public_key,
                 )
             except ConnectionError as exc:
-                if time.monotonic() > deadline or isinstance(exc, IdentityRefused):
+                if (
+                    time.monotonic() > deadline
+                    or isinstance(exc, IdentityRefused)
+                    or "refused us" in str(exc)
+                ):
                     raise
                 await asyncio.sleep(0.5)
                 continue
