@@ -59,6 +59,8 @@ SPEC = (
 )
 """The encoded job spec the Trainer registers (small batches, short completions)."""
 H0 = "ab" * 32
+LEDGER = issue_identity("ledger", "ledger", JOB_KEY, job=JOB_ID)
+"""The Ledger's own identity, certified by the job key for this job."""
 
 
 def snapshot_signed(h: str = H0) -> bytes:
@@ -106,13 +108,15 @@ async def join(port: int, role: str, pid: str, ident: Identity | None, **hello) 
         secret=SECRET,
         hello={"id": pid, "role": role, "region": "us", **hello},
         identity=ident,
+        job_key=JOB_PUB,
+        job=JOB_ID,
     )
 
 
 async def running(tmp_path) -> tuple[LedgerService, int, Channel]:
     """A Ledger with the job registered and v0 published by the real Trainer."""
     svc = service(tmp_path)
-    port = await svc.start("127.0.0.1", 0, secret=SECRET)
+    port = await svc.start("127.0.0.1", 0, secret=SECRET, identity=LEDGER)
     trainer = await join(port, "trainer", "trainer", trainer_identity(JOB_KEY))
     await trainer.send({"op": "job", "job": {"steps": 3, "prompts_per_batch": 2, "spec": SPEC}})
     await trainer.send(
@@ -150,7 +154,9 @@ def rows(tmp_path, kind: str | None = None) -> list[dict]:
 def test_a_secret_holder_claiming_the_trainer_role_cannot_send_finished(tmp_path):
     async def main() -> LedgerService:
         svc, port, _ = await running(tmp_path)
-        mallory = issue_identity("actor", "mallory", JOB_KEY)  # a real Actor's credentials
+        mallory = issue_identity(
+            "actor", "mallory", JOB_KEY, job=JOB_ID
+        )  # a real Actor's credentials
         claims = [
             None,  # the secret alone, as before
             Identity(role="trainer", id="trainer", private_key=mallory.private_key, cert=None),
@@ -177,10 +183,12 @@ def test_a_secret_holder_claiming_the_trainer_role_cannot_send_finished(tmp_path
 def test_another_secret_holder_cannot_take_over_an_actors_id(tmp_path):
     async def main() -> tuple[bool, bool]:
         svc, port, _ = await running(tmp_path)
-        a1 = await join(port, "actor", "a1", issue_identity("actor", "a1", JOB_KEY), active=0)
+        a1 = await join(
+            port, "actor", "a1", issue_identity("actor", "a1", JOB_KEY, job=JOB_ID), active=0
+        )
         await until(lambda: svc.state.book.live("a1"))
         mine, leases = svc.channels["a1"], svc.state.book.live("a1")
-        evil = issue_identity("actor", "evil", JOB_KEY)  # a certified Actor of its own
+        evil = issue_identity("actor", "evil", JOB_KEY, job=JOB_ID)  # a certified Actor of its own
         for ident in (None, evil, Identity("actor", "a1", evil.private_key, evil.cert)):
             try:
                 impostor = await join(port, "actor", "a1", ident, active=0)
@@ -201,7 +209,7 @@ def test_another_secret_holder_cannot_take_over_an_actors_id(tmp_path):
 def test_an_actor_reconnecting_with_its_own_identity_replaces_its_old_connection(tmp_path):
     async def main() -> LedgerService:
         svc, port, _ = await running(tmp_path)
-        ident = issue_identity("actor", "a1", JOB_KEY)
+        ident = issue_identity("actor", "a1", JOB_KEY, job=JOB_ID)
         first = await join(port, "actor", "a1", ident, active=0)
         await until(lambda: svc.state.book.live("a1"))
         old, leases = svc.channels["a1"], svc.state.book.live("a1")
@@ -219,7 +227,9 @@ def test_an_actor_reconnecting_with_its_own_identity_replaces_its_old_connection
 def test_an_observer_is_read_only_and_cannot_write_a_fault(tmp_path):
     async def main() -> None:
         svc, port, _ = await running(tmp_path)
-        obs = await join(port, "observer", "o", issue_identity("observer", "o", JOB_KEY))
+        obs = await join(
+            port, "observer", "o", issue_identity("observer", "o", JOB_KEY, job=JOB_ID)
+        )
         msg = await obs.recv()
         assert msg["op"] == "progress"
         await obs.send({"op": "fault", "spec": "made up"})
@@ -253,7 +263,9 @@ def test_an_on_path_secret_holder_cannot_derive_the_session_keys():
 def test_a_hello_out_of_bounds_is_refused_before_anything_is_logged(tmp_path, hello):
     async def main() -> None:
         svc, port, _ = await running(tmp_path)
-        ch = await join(port, "actor", "a1", issue_identity("actor", "a1", JOB_KEY), **hello)
+        ch = await join(
+            port, "actor", "a1", issue_identity("actor", "a1", JOB_KEY, job=JOB_ID), **hello
+        )
         with pytest.raises(ConnectionError):
             while True:  # the welcome may come first; then the Ledger closes the connection
                 await asyncio.wait_for(ch.recv(), 2.0)
@@ -303,7 +315,9 @@ def test_a_published_with_a_made_up_hash_is_believed_only_as_signed(tmp_path):
 def test_out_of_range_messages_never_reach_the_log_and_it_replays(tmp_path):
     async def main() -> None:
         svc, port, _ = await running(tmp_path)
-        a1 = await join(port, "actor", "a1", issue_identity("actor", "a1", JOB_KEY), active=0)
+        a1 = await join(
+            port, "actor", "a1", issue_identity("actor", "a1", JOB_KEY, job=JOB_ID), active=0
+        )
         await until(lambda: svc.state.book.live("a1"))
         await a1.send({"op": "throughput", "tokens": "9" * 400, "seconds": 1.0})
         await a1.send({"op": "activated", "version": -1e30})
@@ -529,30 +543,62 @@ def test_an_invalid_event_is_kept_for_the_record_and_skipped_on_replay(tmp_path)
 # ---- identities ----------------------------------------------------------------------------
 
 
-def test_an_issued_identity_is_a_0600_file_whose_certificate_holds_only_for_its_role_and_id(
+def test_an_issued_identity_is_a_0600_file_whose_certificate_holds_for_its_role_id_job_and_time(
     tmp_path,
 ):
     import stat
 
-    from aurora.keys import check_identity, load_identity, write_identity
+    from aurora.keys import CLOCK_SKEW_S, check_identity, load_identity, write_identity
 
-    ident = issue_identity("actor", "ca-0", JOB_KEY)
+    ident = issue_identity("actor", "ca-0", JOB_KEY, job=JOB_ID, lifetime_s=3600, now=1e9)
     write_identity(tmp_path / "ca-0.identity", ident)
     assert stat.S_IMODE((tmp_path / "ca-0.identity").stat().st_mode) == 0o600
     back = load_identity(tmp_path / "ca-0.identity")
     assert back == ident
     key, cert = back.public_key, back.cert
-    assert check_identity("actor", "ca-0", key, cert, JOB_PUB) is None
-    other_job = public_key_of(hashlib.sha256(b"another job").digest())
-    for role, pid, job in (
-        ("actor", "ca-1", JOB_PUB),
-        ("relay", "ca-0", JOB_PUB),
-        ("trainer", "trainer", JOB_PUB),
-        ("actor", "ca-0", other_job),
+    assert cert.job == JOB_ID and cert.expires - cert.issued == 3600
+
+    def check(role="actor", pid="ca-0", job_key=JOB_PUB, job=JOB_ID, now=1e9 + 60, **kw):
+        return check_identity(role, pid, key, cert, job_key, job=job, now=now, **kw)
+
+    assert check() is None
+    assert check(now=1e9 - CLOCK_SKEW_S + 1) is None  # the issuer's clock a little ahead
+    assert check(now=1e9 + 3600 + CLOCK_SKEW_S - 1) is None  # ours a little ahead
+    other_key = public_key_of(hashlib.sha256(b"another job").digest())
+    for why, kw in (
+        ("another id", {"pid": "ca-1"}),
+        ("another role", {"role": "relay"}),
+        ("the trainer's role", {"role": "trainer", "pid": "trainer"}),
+        ("another job key", {"job_key": other_key}),
+        ("another job", {"job": "another-job"}),
+        ("not yet valid", {"now": 1e9 - CLOCK_SKEW_S - 1}),
+        ("expired", {"now": 1e9 + 3600 + CLOCK_SKEW_S + 1}),
+        ("revoked", {"revoked": {"ca-0"}}),
     ):
-        assert check_identity(role, pid, key, cert, job) is not None, (role, pid)
+        assert check(**kw) is not None, why
+    assert "expired" in check(now=1e9 + 7200)
+    assert "another-job" in check(job="another-job")
+    # A certificate whose expiry (or job) was edited no longer verifies.
+    import dataclasses
+
+    longer = dataclasses.replace(cert, expires=cert.expires + 10**6)
+    assert check_identity("actor", "ca-0", key, longer, JOB_PUB, job=JOB_ID, now=1e9 + 7200)
     with pytest.raises(ValueError, match="trainer"):
-        issue_identity("actor", "trainer", JOB_KEY)
+        issue_identity("actor", "trainer", JOB_KEY, job=JOB_ID)
+
+
+def test_an_identity_file_of_an_older_aurora_without_job_or_expiry_is_refused_in_one_line(
+    tmp_path,
+):
+    import json
+
+    from aurora.keys import KeyFileError, load_identity
+
+    ident = issue_identity("actor", "a", JOB_KEY, job=JOB_ID)
+    old = {"role": "actor", "id": "a", "key": ident.private_key.hex(), "cert": "00" * 64}
+    (tmp_path / "old.identity").write_text(json.dumps(old))
+    with pytest.raises(KeyFileError, match="no job and no expiry"):
+        load_identity(tmp_path / "old.identity")
 
 
 def test_a_registered_job_spec_that_does_not_decode_is_refused_before_it_is_logged(tmp_path):
@@ -561,7 +607,7 @@ def test_a_registered_job_spec_that_does_not_decode_is_refused_before_it_is_logg
 
     async def main() -> LedgerService:
         svc = service(tmp_path)
-        port = await svc.start("127.0.0.1", 0, secret=SECRET)
+        port = await svc.start("127.0.0.1", 0, secret=SECRET, identity=LEDGER)
         for bad in ({**SPEC, "stanin_hidden": 8}, {**SPEC, "group_size": "2"}):
             trainer = await join(port, "trainer", "trainer", trainer_identity(JOB_KEY))
             await trainer.send(

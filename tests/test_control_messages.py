@@ -56,6 +56,7 @@ VALID: dict[tuple[m.Direction, str], dict[str, Any]] = {
     (T, "stats"): {"version": 1, "loss": 0.5, "backend": "standin", "batch_versions": [0, 1]},
     (T, "finished"): {},
     (T, "heartbeat"): {},
+    (T, "revocations"): {"data": b'{"job": "j", "ids": ["a"], "issued": 1, "sig": "00"}'},
     (LP, "welcome"): {"job": {"job_id": "j"}, "sources": {"trainer": "h:1"}},
     (LP, "announce"): {"data": b"a" * 300},
     (LP, "assign"): {"version": 1, "leases": [["L1", "b1-0"]], "expiry_in": 5.0},

@@ -334,6 +334,8 @@ def test_an_actor_with_a_wrong_or_missing_secret_is_refused_with_one_line(tmp_pa
     keys = new_job_keys(tmp_path / "keys")
     topo = tmp_path / "t.yaml"
     topo.write_text(TOPOLOGY.format(name="t", actors=1, steps=2))
+    signing = load_signing_key(keys.signing_key)
+    write_identity(tmp_path / "l.identity", issue_identity("ledger", "ledger", signing, job="j"))
     ledger = subprocess.Popen(
         [
             sys.executable,
@@ -352,6 +354,8 @@ def test_an_actor_with_a_wrong_or_missing_secret_is_refused_with_one_line(tmp_pa
             str(keys.secret),
             "--public-key",
             str(keys.public_key),
+            "--identity",
+            str(tmp_path / "l.identity"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -362,7 +366,7 @@ def test_an_actor_with_a_wrong_or_missing_secret_is_refused_with_one_line(tmp_pa
         port = ledger_port(ledger, deadline_s=120)
         env = {k: v for k, v in os.environ.items() if not k.startswith("AURORA_")}
         ident = tmp_path / "a.identity"
-        write_identity(ident, issue_identity("actor", "a", load_signing_key(keys.signing_key)))
+        write_identity(ident, issue_identity("actor", "a", signing, job="j"))
         args = ["--public-key", str(keys.public_key), "--identity", str(ident)]
         if secret is not None:
             bad = tmp_path / "bad"

@@ -16,7 +16,7 @@ from aurora.policy.leases import LeaseConfig
 from aurora.policy.ledger import LedgerConfig
 from aurora.policy.verification import VerificationConfig, judge, measure
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
-from tests.test_control_identity import JOB_KEY, JOB_PUB, join, rows, running, until
+from tests.test_control_identity import JOB_ID, JOB_KEY, JOB_PUB, join, rows, running, until
 
 FAIL = {"max_delta": 5.0, "mean_delta": 1.0, "min_logprob": -3.0, "tokens": 8}
 
@@ -42,8 +42,12 @@ def test_only_the_trainer_can_report_a_failed_check_and_it_disconnects_the_actor
 
     async def main() -> tuple[bool, bool, bool, bool]:
         svc, port, trainer = await running(tmp_path)
-        a1 = await join(port, "actor", "a1", issue_identity("actor", "a1", JOB_KEY), active=0)
-        a2 = await join(port, "actor", "a2", issue_identity("actor", "a2", JOB_KEY), active=0)
+        a1 = await join(
+            port, "actor", "a1", issue_identity("actor", "a1", JOB_KEY, job=JOB_ID), active=0
+        )
+        a2 = await join(
+            port, "actor", "a2", issue_identity("actor", "a2", JOB_KEY, job=JOB_ID), active=0
+        )
         await until(lambda: svc.state.book.live("a1") and "a2" in svc.state.actors)
         lease = svc.state.book.live("a1")[0].id
         # An Actor cannot send what only the Trainer may: dropped, a1 untouched.

@@ -230,7 +230,7 @@ def test_aurora_actor_joins_a_running_job_with_a_stock_vllm_serve_as_its_engine(
             [
                 *[sys.executable, "-m", "aurora.cli", "keys", "issue", "--role", "actor"],
                 *["--id", "served", "--signing-key", str(run_dir / "keys" / "trainer.key")],
-                *["--out", str(ident)],
+                *["--job", str(run_dir / "job.json"), "--out", str(ident)],
             ],
             check=True,
             env=env,

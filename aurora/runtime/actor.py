@@ -37,6 +37,7 @@ import dataclasses
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +61,7 @@ from aurora.policy.membership import fetch_order
 from aurora.policy.staging import ActorVersions
 from aurora.policy.versions import CatchUpPlan
 from aurora.runtime import hooks, hopreport
-from aurora.runtime.channel import Channel, connect
+from aurora.runtime.channel import Channel, IdentityRefused, connect
 from aurora.runtime.compute import EngineSide, Sampling, make_engine
 from aurora.runtime.job import digest_due, transport_config
 from aurora.runtime.messages import Direction, task_index
@@ -85,9 +86,11 @@ class ActorRun:
     """The job secret."""
     public_key: bytes
     """The job's public key: every announcement, delta and snapshot is checked against it."""
-    identity: Identity | None = None
+    identity: Identity | Callable[[], Identity] | None = None
     """Its identity (``aurora keys issue --role actor``): the Ledger accepts its id only with
-    it. None only against a control server that does not check roles."""
+    it, and it accepts only a Ledger the job key certified for the job its certificate names.
+    A callable (:class:`aurora.keys.IdentityFile`) is asked at every connection, so a renewed
+    file is used without a restart. None only against a control server that checks nothing."""
     host: str = "127.0.0.1"
     """Address its data-plane node listens on (other Actors fetch from it when it relays)."""
     engine: str | None = None
@@ -224,16 +227,22 @@ class ActorProcess:
                 "active": self.active,
                 "staged": sorted(self.node.staged) if self.node is not None else [],
             }
+            ident = self.run.identity
             try:
                 channel = await connect(
                     self.run.ledger[0],
                     self.run.ledger[1],
                     secret=self.run.secret,
                     hello=hello,
-                    identity=self.run.identity,
+                    identity=ident() if callable(ident) else ident,
+                    job_key=self.run.public_key,
                 )
             except ConnectionError as exc:
-                if time.monotonic() > deadline or "refused us" in str(exc):
+                if (
+                    time.monotonic() > deadline
+                    or isinstance(exc, IdentityRefused)
+                    or "refused us" in str(exc)
+                ):
                     raise
                 await asyncio.sleep(0.5)
                 continue

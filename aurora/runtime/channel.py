@@ -19,13 +19,12 @@ replays, reorders, reflects or cuts out makes the next frame fail its MAC, and t
 closes the connection (both ends then reconnect and resynchronise through the protocol, as after
 any broken connection). The plain data-plane handshake alone left every later frame open to
 rewriting (16 of 16 rewritten results were admitted, and an injected ``catch_up`` moved an Actor
-back to v0). Why a MAC and not TLS: TLS needs a certificate per role and a way to issue and pin
-them, which the job does not have yet (the job's only key pair is the Trainer's Ed25519 key, and
-only the Trainer holds the private half); a MAC keyed from the handshake every connection
-already runs adds no key to distribute and 32 bytes per frame. What it does not give:
-confidentiality (results travel readable; TLS is for that), and protection from a party that
-holds the job secret and sits on the path (it can derive the keys): that needs each role's own
-key pair, the second half of issue 26 (``docs/TRANSPORT.md``, "The control plane").
+back to v0). Why a MAC and not TLS: TLS would need X.509 certificates per role and a way to pin
+them; a MAC keyed from the handshake every connection already runs (and re-keyed by the
+identity step below, whose certificates the job key issues) adds 32 bytes per frame. What it
+does not give:
+confidentiality (results travel readable; TLS is for that); against a party that holds the job
+secret and sits on the path, the identity step below re-keys each connection.
 
 **Bounded resources** (:class:`ChannelLimits`, one per server): a server holds at most
 ``max_pending_per_host`` unauthenticated connections from one remote host and
@@ -42,22 +41,27 @@ part of a 64 MiB frame hold at most the budget, not 6 x 64 MiB. Each connection 
 rate and no more). A peer that stops reading while more than ``max_send_buffer`` bytes wait
 for it is disconnected.
 
-**Every peer proves its role and id** when the server is given the job's public key (the
-Ledger always is): right after the secret handshake, under the keys above, the server sends an
-ephemeral X25519 key (``kx``) and the client answers ``identify``: its role, id, Ed25519 public
-key, the job key's certificate for that (role, id, key) (:func:`aurora.keys.check_identity`; the
-Trainer's key is the job key itself), its own ephemeral X25519 key and a signature with its
-role key over the handshake's transcript and both ephemeral keys. The server checks all of it
-(the id and role must also be the HELLO's), then both ends re-key: HKDF over the X25519 shared
-secret, salted with the secret-derived keys, bound to the transcript and both ephemeral keys
-(:func:`identity_keys`), sequence numbers from 0; the server's first frame under the new keys
-is ``identified``, so a refused identity is one error at connect. So the id is bound to a key,
-not to a HELLO field (a secret holder can no longer speak as another Actor or as the Trainer),
-and a secret holder on the path can no longer derive the session's keys: it would need an
-ephemeral private key, and it cannot swap either ephemeral key since the client's signature
-covers both. The server itself proves nothing beyond the secret (the Ledger has no key of its
-own): a secret holder who redirects a peer's connection can pose as the Ledger to it, which the
-data plane's signatures and the Actor's never-backwards rules bound (``docs/TRANSPORT.md``).
+**Both ends prove who they are** when the server is given the job's public key (the Ledger
+always is). Right after the secret handshake, under the keys above, the server sends ``kx``: an
+ephemeral X25519 key, its certificate (role ``ledger``, issued by the job key for this job,
+:class:`aurora.keys.Certificate`) and a signature with the certified key over the handshake's
+transcript and that ephemeral key (:func:`ledger_proof`). The client checks all of it first
+(role, job, validity, the job key's signature, not revoked for the Trainer) and goes no further
+with a server that cannot prove it (:class:`IdentityRefused`): a secret holder, or an Actor with
+its own certificate, can no longer pose as the Ledger. The client then answers ``identify``: its
+role, id, Ed25519 public key, its certificate (:func:`aurora.keys.check_identity`; the Trainer's
+key is the job key itself), its own ephemeral key and a signature with its role key over the
+transcript and both ephemeral keys. The server checks the signature, then both ends re-key: HKDF
+over the X25519 shared secret, salted with the secret-derived keys, bound to the transcript and
+both ephemeral keys (:func:`identity_keys`), sequence numbers from 0. The server then checks the
+certificate (this job, valid now within :data:`aurora.keys.CLOCK_SKEW_S`, the HELLO's role and
+id) and asks ``admit`` (the Ledger: revoked? excluded?); its first frame under the new keys is
+``identified``, or ``refused`` with the reason, then the connection closes: a refused identity
+is one error at connect, with no session, however often it returns (refusals are logged once
+per 5 s). A session ends when the client's certificate expires (:meth:`Channel.close_at`). So
+an id is bound to a key for one job and a limited time, and a secret holder on the path can no
+longer derive the session's keys: it would need an ephemeral private key, and it cannot swap
+either ephemeral key since the two signatures cover them.
 
 A :class:`Channel` is one connection after the handshake: :meth:`Channel.send` queues a
 message and waits for the socket to drain (backpressure), :meth:`Channel.recv` returns the next
@@ -77,7 +81,7 @@ import logging
 import mmap
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +91,13 @@ from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from aurora.delta.announce import sign_bytes, verify_bytes
-from aurora.keys import Identity, check_identity
+from aurora.keys import (
+    CLIENT_ROLES,
+    CLOCK_SKEW_S,
+    Certificate,
+    Identity,
+    check_identity,
+)
 from aurora.runtime import messages
 from aurora.transport import wire
 from aurora.transport.wire import AuthError, ProtocolError
@@ -116,10 +126,22 @@ class ChannelClosed(ConnectionError):
     """The other end closed the connection or sent something the protocol does not allow."""
 
 
+class IdentityRefused(ConnectionError):
+    """An identity did not hold at connect: the server refused ours (revoked, expired, another
+    job's, excluded), or the server could not prove it is the job's Ledger. Trying again
+    changes nothing, so a role stops with this one line."""
+
+
+class _Refused(AuthError):
+    """The server refuses an identity whose key the client proved it holds: it is told why."""
+
+
 IDENTIFY_LABEL = b"aurora control identify v1"
 """Domain separation of the client's signature over the handshake (never a certificate's)."""
 IDENTITY_INFO = b"aurora control identity keys v1"
 """HKDF info label of the session keys after the identity step."""
+LEDGER_LABEL = b"aurora control ledger proof v1"
+"""Domain separation of the Ledger's signature over the handshake (never a client's)."""
 
 
 def _digest(transcript: wire.Transcript) -> bytes:
@@ -132,6 +154,13 @@ def identify_proof(transcript: wire.Transcript, eph_c: bytes, eph_s: bytes) -> b
     binding) and both ephemeral keys, so the proof is good for this connection only and
     neither ephemeral key can be swapped on the way."""
     return IDENTIFY_LABEL + _digest(transcript) + eph_c + eph_s
+
+
+def ledger_proof(transcript: wire.Transcript, eph_s: bytes) -> bytes:
+    """What the Ledger signs with its certified key: the handshake (both nonces, the HELLO, the
+    TLS binding) and its ephemeral key, so the proof holds for this connection only (the
+    client's nonce is in the HELLO) and its ephemeral key cannot be swapped on the way."""
+    return LEDGER_LABEL + _digest(transcript) + eph_s
 
 
 def identity_keys(
@@ -158,64 +187,152 @@ def _raw(key: X25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
+def _ledger_refusal(
+    msg: dict[str, Any],
+    transcript: wire.Transcript,
+    eph_s: bytes,
+    *,
+    job_key: bytes,
+    job: str | None,
+    revoked: Collection[str],
+    now: float,
+) -> tuple[str | None, Certificate | None]:
+    """(why the server is not the job's Ledger or None, its certificate) from its ``kx``."""
+    if msg.get("cert") is None:
+        return "it proved no identity (a server without the Ledger's certificate)", None
+    try:
+        cert = Certificate.from_wire(msg)
+    except ValueError as exc:
+        return str(exc), None
+    if cert.role != "ledger":
+        return (
+            f"it showed the certificate of {cert.role[:20]} {cert.id[:40]!r}, not a Ledger's",
+            cert,
+        )
+    why = check_identity(
+        "ledger", cert.id, cert.public_key, cert, job_key, job=job, now=now, revoked=revoked
+    )
+    if why is not None:
+        return why, cert
+    sig = msg.get("sig")
+    if not isinstance(sig, bytes) or not verify_bytes(
+        ledger_proof(transcript, eph_s), sig, cert.public_key
+    ):
+        return "its signature does not verify for this connection", cert
+    return None, cert
+
+
 async def _client_identify(
-    ch: Channel, ident: Identity, transcript: wire.Transcript, keys: tuple[bytes, bytes]
+    ch: Channel,
+    ident: Identity,
+    transcript: wire.Transcript,
+    keys: tuple[bytes, bytes],
+    *,
+    job_key: bytes,
+    job: str | None,
+    revoked: Collection[str],
+    clock: Callable[[], float],
 ) -> None:
     msg = await ch.recv()
     eph_s = msg.get("eph")
     if msg.get("op") != "kx" or not isinstance(eph_s, bytes) or len(eph_s) != 32:
-        raise ProtocolError("the server did not start the identity step")
+        # The job's Ledger always starts it: a server that does not is something else.
+        raise IdentityRefused(
+            f"not this job's Ledger: it started no identity step ({str(msg.get('op'))[:40]!r})"
+        )
+    # The Ledger proves itself first: a server that cannot is told nothing about us.
+    why, cert = _ledger_refusal(
+        msg, transcript, eph_s, job_key=job_key, job=job, revoked=revoked, now=clock()
+    )
+    if why is not None:
+        raise IdentityRefused(f"not this job's Ledger: {why}")
+    ch.cert = cert
     mine = X25519PrivateKey.generate()
     eph_c = _raw(mine)
-    ident_msg: dict[str, Any] = {
-        "op": "identify",
-        "role": ident.role,
-        "id": ident.id,
-        "key": ident.public_key,
-        "eph": eph_c,
-        "sig": sign_bytes(identify_proof(transcript, eph_c, eph_s), ident.private_key),
-    }
+    ident_msg: dict[str, Any] = {"role": ident.role, "id": ident.id, "key": ident.public_key}
     if ident.cert is not None:
-        ident_msg["cert"] = ident.cert
+        ident_msg.update(ident.cert.to_wire())
+    ident_msg.update(
+        op="identify",
+        eph=eph_c,
+        sig=sign_bytes(identify_proof(transcript, eph_c, eph_s), ident.private_key),
+    )
     ch.send_nowait(ident_msg)
     shared = mine.exchange(X25519PublicKey.from_public_bytes(eph_s))
     c2s, s2c = identity_keys(keys, shared, transcript, eph_c, eph_s)
     ch.rekey(send=c2s, recv=s2c)
     # The server's word that it accepted us, already under the new keys: a refused identity
     # is an error here, once, not a connection that fails at its first message over and over.
-    if (await ch.recv()).get("op") != "identified":
+    answer = await ch.recv()
+    if answer.get("op") == "refused":
+        raise IdentityRefused(f"refused: {str(answer.get('why'))[:300]}")
+    if answer.get("op") != "identified":
         raise ProtocolError("the server did not confirm our identity")
 
 
 async def _server_identify(
-    ch: Channel, job_key: bytes, transcript: wire.Transcript, keys: tuple[bytes, bytes]
+    ch: Channel,
+    job_key: bytes,
+    transcript: wire.Transcript,
+    keys: tuple[bytes, bytes],
+    *,
+    identity: Identity,
+    admit: Callable[[str, str], str | None] | None,
+    clock: Callable[[], float],
 ) -> None:
     mine = X25519PrivateKey.generate()
     eph_s = _raw(mine)
-    ch.send_nowait({"op": "kx", "eph": eph_s})
+    assert identity.cert is not None
+    ch.send_nowait(
+        {
+            **identity.cert.to_wire(),
+            "op": "kx",
+            "eph": eph_s,
+            "sig": sign_bytes(ledger_proof(transcript, eph_s), identity.private_key),
+        }
+    )
     msg = await ch.recv()
     if msg.get("op") != "identify":
         raise AuthError("no identity (expected identify)")
     role, peer, key = msg.get("role"), msg.get("id"), msg.get("key")
-    eph_c, sig, cert = msg.get("eph"), msg.get("sig"), msg.get("cert")
+    eph_c, sig = msg.get("eph"), msg.get("sig")
     if not (isinstance(role, str) and isinstance(peer, str) and isinstance(key, bytes)):
         raise AuthError("identify without a role, id and key")
     if not (isinstance(eph_c, bytes) and len(eph_c) == 32 and isinstance(sig, bytes)):
         raise AuthError("identify without an ephemeral key and a signature")
-    if cert is not None and not isinstance(cert, bytes):
-        raise AuthError("identify with a certificate that is not bytes")
     if peer != ch.hello.get("id") or role != ch.hello.get("role"):
         raise AuthError(f"identify names {role[:20]} {peer[:40]!r}, the HELLO another")
-    why = check_identity(role, peer, key, cert, job_key)
-    if why is not None:
-        raise AuthError(f"{peer[:40]!r}: {why}")
     if not verify_bytes(identify_proof(transcript, eph_c, eph_s), sig, key):
         raise AuthError(f"{peer[:40]!r}: the identity signature does not verify for this session")
+    # It holds the key it names: the session keys can be derived, and it may be told why its
+    # certificate is refused (expired, revoked, another job's: only news to its holder).
     shared = mine.exchange(X25519PublicKey.from_public_bytes(eph_c))
     c2s, s2c = identity_keys(keys, shared, transcript, eph_c, eph_s)
     ch.rekey(send=s2c, recv=c2s)
+    cert = None
+    if msg.get("cert") is not None:
+        try:
+            cert = Certificate.from_wire(msg)
+        except ValueError as exc:
+            why: str | None = str(exc)
+        else:
+            why = None
+    else:
+        why = None
+    if why is None and role not in CLIENT_ROLES:
+        why = f"the {role[:20]} role does not connect to the Ledger"
+    if why is None:
+        why = check_identity(role, peer, key, cert, job_key, job=identity.job, now=clock())
+    if why is None and admit is not None:
+        why = admit(role, peer)
+    if why is not None:
+        ch.send_nowait({"op": "refused", "why": why[:300]})
+        raise _Refused(f"{role[:20]} {peer[:40]!r}: {why}")
     ch.send_nowait({"op": "identified"})
-    ch.role, ch.verified, ch.key = role, True, key
+    ch.role, ch.verified, ch.key, ch.cert = role, True, key, cert
+    if cert is not None:
+        # A certificate ends its sessions too, not only new ones.
+        ch.close_at(cert.expires + CLOCK_SKEW_S - clock(), "its certificate expired")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,6 +446,12 @@ class Channel:
         """Whether the peer proved its role and id with a key (the identity step)."""
         self.key: bytes | None = None
         """The peer's proved Ed25519 public key (None when not ``verified``)."""
+        self.cert: Certificate | None = None
+        """The other end's certificate, as proved: a client's (on the server's side; None for
+        the Trainer, whose key is the job key) or the Ledger's (on a client's side)."""
+        self.ended: str | None = None
+        """Why this end closed the connection on its own (:meth:`close_at`), if it did."""
+        self._timer: asyncio.TimerHandle | None = None
         self._lock = asyncio.Lock()
         self.closed = False
         self._out, self._in = _Sealer(keys[0]), _Sealer(keys[1])
@@ -341,6 +464,20 @@ class Channel:
         self._head: bytes | None = None
         """The header of a frame whose body a cancelled :meth:`recv` had not read yet (a
         caller may wrap recv in ``wait_for``): the next recv goes on with that frame."""
+
+    def close_at(self, delay_s: float, why: str) -> None:
+        """Close the connection in ``delay_s`` seconds (at once when <= 0), saying ``why`` (one
+        line in the log, and in the :class:`ChannelClosed` of a pending recv)."""
+
+        def end() -> None:
+            if not self.closed:
+                log.warning("%s: %s; connection closed", self.peer, why)
+                self.ended = why
+                self.close()
+
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, delay_s), end)
 
     def rekey(self, *, send: bytes, recv: bytes) -> None:
         """New keys for both directions, sequence numbers from 0 (after the identity step)."""
@@ -413,6 +550,8 @@ class Channel:
                     body.close()
         except (asyncio.IncompleteReadError, ConnectionError, OSError, TimeoutError) as exc:
             self.close()
+            if self.ended is not None:
+                raise ChannelClosed(f"{self.peer}: {self.ended}") from None
             if isinstance(exc, ProtocolError):
                 raise ChannelClosed(f"{self.peer}: {exc}") from None
             if isinstance(exc, TimeoutError):
@@ -475,6 +614,9 @@ class Channel:
         return buf
 
     def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if not self.closed:
             self.closed = True
             with contextlib.suppress(Exception):
@@ -490,11 +632,24 @@ async def connect(
     timeout_s: float = 5.0,
     unix_path: str | None = None,
     identity: Identity | None = None,
+    job_key: bytes | None = None,
+    job: str | None = None,
+    revoked: Collection[str] = (),
+    clock: Callable[[], float] = time.time,
 ) -> Channel:
     """Connect to a control server and authenticate; one-line errors for what goes wrong.
     With ``unix_path`` the connection is made to that Unix socket instead (a local observer
     reaching a Ledger inside another network namespace: the file system is shared). With
-    ``identity`` it then proves its role and id (a server given the job's key requires it)."""
+    ``identity`` the server must first prove it is the Ledger of job ``job`` (default: the
+    one ``identity``'s certificate names) under the job key ``job_key``, its id not in
+    ``revoked``; then this end proves its role and id. :class:`IdentityRefused` when either
+    proof does not hold."""
+    if identity is not None:
+        job = job or identity.job
+        if job_key is None or job is None:
+            raise ValueError(
+                "a peer that proves its identity checks the Ledger's: give job_key, job"
+            )
     where = unix_path or f"{host}:{port}"
     try:
         if unix_path is not None:
@@ -527,10 +682,28 @@ async def connect(
     c2s, s2c = wire.session_keys(secret, transcript)
     channel = Channel(reader, writer, hello, keys=(c2s, s2c))
     if identity is not None:
+        assert job_key is not None
         try:
             await asyncio.wait_for(
-                _client_identify(channel, identity, transcript, (c2s, s2c)), timeout_s
+                _client_identify(
+                    channel,
+                    identity,
+                    transcript,
+                    (c2s, s2c),
+                    job_key=job_key,
+                    job=job,
+                    revoked=revoked,
+                    clock=clock,
+                ),
+                timeout_s,
             )
+        except IdentityRefused as exc:
+            channel.close()
+            if str(exc).startswith("not this job's Ledger"):
+                raise IdentityRefused(f"{where} is {exc}") from None
+            raise IdentityRefused(
+                f"{where} refused us: identity of {identity.role} {identity.id!r} {exc}"
+            ) from None
         except (ConnectionError, TimeoutError) as exc:
             channel.close()
             raise ConnectionError(
@@ -568,18 +741,24 @@ class ControlServer:
         if self.server is not None:
             await self.server.wait_closed()
 
-    def _refuse(self, writer: asyncio.StreamWriter, why: str, host: str) -> None:
+    def _refuse(
+        self, writer: asyncio.StreamWriter, why: str, host: str, detail: str = "", *, abort=True
+    ) -> None:
         self.refused[why] += 1
         now = time.monotonic()
         if now - self._warned.get(why, -60.0) >= 5.0:  # one line per reason per 5 s, not per flood
             self._warned[why] = now
             log.warning(
-                "refused control connections (%s; latest from %s; %d so far)",
+                "refused control connections (%s; latest from %s%s; %d so far)",
                 why,
                 host,
+                f": {detail[:300]}" if detail else "",
                 self.refused[why],
             )
-        writer.transport.abort()
+        if abort:
+            writer.transport.abort()
+        else:  # what was written (a refusal's reason) goes out first
+            writer.close()
 
 
 async def serve(
@@ -592,11 +771,22 @@ async def serve(
     unix_path: str | None = None,
     limits: ChannelLimits | None = None,
     public_key: bytes | None = None,
+    identity: Identity | Callable[[], Identity] | None = None,
+    admit: Callable[[str, str], str | None] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> ControlServer:
     """Accept control connections; ``handler`` runs once per authenticated channel. With
     ``unix_path`` the server listens on that Unix socket instead of ``host:port``. With the
-    job's ``public_key`` every peer must prove its role and id (module docstring)."""
+    job's ``public_key`` the server proves itself with ``identity`` (the Ledger's; a callable
+    is asked at every connection, so a renewed one is used at once) and every peer must prove
+    its role and id for the job that identity names (module docstring); ``admit(role, id)``
+    then says why a proved peer may not connect (revoked, excluded), or None."""
     limits = limits or ChannelLimits(timeout_s=timeout_s)
+    if public_key is not None and identity is None:
+        raise ValueError("a server that checks identities proves its own: give its identity")
+    if public_key is None and identity is not None:
+        raise ValueError("a server with an identity checks its peers': give the job's public key")
+    current = identity if callable(identity) else (lambda: identity)
     ctl = ControlServer(limits)
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -633,11 +823,26 @@ async def serve(
             )
             if public_key is not None:
                 # Still counted as pending: nobody holds more than the cap of these either.
+                mine = current()
+                assert mine is not None
                 await asyncio.wait_for(
-                    _server_identify(channel, public_key, transcript, (c2s, s2c)),
+                    _server_identify(
+                        channel,
+                        public_key,
+                        transcript,
+                        (c2s, s2c),
+                        identity=mine,
+                        admit=admit,
+                        clock=clock,
+                    ),
                     limits.timeout_s,
                 )
             channel.max_message = limits.max_message
+        except _Refused as exc:
+            # Told why, then closed: no welcome, nothing decided or logged, one line per 5 s
+            # however often it comes back.
+            ctl._refuse(writer, "identity refused", host, str(exc), abort=False)
+            return
         except (
             AuthError,
             ProtocolError,
@@ -648,8 +853,7 @@ async def serve(
             TypeError,
             ValueError,
         ) as exc:
-            log.warning("refused a control connection from %s: %s", peer, exc or type(exc).__name__)
-            writer.transport.abort()
+            ctl._refuse(writer, "authentication failed", host, str(exc) or type(exc).__name__)
             return
         finally:
             ctl.pending[host] -= 1

@@ -68,16 +68,27 @@ def _public_key(args: argparse.Namespace) -> bytes:
 
 def _identity(args: argparse.Namespace, role: str) -> Any:
     """The role's identity (``--identity`` or ``$AURORA_IDENTITY``), checked to be this role's
-    and this id's, so a wrong file is one line here rather than a refusal at the Ledger."""
-    from aurora.keys import load_identity
+    and this id's, so a wrong file is one line here rather than a refusal at the Ledger. It is
+    an :class:`~aurora.keys.IdentityFile`: read again at each connection once the file changes
+    (a renewal needs no restart)."""
+    import time
 
-    ident = load_identity(args.identity)
+    from aurora.keys import CLOCK_SKEW_S, IdentityFile
+
+    source = IdentityFile(args.identity)
+    ident = source.identity
     if ident.role != role or ident.id != args.id:
         raise ValueError(
             f"the identity is for {ident.role} {ident.id!r}, not {role} {args.id!r} "
             f"(aurora keys issue --role {role} --id {args.id})"
         )
-    return ident
+    if ident.expires is not None and ident.expires + CLOCK_SKEW_S < time.time():
+        raise ValueError(
+            f"the identity of {role} {args.id!r} has expired "
+            f"({time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(ident.expires))}): renew it "
+            "with aurora keys issue"
+        )
+    return source
 
 
 def _load_job(args: argparse.Namespace, *, keep: bool = False) -> JobSpec:
@@ -144,6 +155,7 @@ def _trainer(args: argparse.Namespace) -> int:
             ledger=_addr(args.ledger, "--ledger") if args.ledger else None,
             ledger_port=args.ledger_port,
             ports_file=args.ports_file,
+            revocations=args.revocations,
         )
         return await TrainerProcess(run).main()
 
@@ -195,16 +207,29 @@ def _secret_arg(p: argparse.ArgumentParser, *, public_key: bool = True) -> None:
 
 def _ledger(args: argparse.Namespace) -> int:
     async def main() -> int:
+        from aurora.keys import IdentityFile
         from aurora.runtime.ledger_service import LedgerService, channel_limits
         from aurora.runtime.trainer import ledger_config
 
         spec = _load_job(args)
+        identity = IdentityFile(args.identity)
+        mine = identity.identity
+        if mine.role != "ledger":
+            raise ValueError(
+                f"the identity is for {mine.role} {mine.id!r}, not a Ledger's "
+                "(aurora keys issue --role ledger --id ledger)"
+            )
+        if args.job and mine.job != spec.job_id:
+            raise ValueError(
+                f"the identity is for job {mine.job!r}, --job {args.job} is {spec.job_id!r}"
+            )
         service = LedgerService(ledger_config(spec, args.db), public_key=_public_key(args))
         service.replay()
         port = await service.start(
             args.host,
             args.port,
             secret=_secret(args),
+            identity=identity,
             unix_path=str(Path(args.db).with_suffix(".sock")),
             limits=channel_limits(spec),
         )
@@ -420,6 +445,12 @@ def add_parsers(sub: Any) -> None:
         default=None,
         help="file holding the Trainer's signing key (default: $AURORA_TRAINER_KEY)",
     )
+    p.add_argument(
+        "--revocations",
+        default=None,
+        help="the job's revocation list (aurora keys revoke), watched while the job runs "
+        "(default: RUN_DIR/revoked.json)",
+    )
     p.set_defaults(func=_trainer)
 
     p = sub.add_parser(
@@ -435,6 +466,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="control port to listen on (0: any)")
     _secret_arg(p)
+    p.add_argument(
+        "--identity",
+        default=None,
+        help="the Ledger's identity (aurora keys issue --role ledger --id ledger: every role "
+        "checks it; default: $AURORA_IDENTITY)",
+    )
     p.set_defaults(func=_ledger)
 
     p = sub.add_parser(

@@ -31,6 +31,7 @@ from typing import Any
 
 from aurora.faults import Fault, check_faults
 from aurora.jobspec import JobSpec
+from aurora.keys import REAL_LIFETIME_S
 from aurora.provenance import git_sha
 from aurora.runtime.channel import connect
 from aurora.runtime.injector import Injector, SpotHazard
@@ -99,6 +100,9 @@ class RealRun:
     hooks: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Fault-injection hooks per process id (:mod:`aurora.runtime.hooks`; the reliability
     matrix's tests only)."""
+    identity_lifetime_s: float = REAL_LIFETIME_S
+    """How long the identities the launcher issues are certified for (s); each is renewed
+    (certified again, same key) once half of that is left, for as long as the run lasts."""
 
 
 def free_port(host: str) -> int:
@@ -287,15 +291,56 @@ class Launcher:
         return args
 
     def _identity(self, role: str, pid: str) -> list[str]:
-        """``--identity FILE``: ``pid``'s identity in ``role``, issued with the job key once
-        (a restarted process keeps its key, so the Ledger sees the same machine come back)."""
+        """``--identity FILE``: ``pid``'s identity in ``role`` for this job, issued with the job
+        key once (a restarted process keeps its key, so the Ledger sees the same machine come
+        back) and renewed while the run lasts (:meth:`renew_identities`)."""
         from aurora.keys import issue_identity, load_signing_key, write_identity
 
         path = self.dir / "keys" / f"{role}-{pid}.identity"
         if not path.exists():
-            ident = issue_identity(role, pid, load_signing_key(self.keys.signing_key))
+            ident = issue_identity(
+                role,
+                pid,
+                load_signing_key(self.keys.signing_key),
+                job=self.job.job_id,
+                lifetime_s=self.run.identity_lifetime_s,
+            )
             write_identity(path, ident)
         return ["--identity", str(path)]
+
+    def renew_identities(self, now: float | None = None) -> list[str]:
+        """Certify again (same key, same job) every identity this run issued that has less
+        than half its lifetime left; returns the files renewed. A role reads its file again at
+        its next connection: the Ledger closes a session whose certificate expires, and the
+        role reconnects with the renewed one within the Ledger's grace, losing nothing."""
+        from aurora.keys import (
+            KeyFileError,
+            load_identity,
+            load_signing_key,
+            renew_identity,
+            replace_identity,
+        )
+
+        now = time.time() if now is None else now
+        lifetime = self.run.identity_lifetime_s
+        renewed = []
+        key = None
+        for path in sorted((self.dir / "keys").glob("*.identity")):
+            try:
+                ident = load_identity(path)
+            except KeyFileError:
+                continue
+            if ident.expires is None or ident.expires - now > lifetime / 2:
+                continue
+            key = key or load_signing_key(self.keys.signing_key)
+            replace_identity(path, renew_identity(ident, key, lifetime_s=lifetime, now=now))
+            renewed.append(str(path))
+        return renewed
+
+    async def _renew(self) -> None:
+        while not self.finished.is_set():
+            await asyncio.sleep(min(60.0, self.run.identity_lifetime_s / 20))
+            self.renew_identities()
 
     @property
     def standalone_ledger(self) -> bool:
@@ -312,6 +357,7 @@ class Launcher:
             "--port",
             str(self.ports["ledger"]),
             *self._common(),
+            *self._identity("ledger", "ledger"),
         ]
         p = self.procs.procs.get("ledger") or self._add("ledger", "ledger", args)
         p.start()
@@ -471,10 +517,17 @@ class Launcher:
 
     async def _observe(self) -> None:
         """Follow the run through the Ledger (reconnecting across Trainer restarts)."""
-        from aurora.keys import issue_identity, load_job_secret, load_signing_key
+        from aurora.keys import SelfIssued, load_job_secret, load_public_key, load_signing_key
 
         secret = load_job_secret(self.secret_file)
-        identity = issue_identity("observer", "launcher", load_signing_key(self.keys.signing_key))
+        identity = SelfIssued(
+            "observer",
+            "launcher",
+            load_signing_key(self.keys.signing_key),
+            job=self.job.job_id,
+            lifetime_s=self.run.identity_lifetime_s,
+        )
+        job_key = load_public_key(self.keys.public_key)
         while not self.finished.is_set():
             try:
                 ch = await connect(
@@ -482,7 +535,8 @@ class Launcher:
                     self.ports["ledger"],
                     secret=secret,
                     hello={"id": "launcher", "role": "observer"},
-                    identity=identity,
+                    identity=identity(),
+                    job_key=job_key,
                     unix_path=str(sock) if (sock := self.dir / "ledger.sock").exists() else None,
                 )
             except ConnectionError:
@@ -588,6 +642,7 @@ class Launcher:
         self.injector.start()
         self.last_step_at = time.monotonic()
         observer = asyncio.create_task(self._observe())
+        renew = asyncio.create_task(self._renew())
         watch = asyncio.create_task(self._watch())
         done, _ = await asyncio.wait(
             [watch, asyncio.create_task(self.finished.wait())],
@@ -595,7 +650,7 @@ class Launcher:
         )
         self.injector.stop()
         self.finished.set()
-        for t in (observer, watch):
+        for t in (observer, renew, watch):
             t.cancel()
         for t in done:
             exc = t.exception()

@@ -21,7 +21,10 @@ before their version is announced and what a (re)connecting Actor's hello means
 (:mod:`aurora.policy.reports`), and lease-expiry ticks (:mod:`aurora.policy.timers`). This
 module keeps the log, the connections and the timers, polls the pacer after every event (with
 that event's time) and when a timer it asked for fires, and carries out the actions. When a
-batch completes (``BatchCompleted``) the Trainer is told and fetches the results.
+batch completes (``BatchCompleted``) the Trainer is told and fetches the results. Who may
+connect is settled before any of this: the Ledger shows every peer its own certificate (role
+``ledger``, the job it serves), and refuses a peer revoked by the job's signed list (logged as
+it arrives from the Trainer) or excluded by the policy at the identity step, with no session.
 
 Restart: :meth:`LedgerService.replay` feeds the log back through ``decide`` with the recorded
 times, which rebuilds the state exactly (the lease book, versions, estimates, the orchestrator's
@@ -51,6 +54,7 @@ from aurora.delta.announce import (
     verify,
 )
 from aurora.jobspec import JobSpec
+from aurora.keys import Identity, KeyFileError, Revocations
 from aurora.policy import allocation
 from aurora.policy.core import LedgerCore
 from aurora.policy.events import (
@@ -90,6 +94,7 @@ from aurora.policy.membership import TRAINER
 from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
 from aurora.policy.reports import classify_hello
 from aurora.policy.timers import TickTimers
+from aurora.policy.verification import Plan
 from aurora.runtime import messages
 from aurora.runtime.channel import Channel, ChannelClosed, ChannelLimits, ControlServer, serve
 from aurora.runtime.messages import Direction, MessageError, decode_result_payload, task_index
@@ -127,6 +132,11 @@ results. Past that such results are still decided and answered, not logged. An h
 sends a few (a result re-sent after a reconnect is a DUPLICATE); a flood of them wrote ~1.1 KB
 of log each, 2.2 MB/s at the per-connection message rate, without end: now it adds at most a
 quarter of the rows the flooder's own admitted work added, plus 16 (~18 KB)."""
+
+RENEWAL_GRACE_S = 30.0
+"""A peer whose session the Ledger closed because its certificate expired is lost only if it
+does not come back within this (s): a role whose identity was renewed meanwhile reconnects
+with it at once (it reads its file again), so a renewal costs a reconnect, never its leases."""
 
 QUIET_ROWS_PER_ADMITTED = 4
 """One more logged row of results that change nothing per this many admitted results."""
@@ -317,6 +327,11 @@ class LedgerService:
         """peer id -> its hello (role, region, data-plane address)."""
         self.trainer: Channel | None = None
         self.observers: set[Channel] = set()
+        self.job_id: str | None = None
+        """The job this Ledger serves: the one its certificate names (set by :meth:`start`);
+        every peer's certificate and the Trainer's registration must name it too."""
+        self.revoked: set[str] = set()
+        """Ids the job key revoked (the union of every verified list; in the log)."""
         self.finished = False
         self.done = asyncio.Event()
         self._pacer_timers: list[asyncio.TimerHandle] = []
@@ -419,6 +434,9 @@ class LedgerService:
             self.published.pop(v - PUBLISHED_KEPT, None)
         elif kind == "Activation":
             self._check_activation(rec)
+        elif kind == "Revoked":
+            # Verified before it was logged (:meth:`_on_revocations`).
+            self.revoked.update(str(i) for i in rec["ids"])
         elif kind == "Finished":
             self.finished = True
 
@@ -652,32 +670,47 @@ class LedgerService:
         port: int,
         *,
         secret: bytes,
+        identity: Identity | Callable[[], Identity],
         unix_path: str | None = None,
         limits: ChannelLimits | None = None,
     ) -> int:
-        """Serve the control plane; returns the port. With ``unix_path`` it also listens on that
-        Unix socket (for observers on this host outside the Ledger's network namespace).
-        ``limits``: what peers may hold (:func:`channel_limits` of the job)."""
+        """Serve the control plane; returns the port. ``identity``: the Ledger's own (role
+        ``ledger``, certified by the job key for the job it serves; a callable is asked at
+        every connection, so a renewed certificate is used at once), which every peer checks.
+        With ``unix_path`` it also listens on that Unix socket (for observers on this host
+        outside the Ledger's network namespace). ``limits``: what peers may hold
+        (:func:`channel_limits` of the job)."""
         if self.public_key is None:
             raise ValueError("the Ledger needs the job's public key to tell the roles apart")
+        current = identity if callable(identity) else (lambda: identity)
+        mine = current()
+        if mine.role != "ledger" or mine.job is None:
+            raise ValueError(
+                f"the Ledger's identity is {mine.role} {mine.id!r}: it needs a ledger identity "
+                "(aurora keys issue --role ledger --id ledger)"
+            )
+        if self.job is not None and self.job.spec.job_id != mine.job:
+            raise ValueError(
+                f"the Ledger's identity is for job {mine.job!r}, its log for "
+                f"{self.job.spec.job_id!r}"
+            )
+        self.job_id = mine.job
         key = self.public_key
-        self._server = await serve(
-            host, port, secret=secret, handler=self._session, limits=limits, public_key=key
-        )
+        serving = {
+            "secret": secret,
+            "handler": self._session,
+            "limits": limits,
+            "public_key": key,
+            "identity": current,
+            "admit": self._admission,
+        }
+        self._server = await serve(host, port, **serving)
         if unix_path is not None and len(unix_path.encode()) < 100:  # sun_path holds 108 bytes
             import os
 
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(unix_path)
-            self._unix = await serve(
-                "",
-                0,
-                secret=secret,
-                handler=self._session,
-                unix_path=unix_path,
-                limits=limits,
-                public_key=key,
-            )
+            self._unix = await serve("", 0, unix_path=unix_path, **serving)
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
 
@@ -772,6 +805,14 @@ class LedgerService:
                         # the session ends) never reaches the log, where every replay would
                         # trip on it; what is logged is the spec as JobSpec encodes it.
                         job = Job.from_record(msg["job"])
+                        if self.job_id is not None and job.spec.job_id != self.job_id:
+                            log.error(
+                                "ledger: the Trainer registered job %r; this Ledger serves %r "
+                                "(its certificate's); closed",
+                                job.spec.job_id[:80],
+                                self.job_id,
+                            )
+                            return
                         self.note(
                             {
                                 "type": "Job",
@@ -807,6 +848,8 @@ class LedgerService:
                             actor=str(msg["actor"]), lease=str(msg["lease"]), why=str(msg["why"])
                         )
                     )
+                elif op == "revocations":
+                    self._on_revocations(bytes(msg["data"]))
                 elif op == "stats":
                     self._tell_observers({**msg, "op": "stats"})
                 elif op == "finished":
@@ -818,6 +861,51 @@ class LedgerService:
         finally:
             if self.trainer is ch:
                 self.trainer = None
+
+    # -- who may connect ---------------------------------------------------------------------
+
+    def _admission(self, role: str, peer: str) -> str | None:
+        """Why a peer that proved ``role`` and ``peer`` may not connect (checked by the
+        channel before anything else: no welcome, no log row), or None."""
+        if peer in self.revoked:
+            return f"{peer[:40]!r} is revoked in this job (aurora keys revoke)"
+        if role == "actor" and self._excluded(peer):
+            return f"{peer[:40]!r} is excluded from this job (it failed verification)"
+        return None
+
+    def _excluded(self, actor: str) -> bool:
+        """Whether the policy excluded ``actor`` for good (a failed check)."""
+        trust = self.state.trust
+        return (trust is not None and trust.excluded(actor)) or actor in self.counters.evicted
+
+    def _on_revocations(self, data: bytes) -> None:
+        """The Trainer sent the job's revocation list: verified (the job key, this job), its
+        new ids logged, their connections closed and each of them lost at once."""
+        if self.public_key is None or self.job_id is None:
+            return
+        try:
+            rev = Revocations.decode(data, self.public_key, job=self.job_id)
+        except KeyFileError as exc:
+            log.error("ledger: a revocation list refused: %s", exc)
+            return
+        new = sorted(set(rev.ids) - self.revoked)
+        if not new:
+            return  # sent again (every Trainer connection sends it): no row
+        self.note({"type": "Revoked", "ids": new})
+        log.warning("ledger: revoked %s", ", ".join(new))
+        for peer in new:
+            channel = self.channels.pop(peer, None)
+            if channel is not None:
+                # Closed, not told to stop: it reconnects, is refused with the reason, and
+                # stops with that line (its operator learns why).
+                channel.close()
+            timer = self._lost_timers.pop(peer, None)
+            if timer is not None:
+                timer.cancel()
+            role = "relay" if peer in self.state.relays else "actor"
+            self._lose(peer, role)
+        for obs in [o for o in self.observers if o.peer in new]:
+            obs.close()
 
     def _signed_hash(self, msg: dict[str, Any]) -> str:
         """h(v) of a ``published`` message, from the announcement the job key signed (a delta's
@@ -893,7 +981,9 @@ class LedgerService:
                     "prompt": a.prompt,
                     "version": a.version,
                     "payload": self.log.payload(a.actor, a.lease),
-                    "plan": self.core.plan(a.actor, a.lease).value,
+                    "plan": Plan.DROP.value
+                    if a.actor in self.revoked
+                    else self.core.plan(a.actor, a.lease).value,
                 }
             )
         return {"op": "batch", "batch": k, "complete": k in self.batch_done, "results": results}
@@ -907,6 +997,8 @@ class LedgerService:
         except MessageError as exc:
             log.warning("ledger: %s sent a bad hello; closed: %s", peer, exc)
             return
+        if self._admission(role, peer) is not None:
+            return  # revoked or excluded since its identity step: closed, nothing else
         old = self.channels.get(peer)
         if old is not None and not old.closed:
             log.warning("ledger: %s connected again; closing its previous connection", peer)
@@ -930,9 +1022,12 @@ class LedgerService:
             if self.channels.get(peer) is ch:
                 del self.channels[peer]
                 if not self.finished:
-                    if self.config.reconnect_grace_s > 0:
+                    grace = self.config.reconnect_grace_s
+                    if ch.ended is not None:  # its certificate ended: it may bring a renewed one
+                        grace = max(grace, RENEWAL_GRACE_S)
+                    if grace > 0:
                         self._lost_timers[peer] = asyncio.get_running_loop().call_later(
-                            self.config.reconnect_grace_s, self._lose, peer, role
+                            grace, self._lose, peer, role
                         )
                     else:
                         self._lose(peer, role)

@@ -464,6 +464,18 @@ class Finished(Message):
     """The job is done."""
 
 
+MAX_REVOCATIONS = 1 << 20
+"""Largest revocation list (bytes: ~7,000 revoked ids of the longest kind)."""
+
+
+@_message("revocations")
+class RevocationsMsg(Message):
+    """The job's revocation list as the job key signed it (:class:`aurora.keys.Revocations`):
+    the Ledger verifies it before it believes, logs or enforces any of it."""
+
+    data: bytes = bound(Blob(MAX_REVOCATIONS))
+
+
 # ---- Ledger -> peers ---------------------------------------------------------------------
 
 
@@ -608,7 +620,15 @@ MESSAGES: dict[Direction, dict[str, type[Message]]] = {
         Staged, Activated, CaughtUp, Result, Throughput, Notice, Leave, Heartbeat, Span, Data
     ),
     Direction.TRAINER_TO_LEDGER: _table(
-        Job, Published, GetBatch, Verified, RefusedResult, Stats, Finished, Heartbeat
+        Job,
+        Published,
+        GetBatch,
+        Verified,
+        RefusedResult,
+        Stats,
+        Finished,
+        Heartbeat,
+        RevocationsMsg,
     ),
     Direction.OBSERVER_TO_LEDGER: _table(Heartbeat),  # observers are read-only
     Direction.LEDGER_TO_PEER: _table(

@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aurora.jobspec import JobSpec
 from aurora.keys import Identity
 from aurora.runtime import hooks, hopreport
-from aurora.runtime.channel import Channel, connect
+from aurora.runtime.channel import Channel, IdentityRefused, connect
 from aurora.runtime.job import transport_config
 from aurora.runtime.messages import Direction
 from aurora.transport import Node
@@ -42,9 +43,11 @@ class RelayRun:
     """The job secret."""
     public_key: bytes
     """The job's public key (announcements are verified before anything is forwarded)."""
-    identity: Identity | None = None
+    identity: Identity | Callable[[], Identity] | None = None
     """Its identity (``aurora keys issue --role relay``): the Ledger accepts its id only with
-    it. None only against a control server that does not check roles."""
+    it, and it accepts only a Ledger the job key certified for its job. A callable
+    (:class:`aurora.keys.IdentityFile`) is asked at every connection (a renewed file is used
+    without a restart). None only against a control server that checks nothing."""
     host: str = "127.0.0.1"
     """Address its data-plane node listens on."""
     port: int = 0
@@ -68,16 +71,22 @@ class RelayProcess:
         deadline = time.monotonic() + self.run.connect_timeout_s
         hello = {"id": self.run.id, "role": "relay", "region": self.run.region}
         while True:
+            ident = self.run.identity
             try:
                 return await connect(
                     self.run.ledger[0],
                     self.run.ledger[1],
                     secret=self.run.secret,
                     hello=hello,
-                    identity=self.run.identity,
+                    identity=ident() if callable(ident) else ident,
+                    job_key=self.run.public_key,
                 )
             except ConnectionError as exc:
-                if time.monotonic() > deadline or "refused us" in str(exc):
+                if (
+                    time.monotonic() > deadline
+                    or isinstance(exc, IdentityRefused)
+                    or "refused us" in str(exc)
+                ):
                     raise
                 await asyncio.sleep(0.5)
 

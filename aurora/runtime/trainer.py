@@ -40,10 +40,10 @@ import msgpack
 from aurora.delta import Segment
 from aurora.delta.announce import verify
 from aurora.jobspec import JobSpec
-from aurora.keys import trainer_identity
+from aurora.keys import DEFAULT_LIFETIME_S, LEDGER_ID, RevocationFile, SelfIssued, trainer_identity
 from aurora.policy.verification import Plan, judge, measure, pick_completions
 from aurora.runtime import hopreport
-from aurora.runtime.channel import Channel, connect
+from aurora.runtime.channel import Channel, IdentityRefused, connect
 from aurora.runtime.compute import TrainerSide, make_trainer
 from aurora.runtime.job import digest_due, transport_config, verification_config
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig, channel_limits
@@ -104,6 +104,10 @@ class TrainerRun:
     """Port of the in-process Ledger (0: any free port)."""
     ports_file: str | None = None
     """Where to write the ports actually bound (JSON), for a launcher to read."""
+    revocations: str | None = None
+    """The job's revocation list (``aurora keys revoke``): read whenever it changes, its ids'
+    results never trained on, and sent to the Ledger, which enforces it. None:
+    ``RUN_DIR/revoked.json``."""
 
 
 def _publish_in_thread(
@@ -170,6 +174,10 @@ class TrainerProcess:
         """The job's verification rule (None: results are trained unchecked)."""
         self.probe = MemoryProbe("trainer")
         """Opt-in tracemalloc snapshots (``AURORA_TRACEMALLOC``; off by default)."""
+        self.revocations = RevocationFile(
+            run.revocations or self.dir / "revoked.json", run.public_key, job=self.spec.job_id
+        )
+        """The job's revoked ids (the union of every list read; the file is watched)."""
 
     # -- state on disk -----------------------------------------------------------------------
 
@@ -256,6 +264,7 @@ class TrainerProcess:
     # -- main --------------------------------------------------------------------------------
 
     async def main(self) -> int:
+        self.revocations.poll(strict=True)  # a list that does not verify: one line, no start
         self.compute = await asyncio.to_thread(make_trainer, self.spec, workdir=str(self.dir))
         if self.verification is not None and not hasattr(self.compute, "recompute"):
             raise ValueError(
@@ -324,6 +333,14 @@ class TrainerProcess:
                 self.run.host,
                 self.run.ledger_port,
                 secret=self.run.secret,
+                # The job key holder certifies its own Ledger, anew before each lapses.
+                identity=SelfIssued(
+                    "ledger",
+                    LEDGER_ID,
+                    self.run.signing_key,
+                    job=spec.job_id,
+                    lifetime_s=DEFAULT_LIFETIME_S,
+                ),
                 unix_path=str(self.dir / "ledger.sock"),
                 limits=channel_limits(spec),
             )
@@ -377,11 +394,32 @@ class TrainerProcess:
                     secret=self.run.secret,
                     hello={"id": "trainer", "role": "trainer"},
                     identity=trainer_identity(self.run.signing_key),
+                    # Only a Ledger the job key certified for this job decides what is trained.
+                    job_key=self.run.public_key,
+                    job=self.spec.job_id,
+                    revoked=self.revocations.ids,
                 )
+            except IdentityRefused:
+                raise  # not this job's Ledger (or a revoked one): never trained with
             except ConnectionError:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.5)
+
+    async def _send_revocations(self, ch: Channel) -> None:
+        """Send the Ledger the revocation list on connect and whenever the file adds ids (it
+        is read once a second: a stat while nothing changes)."""
+        sent = None
+        while not ch.closed:
+            self.revocations.poll()
+            latest = self.revocations.latest
+            if latest is not None and latest is not sent:
+                try:
+                    await ch.send({"op": "revocations", "data": latest.encode()})
+                except ConnectionError:
+                    return  # the next connection sends it
+                sent = latest
+            await asyncio.sleep(1.0)
 
     async def _serve_job(
         self, spec: JobSpec, addr: tuple[str, int], v: int, meta: dict[str, Any]
@@ -395,6 +433,7 @@ class TrainerProcess:
             self.channel = await self._connect(addr)
             self._inbox = asyncio.Queue()
             reader = asyncio.create_task(self._read(self.channel))
+            revoker = asyncio.create_task(self._send_revocations(self.channel))
             try:
                 resume = await self._resume_with_ledger(spec, v, meta)
                 self.done_batches |= set(resume)
@@ -409,6 +448,7 @@ class TrainerProcess:
                 await asyncio.sleep(0.5)
             finally:
                 reader.cancel()
+                revoker.cancel()
 
     async def _resume_with_ledger(self, spec: JobSpec, v: int, meta: dict[str, Any]) -> list[int]:
         assert self.channel is not None
@@ -467,6 +507,9 @@ class TrainerProcess:
         kept: list[tuple[str, str, bool, tuple[int, bytes, int], int]] = []
         dropped = 0
         for r in msg.get("results") or ():
+            if isinstance(r, dict) and str(r.get("actor")) in self.revocations.ids:
+                self._batch_refused += 1  # revoked: never trained on, whatever the Ledger says
+                continue
             checked = self._check_result(r)
             if isinstance(checked, str):
                 self._batch_refused += 1
