@@ -347,13 +347,21 @@ def _done(path: Path) -> set[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="what one result can do to a step; honest log-probs")
-    p.add_argument("--part", default="all", choices=["logprobs", "attack", "honest", "all"])
-    p.add_argument("--engines", default="transformers")
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--batches", type=int, default=32)
+    p = argparse.ArgumentParser(
+        description="What one forged result can do to a Trainer step, with and without the "
+        "bounds; honest behaviour log-probs per engine; honest real runs under the bounds."
+    )
+    p.add_argument(
+        "--part",
+        default="all",
+        choices=["logprobs", "attack", "honest", "all"],
+        help="which measurement to run (default: all)",
+    )
+    p.add_argument("--engines", default="transformers", help="comma-separated: transformers, vllm")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    p.add_argument("--batches", type=int, default=32, help="prompts per attacked step")
     p.add_argument("--steps", type=int, default=20, help="steps of each honest run")
-    p.add_argument("--out", default=f"results/{NAME}")
+    p.add_argument("--out", default=f"results/{NAME}", help="folder for the rows")
     args = p.parse_args(argv)
     out = Path(args.out)
     engines = [e for e in args.engines.split(",") if e]

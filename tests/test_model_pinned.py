@@ -253,14 +253,16 @@ def _actor_loads(tmp: Path, out: Path) -> tuple[int | None, str]:
     shutil.copy(out / "ledger.db", db)
     keys = out / "keys"
     common = ["--secret-file", str(keys / "job.secret"), "--public-key", str(keys / "job.pub")]
-    ident = tmp / "a.identity"
+    ident, ledger_ident = tmp / "a.identity", tmp / "l.identity"
     if not ident.exists():
         key = load_signing_key(keys / "trainer.key")
-        write_identity(ident, issue_identity("actor", "joiner", key))
+        job_id = json.loads((out / "job.json").read_text())["spec"]["job_id"]
+        write_identity(ident, issue_identity("actor", "joiner", key, job=job_id))
+        write_identity(ledger_ident, issue_identity("ledger", "ledger", key, job=job_id))
     aurora = [sys.executable, "-m", "aurora.cli"]
     ledger = subprocess.Popen(
         [*aurora, "ledger", "--job", str(out / "job.json"), "--db", str(db), "--port", "0"]
-        + common,
+        + [*common, "--identity", str(ledger_ident)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

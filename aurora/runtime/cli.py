@@ -598,7 +598,11 @@ def add_export_parser(sub: Any) -> None:
     p.set_defaults(func=_export, topology=None)
 
     p = sub.add_parser(
-        "check-model", help="check a run's model/ directory against the Trainer's signature"
+        "check-model",
+        help="check a run's model/ directory against the Trainer's signature",
+        description="Check every file of a run's model/ directory (weights, config, tokenizer "
+        "files, chat template) against the record the Trainer signed; one line names the first "
+        "file that differs.",
     )
     p.add_argument("dir", help="the model directory (a run's model/)")
     p.add_argument("--job", required=True, help="the run's job.json (its job id)")
