@@ -99,6 +99,12 @@ class RealRun:
     hooks: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Fault-injection hooks per process id (:mod:`aurora.runtime.hooks`; the reliability
     matrix's tests only)."""
+    metrics: bool = False
+    """Every role serves ``/metrics`` on a free port; targets in ``RUN/prometheus/``."""
+    metrics_host: str = "127.0.0.1"
+    """Where each ``/metrics`` listens (this host only by default)."""
+    log: str | None = None
+    """``tensorboard`` or ``wandb``: each step's series (:mod:`aurora.observe.steplog`)."""
 
 
 def free_port(host: str) -> int:
@@ -139,6 +145,10 @@ class Launcher:
         self.net: Any = None
         """The emulated network (``emulation.network.Network``) under ``emulate``."""
         self.scale: float | None = None
+        self.metrics_ports: dict[str, int] = {}
+        """Role id -> its ``/metrics`` port (``--metrics``)."""
+        self.steplog: Any = None
+        """The run's :class:`aurora.observe.steplog.StepLog` (``--log``)."""
 
     @property
     def job(self) -> JobSpec:
@@ -151,6 +161,10 @@ class Launcher:
 
     def prepare(self) -> None:
         run = self.run
+        if run.log is not None:
+            from aurora.observe.steplog import check
+
+            check(run.log)
         check_faults(run.faults, self.topo, steps=run.steps or self.real.steps)
         if run.spot_hazard > 0 and not any(g.spot for g in self.topo.actors):
             raise LaunchError(
@@ -210,6 +224,12 @@ class Launcher:
             self.region_of[a.id] = a.region
         for rid, region in self.plan.relays:
             self.region_of[rid] = region
+        # An identity that can only read, for aurora status RUN (docs/OBSERVABILITY.md).
+        self._identity("observer", "status")
+        if run.metrics:
+            from aurora.observe.targets import write_targets
+
+            self.metrics_ports = write_targets(self, faults=run.faults)
 
     def describe(self) -> str:
         """The first line: what runs, and what was scaled from the topology."""
@@ -261,6 +281,7 @@ class Launcher:
             "--signing-key",
             str(self.keys.signing_key),
             *self._common(),
+            *self._metrics("trainer"),
         ]
 
     def _actor_args(self, aid: str, region: str, engine: str | None) -> list[str]:
@@ -277,10 +298,18 @@ class Launcher:
             self._reach(region),
             *self._common(),
             *self._identity("actor", aid),
+            *self._metrics(aid),
         ]
         if engine is not None:
             args += ["--engine", engine]
         return args
+
+    def _metrics(self, pid: str) -> list[str]:
+        """``--metrics-port``/``--metrics-host`` of ``pid`` under ``--metrics``, else nothing."""
+        if pid not in self.metrics_ports:
+            return []
+        host = "0.0.0.0" if self.net is not None else self.run.metrics_host
+        return ["--metrics-port", str(self.metrics_ports[pid]), "--metrics-host", host]
 
     def _identity(self, role: str, pid: str) -> list[str]:
         """``--identity FILE``: ``pid``'s identity in ``role``, issued with the job key once
@@ -308,6 +337,7 @@ class Launcher:
             "--port",
             str(self.ports["ledger"]),
             *self._common(),
+            *self._metrics("ledger"),
         ]
         p = self.procs.procs.get("ledger") or self._add("ledger", "ledger", args)
         p.start()
@@ -363,6 +393,7 @@ class Launcher:
             self._reach(region),
             *self._common(),
             *self._identity("relay", rid),
+            *self._metrics(rid),
         ]
         p = self.procs.procs.get(rid) or self._add(rid, "relay", args)
         p.start()
@@ -511,6 +542,8 @@ class Launcher:
             self.step = max(self.step, v)
             self.last_step_at = time.monotonic()
             self._show(v, msg)
+            if self.steplog is not None:
+                self.steplog.step(v, msg)  # the Ledger's step record rides on the stats
         elif op == "finished":
             self.finished.set()
 
@@ -616,6 +649,19 @@ class Launcher:
             except Exception as exc:  # EmulationError/EmulationUnavailable: one line, no run
                 print(f"aurora real: --emulate: {exc}", file=sys.stderr)
                 return EXIT_BAD_INPUT
+        if self.run.log is not None:
+            from aurora.observe.steplog import StepLog
+
+            try:
+                self.steplog = StepLog(
+                    self.run.log,
+                    self.dir / ("tb" if self.run.log == "tensorboard" else "wandb"),
+                    name=self.dir.name,
+                    config={"mode": "real", "strategy": self.run.strategy, "seed": self.run.seed},
+                )
+            except ValueError as exc:
+                print(f"aurora real: {exc}", file=sys.stderr)
+                return EXIT_BAD_INPUT
         if self.run.progress and sys.stderr.isatty():
             from tqdm import tqdm
 
@@ -666,6 +712,8 @@ class Launcher:
         from aurora.runtime.trainer import ledger_config
 
         if not (self.dir / "ledger.db").exists():
+            if self.steplog is not None:
+                self.steplog.close()
             return code
         config = {
             "topology": self.topo.name,
@@ -685,6 +733,11 @@ class Launcher:
         policy = ledger_config(self.job, str(self.dir / "ledger.db")).policy
         summary = write_outputs(self.dir, config=config, name=self.topo.name, policy=policy)
         summary["exit_code"] = code
+        if self.steplog is not None:
+            self.steplog.heldout(
+                summary["reward_first"], summary["reward_last"], summary["steps_completed"]
+            )
+            self.steplog.close()
         (self.dir / "summary.json").write_text(
             json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n"
         )
