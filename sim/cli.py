@@ -210,9 +210,8 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "log", None):  # docs/OBSERVABILITY.md
             from aurora.observe.steplog import write_rows
 
-            sub = "tb" if args.log == "tensorboard" else "wandb"
             meta = {"mode": "sim", "strategy": name, "seed": cfg.seed}
-            write_rows(args.log, folder / sub, result.rows, name=folder.name, config=meta)
+            write_rows(args.log, folder, result.rows, name=folder.name, config=meta)
         if problem is not None:
             stalled.append(f"{name}: {problem} (partial output in {written})")
         if not result.rows:

@@ -54,7 +54,8 @@ _EVENT_COUNTS = {
 
 
 def watched_actors(state: Any, cap: int = PER_ACTOR_MAX) -> list[str]:
-    """The Actors that get series of their own (module docstring), by id."""
+    """The Actors that get series of their own (module docstring): every one, by id, when they
+    fit in ``cap``; else the ``cap`` most urgent, the most urgent first."""
     trust = getattr(state, "trust", None)
     excluded = {a for a in state.actors if trust is not None and trust.excluded(a)}
     recs = [r for r in state.actors.values() if r.live or r.id in excluded]
@@ -68,7 +69,7 @@ def watched_actors(state: Any, cap: int = PER_ACTOR_MAX) -> list[str]:
         est = rec.estimate if rec.estimate is not None else -1.0
         return (rec.id not in excluded, not rec.stalled, -lag, est, rec.id)
 
-    return sorted(r.id for r in heapq.nsmallest(cap, recs, key=rank))
+    return [r.id for r in heapq.nsmallest(cap, recs, key=rank)]  # the most urgent first
 
 
 class LedgerMetrics:

@@ -27,6 +27,9 @@ from aurora.observe.table import METRICS
 KINDS = ("tensorboard", "wandb")
 """The ``--log`` choices."""
 
+SUBFOLDER = {"tensorboard": "tb", "wandb": "wandb"}
+"""Where in a run's folder each kind writes."""
+
 TAG_OF: dict[str, str] = {m.step: m.tag for m in METRICS if m.step is not None and m.tag}
 """Step record field -> tag."""
 
@@ -50,11 +53,12 @@ class StepLog:
     """One run's scalars, to TensorBoard or W&B (module docstring)."""
 
     def __init__(
-        self, kind: str, folder: str | Path, *, name: str, config: Mapping[str, Any] | None = None
+        self, kind: str, run: str | Path, *, name: str, config: Mapping[str, Any] | None = None
     ) -> None:
         check(kind)
         self.kind = kind
-        self.folder = Path(folder)
+        self.folder = Path(run) / SUBFOLDER[kind]
+        """Where the files go: ``RUN/tb`` (event files) or ``RUN/wandb`` (W&B's offline run)."""
         self.written: set[int] = set()
         if kind == "tensorboard":
             from tensorboardX import SummaryWriter
@@ -68,7 +72,7 @@ class StepLog:
             self._wandb = wandb.init(
                 project=os.environ.get("WANDB_PROJECT", "aurorarl"),
                 name=name,
-                dir=str(self.folder),
+                dir=str(run),  # W&B adds wandb/
                 mode=os.environ.get("WANDB_MODE", "offline"),  # type: ignore[arg-type]
                 config=dict(config or {}),
                 reinit="create_new",
@@ -108,19 +112,20 @@ class StepLog:
 
 def write_rows(
     kind: str,
-    folder: str | Path,
+    run: str | Path,
     rows: list[dict[str, Any]],
     *,
     name: str,
     config: Mapping[str, Any] | None = None,
 ) -> Path:
-    """A simulated run's step rows through :class:`StepLog` (``folder``); returns ``folder``."""
+    """A simulated run's step rows through :class:`StepLog` into its folder ``run``; returns
+    where the files went."""
     from aurora.observe.steps import from_sim_row
 
-    log = StepLog(kind, folder, name=name, config=config)
+    log = StepLog(kind, run, name=name, config=config)
     try:
         for row in rows:
             log.step(int(row["step"]), from_sim_row(row))
     finally:
         log.close()
-    return Path(folder)
+    return log.folder

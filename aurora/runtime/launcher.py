@@ -655,7 +655,7 @@ class Launcher:
             try:
                 self.steplog = StepLog(
                     self.run.log,
-                    self.dir / ("tb" if self.run.log == "tensorboard" else "wandb"),
+                    self.dir,
                     name=self.dir.name,
                     config={"mode": "real", "strategy": self.run.strategy, "seed": self.run.seed},
                 )

@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 The command connects to the Ledger as an *observer*: the role its identity certifies
 (``aurora keys issue --role observer``), not what its hello says. An observer's session takes
-two messages, a heartbeat and ``status`` (:mod:`aurora.runtime.messages`); anything else closes
-it, and nothing it sends is logged or decided. The Ledger answers ``status`` with
+two messages, a heartbeat and ``status`` (:mod:`aurora.runtime.messages`); anything else is
+dropped, and nothing it sends is logged or decided. The Ledger answers ``status`` with
 :func:`aurora.observe.status.snapshot`. Given a run's folder (``aurora status RUN``) it connects
 with the folder's job secret and the observer identity ``aurora real`` issued there
 (``keys/observer-status.identity``); when no Ledger answers (the run has finished or was
