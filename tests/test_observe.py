@@ -304,3 +304,15 @@ def test_the_metrics_server_serves_get_metrics_only_and_bounds_its_clients():
         await server.close()
 
     asyncio.run(main())
+
+
+def test_the_shipped_grafana_dashboard_is_the_tables_and_draws_every_metric():
+    from aurora.observe.dashboard import dashboard
+
+    shipped = json.loads((ROOT / "examples" / "grafana-dashboard.json").read_text())
+    assert shipped == dashboard(), "regenerate: python -m aurora.observe.dashboard > examples/..."
+    exprs = [t["expr"] for p in shipped["panels"] for t in p.get("targets", [])]
+    for m in table.METRICS:
+        assert any(re.search(rf"\b{m.name}(_bucket)?\b", e) for e in exprs), m.name
+    rows = [p["title"] for p in shipped["panels"] if p["type"] == "row"]
+    assert rows == list(table.GROUPS)

@@ -36,6 +36,7 @@ from prometheus_client.core import (
 
 from aurora.observe.steps import step_record
 from aurora.observe.table import BY_NAME, PER_ACTOR_MAX
+from aurora.policy.ledger import LIVE
 
 STEPS_KEPT = 16
 """Newest steps whose records are kept (observers are sent each as it is made)."""
@@ -264,42 +265,47 @@ class LedgerMetrics:
             n = pacer.config.prompts_per_batch
             got = len(pacer.results.get(k, ())) if k not in pacer.done else n
             out.gauge("aurora_batch_completion_ratio", got / n if n else 0.0)
-        by_life: Counter[tuple[str, str]] = Counter()
-        lag_max: dict[str, int] = {}
-        tput: dict[str, float] = {}
-        leases: Counter[str] = Counter()
-        shares: Counter[str] = Counter()
+        # One pass over every Actor (10^4 of them at a scrape: kept to dict look-ups).
+        by_life: Counter[tuple[str, Any]] = Counter()
+        regions: dict[str, list[Any]] = {}  # region -> [min active, tokens/s, leases, shares]
         fanout: Counter[str] = Counter()
         links: dict[tuple[str, str], tuple[int, float]] = {}
         total_shares = sum(self.shares.values())
+        relays = set(state.relays) | set(state.region_relay.values())
+        held_by, share_of, staged = book.by_actor, self.shares, self.staged
         for rec in state.actors.values():
-            region = rec.region
-            by_life[region, rec.life.value] += 1
-            if not rec.live:
+            region, aid = rec.region, rec.id
+            by_life[region, rec.life] += 1
+            if rec.life not in LIVE:
                 continue
+            r = regions.get(region)
+            if r is None:
+                r = regions[region] = [None, 0.0, 0, 0]
             active = rec.versions.active
-            if latest is not None and active is not None:
-                lag_max[region] = max(lag_max.get(region, 0), latest - active)
-            tput[region] = tput.get(region, 0.0) + (rec.estimate or 0.0)
-            held = book.by_actor.get(rec.id)
-            leases[region] += len(held) if held else 0
-            shares[region] += self.shares.get(rec.id, 0)
-            if rec.source in state.relays or rec.source in state.region_relay.values():
-                fanout[rec.source] += 1
-            got = self.staged.get(rec.id)
+            if active is not None and (r[0] is None or active < r[0]):
+                r[0] = active
+            r[1] += rec.estimate or 0.0
+            held = held_by.get(aid)
+            if held:
+                r[2] += len(held)
+            r[3] += share_of.get(aid, 0)
+            source = rec.source
+            if source in relays:
+                fanout[source] += 1
+            got = staged.get(aid)
             if got is not None:
-                key = (rec.source, region)
-                have = links.get(key)
-                if have is None or got[0] > have[0] or (got[0] == have[0] and got[1] > have[1]):
-                    links[key] = got
-        for (region, life), n in sorted(by_life.items()):
-            out.gauge("aurora_actors", n, region=region, life=life)
-        for region in sorted(tput):
-            out.gauge("aurora_region_lag_versions_max", lag_max.get(region, 0), region=region)
-            out.gauge("aurora_region_throughput_tokens_per_second", tput[region], region=region)
-            out.gauge("aurora_region_leases", leases[region], region=region)
+                have = links.get((source, region))
+                if have is None or got > have:
+                    links[source, region] = got
+        for (region, life), n in sorted(by_life.items(), key=lambda x: (x[0][0], x[0][1].value)):
+            out.gauge("aurora_actors", n, region=region, life=life.value)
+        for region, (low, tokens_s, held_n, share_n) in sorted(regions.items()):
+            lag = latest - low if latest is not None and low is not None else 0
+            out.gauge("aurora_region_lag_versions_max", lag, region=region)
+            out.gauge("aurora_region_throughput_tokens_per_second", tokens_s, region=region)
+            out.gauge("aurora_region_leases", held_n, region=region)
             if total_shares:
-                out.gauge("aurora_region_share_ratio", shares[region] / total_shares, region=region)
+                out.gauge("aurora_region_share_ratio", share_n / total_shares, region=region)
         for relay, n in sorted(fanout.items()):
             out.gauge("aurora_relay_fanout", n, relay=relay)
         for (source, region), (_, secs) in sorted(links.items()):
