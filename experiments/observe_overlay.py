@@ -53,20 +53,25 @@ def main(argv: Sequence[str] | None = None) -> Path:
     for i, run in enumerate(Path(r) for r in args.runs):
         real, sim = scalars(run / "tb"), scalars(run / "sim" / "tb")
         color = f"C{i}"
-        label = run.name.removeprefix("svr-compare-loopback-").replace("-aurora-s", " aurora s")
+        label = run.name.split("-n")[-1].split("-", 1)[-1]  # the strategy and seed
         for ax, (tag, title) in zip(axes, TAGS, strict=True):
-            for series, style, who in ((real, "-", "real"), (sim, "--", "simulated")):
+            for series, style, mark, who in ((real, "-", "o", "real"), (sim, "--", "x", "sim")):
                 got = series.get(tag, {})
                 steps = sorted(got)
+                values = [got[s] for s in steps]
                 ax.plot(
                     steps,
-                    [got[s] for s in steps],
+                    values,
                     style,
                     color=color,
-                    marker=".",
+                    marker=mark,
+                    ms=4,
+                    mfc="none",
                     label=f"{label}: {who}",
                 )
             ax.set(title=title, xlabel="step")
+            if tag == "training/step_time_s":
+                ax.set_yscale("log")  # the first step waits for every Actor to load its model
             ax.grid(True, alpha=0.3)
         if args.evidence:
             out = Path(args.evidence)
