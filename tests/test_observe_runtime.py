@@ -79,6 +79,7 @@ def run(tmp_path_factory):
     bodies: dict[str, str] = {}
     live: dict | None = None
     elsewhere: list[str] | None = None
+    watch: subprocess.Popen | None = None
     here = this_hosts_address()
     try:
         targets_file = folder / "prometheus" / "targets.json"
@@ -99,13 +100,22 @@ def run(tmp_path_factory):
             if elsewhere is None and len(bodies) == len(targets):
                 elsewhere = [t["labels"]["id"] for t in targets if answers(here, t)]
             version = re.search(r"^aurora_version (\S+)", bodies.get("trainer", ""), re.M)
+            if watch is None and version and float(version.group(1)) >= 1:
+                watch = subprocess.Popen(
+                    [*AURORA, "status", str(folder), "--watch", "0.3", "--json"],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
             if live is None and version and float(version.group(1)) >= 2:
                 live = status(str(folder))
             time.sleep(0.2)
         out, err = proc.communicate(timeout=60)
+        watched = watch.communicate(timeout=60) if watch is not None else ("", "no watch")
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        for p in (proc, watch):
+            if p is not None and p.poll() is None:
+                p.kill()
     assert proc.returncode == 0, err
     return {
         "folder": folder,
@@ -115,6 +125,7 @@ def run(tmp_path_factory):
         "live": live,
         "tmp": tmp,
         "elsewhere": elsewhere,
+        "watched": (watch.returncode if watch else None, *watched),
     }
 
 
@@ -221,6 +232,16 @@ def test_aurora_status_reads_a_running_job_and_then_its_finished_folder(run):
         [*AURORA, "status", str(folder)], capture_output=True, text=True, timeout=60
     )
     assert text.returncode == 0 and "relay-ca -> ca" in text.stdout
+
+
+def test_aurora_status_watch_follows_the_job_until_it_finishes(run):
+    code, out, err = run["watched"]
+    assert code == 0, err
+    snaps = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert len(snaps) >= 3
+    versions = [s["latest"] for s in snaps]
+    assert versions == sorted(versions) and versions[0] < STEPS
+    assert snaps[-1]["finished"] and snaps[-1]["latest"] == STEPS
 
 
 def tb_scalars(folder: Path) -> dict[str, dict[int, float]]:
