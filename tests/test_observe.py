@@ -163,7 +163,9 @@ def _expose(collector) -> bytes:
     return generate_latest(registry([collector], process=False))
 
 
-def ten_thousand_actors(n: int = 10_000, per_actor_max: int = table.PER_ACTOR_MAX):
+def ten_thousand_actors(
+    n: int = 10_000, per_actor_max: int = table.PER_ACTOR_MAX, regions: int = 10
+):
     """A Ledger (log in memory, no job: nothing is paced) with ``n`` Actors in 10 regions, three
     versions published; all but the last 10 v Actors stage and activate each version v."""
     from aurora.policy.events import DeltaPublished, VersionActivated
@@ -190,7 +192,7 @@ def ten_thousand_actors(n: int = 10_000, per_actor_max: int = table.PER_ACTOR_MA
 
         publish(0)
         for i in range(n):
-            svc.feed(ActorJoined(actor=f"a{i:05d}", region=f"r{i % 10}", active=0))
+            svc.feed(ActorJoined(actor=f"a{i:05d}", region=f"r{i % regions}", active=0))
         for v in (1, 2, 3):
             publish(v)
             for i in range(n - 10 * v):
@@ -316,3 +318,22 @@ def test_the_shipped_grafana_dashboard_is_the_tables_and_draws_every_metric():
         assert any(re.search(rf"\b{m.name}(_bucket)?\b", e) for e in exprs), m.name
     rows = [p["title"] for p in shipped["panels"] if p["type"] == "row"]
     assert rows == list(table.GROUPS)
+
+
+def test_regions_an_actor_names_in_its_hello_stay_bounded_too():
+    """A certified Actor says its own region: 500 Actors naming 500 regions give at most
+    REGIONS_MAX region series, the smallest counted together, and a snapshot that fits a
+    message."""
+    import msgpack
+
+    from aurora.observe.ledger import OTHER, REGIONS_MAX
+
+    svc = ten_thousand_actors(500, regions=500)
+    got = parse(_expose(svc.metrics))
+    regions = {dict(k[1])["region"] for k in got if k[0] == "aurora_region_leases"}
+    assert len(regions) <= REGIONS_MAX and OTHER in regions
+    assert sum(v for k, v in got.items() if k[0] == "aurora_actors") == 500
+    assert len({k for k in got if "region" in dict(k[1])}) < 10 * REGIONS_MAX
+    snap = snapshot(svc)
+    assert len(snap["regions"]) <= REGIONS_MAX and len(snap["links"]) <= REGIONS_MAX
+    assert len(msgpack.packb(snap)) < 64 << 10

@@ -54,6 +54,31 @@ _EVENT_COUNTS = {
 """Membership events counted, by the metric that counts them."""
 
 
+REGIONS_MAX = 64
+"""Most regions (and relays, and links) with series of their own. A region is what an Actor's
+hello says: a topology names a few, but a certified Actor can say anything, so beyond this many
+the regions with the fewest Actors are counted together as :data:`OTHER`."""
+
+OTHER = "(other)"
+
+
+def folded_regions(state: Any, cap: int = REGIONS_MAX) -> dict[str, str] | None:
+    """None when the Actors name at most ``cap`` regions; else region -> itself for the
+    ``cap - 1`` with the most Actors (the rest map to :data:`OTHER`)."""
+    counts = Counter(rec.region for rec in state.actors.values())
+    if len(counts) <= cap:
+        return None
+    kept = sorted(counts, key=lambda r: (-counts[r], r))[: cap - 1]
+    return {r: r for r in kept}
+
+
+def _top(d: dict[Any, Any], cap: int) -> dict[Any, Any]:
+    """``d`` itself, or its ``cap`` entries with the largest values."""
+    if len(d) <= cap:
+        return d
+    return dict(heapq.nlargest(cap, d.items(), key=lambda kv: kv[1]))
+
+
 def watched_actors(state: Any, cap: int = PER_ACTOR_MAX) -> list[str]:
     """The Actors that get series of their own (module docstring): every one, by id, when they
     fit in ``cap``; else the ``cap`` most urgent, the most urgent first."""
@@ -273,8 +298,11 @@ class LedgerMetrics:
         total_shares = sum(self.shares.values())
         relays = set(state.relays) | set(state.region_relay.values())
         held_by, share_of, staged = book.by_actor, self.shares, self.staged
+        fold = folded_regions(state)
         for rec in state.actors.values():
             region, aid = rec.region, rec.id
+            if fold is not None:
+                region = fold.get(region, OTHER)
             by_life[region, rec.life] += 1
             if rec.life not in LIVE:
                 continue
@@ -306,9 +334,9 @@ class LedgerMetrics:
             out.gauge("aurora_region_leases", held_n, region=region)
             if total_shares:
                 out.gauge("aurora_region_share_ratio", share_n / total_shares, region=region)
-        for relay, n in sorted(fanout.items()):
+        for relay, n in sorted(_top(fanout, REGIONS_MAX).items()):
             out.gauge("aurora_relay_fanout", n, relay=relay)
-        for (source, region), (_, secs) in sorted(links.items()):
+        for (source, region), (_, secs) in sorted(_top(links, REGIONS_MAX).items()):
             out.gauge("aurora_link_transfer_seconds", secs, source=source, region=region)
         relays_by_region = Counter(state.relays.values())
         for region, n in sorted(relays_by_region.items()):

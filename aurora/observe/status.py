@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from aurora.observe.ledger import watched_actors
+from aurora.observe.ledger import OTHER, REGIONS_MAX, folded_regions, watched_actors
 from aurora.observe.table import PER_ACTOR_MAX
 
 MIN_INTERVAL_S = 0.5
@@ -38,9 +38,11 @@ def snapshot(service: Any, *, per_actor_max: int = PER_ACTOR_MAX) -> dict[str, A
     trust = state.trust
     regions: dict[str, dict[str, Any]] = {}
     links: dict[tuple[str, str], dict[str, Any]] = {}
+    fold = folded_regions(state)
     for rec in state.actors.values():
+        region = rec.region if fold is None else fold.get(rec.region, OTHER)
         r = regions.setdefault(
-            rec.region,
+            region,
             {
                 "actors": 0,
                 "live": 0,
@@ -62,10 +64,10 @@ def snapshot(service: Any, *, per_actor_max: int = PER_ACTOR_MAX) -> dict[str, A
         held = book.by_actor.get(rec.id)
         r["leases"] += len(held) if held else 0
         link = links.setdefault(
-            (rec.source, rec.region),
+            (rec.source, region),
             {
                 "source": rec.source,
-                "region": rec.region,
+                "region": region,
                 "actors": 0,
                 "version": None,
                 "transfer_s": None,
@@ -117,7 +119,10 @@ def snapshot(service: Any, *, per_actor_max: int = PER_ACTOR_MAX) -> dict[str, A
         "actors_total": sum(1 for r in state.actors.values() if r.live),
         "actors_shown": len(actors),
         "actors": actors,
-        "links": sorted(links.values(), key=lambda x: (x["source"], x["region"])),
+        "links": sorted(
+            sorted(links.values(), key=lambda x: -x["actors"])[:REGIONS_MAX],
+            key=lambda x: (x["source"], x["region"]),
+        ),
         "relays": dict(sorted(state.relays.items())),
         "leases": {"outstanding": len(book.leased), "pool": book.pool_size},
         "counters": {
@@ -136,17 +141,23 @@ def snapshot(service: Any, *, per_actor_max: int = PER_ACTOR_MAX) -> dict[str, A
 
 
 class SnapshotCache:
-    """The newest snapshot of one service, made again at most every :data:`MIN_INTERVAL_S`."""
+    """The newest snapshot of one service, made again at most every :data:`MIN_INTERVAL_S`, or
+    sooner when a version is published, a batch requested or the job finishes (at most once a
+    step), so no one is told a job runs after it finished."""
 
     def __init__(self, service: Any) -> None:
         self.service = service
         self._snap: dict[str, Any] | None = None
         self._at = -1e300
+        self._key: tuple[Any, ...] = ()
 
     def get(self) -> dict[str, Any]:
         now = time.monotonic()
-        if self._snap is None or now - self._at >= MIN_INTERVAL_S:
-            self._snap, self._at = snapshot(self.service), now
+        svc = self.service
+        pacer = svc.core.pacer
+        key = (svc.core.state.latest, pacer.requesting if pacer else 0, svc.finished)
+        if self._snap is None or now - self._at >= MIN_INTERVAL_S or key != self._key:
+            self._snap, self._at, self._key = snapshot(svc), now, key
         return self._snap
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,20 @@ def prometheus_config(targets: Path, *, interval: str = SCRAPE_INTERVAL) -> str:
     )
 
 
-def write_targets(launcher: Any, *, faults: tuple[Any, ...] = ()) -> dict[str, int]:
+def write_targets(
+    launcher: Any,
+    *,
+    faults: tuple[Any, ...] = (),
+    ports: dict[str, int] | None = None,
+    reach: Callable[[str], str] | None = None,
+) -> dict[str, int]:
     """Pick a ``/metrics`` port for every process ``launcher`` may start (the Trainer, a
     standalone Ledger, relays, Actors, Actors that join by a fault), write the file_sd targets
-    and a ``prometheus.yml``; return role id -> port."""
+    and a ``prometheus.yml``; return role id -> port. Again with the ``ports`` it returned and
+    ``reach`` (region -> the address this host reaches it at) once the regions are network
+    namespaces (``--emulate``)."""
     host = launcher.run.metrics_host
-    reach = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    local = "127.0.0.1" if host in ("0.0.0.0", "") else host
     trainer_region = launcher.topo.trainer.region
     roles: list[tuple[str, str, str]] = [("trainer", "trainer", trainer_region)]
     if launcher.standalone_ledger:
@@ -46,15 +55,16 @@ def write_targets(launcher: Any, *, faults: tuple[Any, ...] = ()) -> dict[str, i
     roles += [(rid, "relay", region) for rid, region in launcher.plan.relays]
     roles += [(a.id, "actor", a.region) for a in launcher.plan.actors]
     roles += [(f.target, "actor", f.region) for f in faults if f.kind == "join"]
-    ports: dict[str, int] = {}
+    chosen: dict[str, int] = {}
     entries = []
     for pid, role, region in roles:
-        if pid in ports:
+        if pid in chosen:
             continue
-        ports[pid] = free_port(reach)
+        chosen[pid] = ports[pid] if ports is not None else free_port(local)
+        address = reach(region) if reach is not None else local
         entries.append(
             {
-                "targets": [f"{reach}:{ports[pid]}"],
+                "targets": [f"{address}:{chosen[pid]}"],
                 "labels": {"role": role, "id": pid, "region": region},
             }
         )
@@ -62,4 +72,4 @@ def write_targets(launcher: Any, *, faults: tuple[Any, ...] = ()) -> dict[str, i
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "targets.json").write_text(json.dumps(entries, indent=2) + "\n")
     (folder / "prometheus.yml").write_text(prometheus_config(folder.resolve() / "targets.json"))
-    return ports
+    return chosen

@@ -649,6 +649,12 @@ class Launcher:
             except Exception as exc:  # EmulationError/EmulationUnavailable: one line, no run
                 print(f"aurora real: --emulate: {exc}", file=sys.stderr)
                 return EXIT_BAD_INPUT
+            if self.metrics_ports and self.net is not None:
+                from aurora.observe.targets import write_targets
+
+                write_targets(  # each role's /metrics is in its region's namespace now
+                    self, faults=self.run.faults, ports=self.metrics_ports, reach=self._reach
+                )
         if self.run.log is not None:
             from aurora.observe.steplog import StepLog
 
