@@ -252,30 +252,26 @@ def tb_scalars(folder: Path) -> dict[str, dict[int, float]]:
     return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
 
 
-def test_tensorboard_tags_are_equal_between_aurora_sim_and_aurora_real_for_one_topology(run):
-    pytest.importorskip("tensorboard", reason="the test reads with TensorBoard's reader (dev)")
+@pytest.fixture(scope="module")
+def sim_run(run) -> Path:
+    """``aurora sim --log tensorboard`` of the run's own topology; its run folder."""
     sim_out = run["tmp"] / "sim"
     done = subprocess.run(
-        [
-            *AURORA,
-            "sim",
-            "--topology",
-            str(run["topology"]),
-            "--strategy",
-            "aurora",
-            "--steps",
-            str(STEPS),
-            "--out",
-            str(sim_out),
-            "--log",
-            "tensorboard",
-        ],
+        [*AURORA, "sim", "--topology", str(run["topology"]), "--strategy", "aurora"]
+        + ["--steps", str(STEPS), "--out", str(sim_out), "--log", "tensorboard"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    sim_folder = sim_out / "obs-aurora-s0"
+    return sim_out / "obs-aurora-s0"
+
+
+def test_tensorboard_tags_are_equal_between_aurora_sim_and_aurora_real_for_one_topology(
+    run, sim_run
+):
+    pytest.importorskip("tensorboard", reason="the test reads with TensorBoard's reader (dev)")
+    sim_folder = sim_run
     sim, real = tb_scalars(sim_folder / "tb"), tb_scalars(run["folder"] / "tb")
     assert set(sim) == table.tags("sim")
     learning = (table.tags("real") - table.tags("sim")) | set(EXTRA_TAGS.values())
@@ -404,3 +400,25 @@ def test_an_observer_can_read_but_never_act(tmp_path, monkeypatch):
         await svc.close()
 
     asyncio.run(main())
+
+
+def test_the_overlay_figure_is_drawn_from_a_real_and_a_simulated_runs_event_files(
+    tmp_path, run, sim_run
+):
+    pytest.importorskip("tensorboard", reason="it reads with TensorBoard's reader (dev)")
+    import shutil
+
+    from experiments import observe_overlay
+
+    folder = tmp_path / "obs-aurora-s0"  # a run folder as sim_vs_real --log leaves it
+    shutil.copytree(run["folder"] / "tb", folder / "tb")
+    shutil.copytree(sim_run / "tb", folder / "sim" / "tb")
+    png = observe_overlay.main(
+        [str(folder), "--out", str(tmp_path / "o.png"), "--evidence", str(tmp_path / "ev")]
+    )
+    assert png.stat().st_size > 10_000
+    with open(tmp_path / "ev" / "obs-aurora-s0.csv") as f:
+        rows = list(csv.DictReader(f))
+    for tag, _ in observe_overlay.TAGS:
+        mine = [r for r in rows if r["tag"] == tag]
+        assert len(mine) == STEPS and all(r["real"] and r["sim"] for r in mine), tag
