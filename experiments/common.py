@@ -78,6 +78,14 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="run on the Dask scheduler at tcp://HOST:PORT ('local': a cluster on this machine); "
         "needs pip install -e .[cluster]",
     )
+    p.add_argument(
+        "--log",
+        choices=("tensorboard", "wandb"),
+        default=None,
+        help="also write each point's step series to TensorBoard or W&B (offline) under "
+        "<out>/<experiment>/runs/ (each point is simulated once more for its rows; "
+        "docs/OBSERVABILITY.md)",
+    )
     return p
 
 
@@ -157,11 +165,17 @@ def experiment_main(module: Any, argv: Sequence[str] | None) -> pd.DataFrame:
     args = parser(doc).parse_args(argv)
     files_only()
     root = results_root(args)
+    measure = getattr(module, "measure", summary_measure)
+    if args.log is not None:
+        from aurora.observe.steplog import check
+
+        check(args.log)
+        measure = Logged(measure, args.log, root / module.NAME / "runs")
     try:
         rows = run_points(
             module.NAME,
             module.points(args.full),
-            getattr(module, "measure", summary_measure),
+            measure,
             root=root,
             **sweep_options(args),
         )
@@ -171,6 +185,31 @@ def experiment_main(module: Any, argv: Sequence[str] | None) -> pd.DataFrame:
     print(claims_table(module.claims(rows)))
     print(written(root, module.NAME))
     return rows
+
+
+class Logged:
+    """A point's measure that also writes the point's step series (``--log``): the point is
+    simulated once more for its rows (the simulator is deterministic: the same run) and the rows
+    go through :func:`aurora.observe.steplog.write_rows` into ``folder/<run>/``. A class, not a
+    closure, so a process pool or a cluster can pickle it."""
+
+    def __init__(
+        self, measure: Callable[[SimConfig], dict[str, Any]], kind: str, folder: Path
+    ) -> None:
+        self.measure, self.kind, self.folder = measure, kind, folder
+
+    def __call__(self, cfg: SimConfig) -> dict[str, Any]:
+        import hashlib
+        import json
+
+        from aurora.observe.steplog import write_rows
+        from sim.model import simulate
+
+        columns = config_columns(cfg)
+        digest = hashlib.sha256(json.dumps(columns, sort_keys=True, default=str).encode())
+        name = f"{columns['topology']}-{columns['strategy']}-s{cfg.seed}-{digest.hexdigest()[:8]}"
+        write_rows(self.kind, self.folder / name, simulate(cfg).rows, name=name, config=columns)
+        return self.measure(cfg)
 
 
 def files_only() -> None:

@@ -203,9 +203,10 @@ def topology_yaml(p: Point) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------
 
 
-def run_real(p: Point, root: Path) -> Path:
+def run_real(p: Point, root: Path, log: str | None = None) -> Path:
     """Make the real run of ``p`` under ``root/runs`` (unless a complete one is there) and
-    record its trace; return the run folder."""
+    record its trace; return the run folder. ``log``: the run writes its step series
+    (``aurora real --log``)."""
     from aurora.runtime.launcher import Launcher, RealRun, run_folder
     from sim.runtrace import LOOPBACK, probe_loopback, record_run
 
@@ -226,6 +227,7 @@ def run_real(p: Point, root: Path) -> Path:
         emulate="auto" if p.network == "emulated" else None,
         scale=p.scale,
         stall_s=120.0,
+        log=log,
     )
     folder = run_folder(run)
     if not _complete(folder, p.steps):
@@ -379,19 +381,25 @@ def payload_rate(cfg: Any, efficiency: float) -> Any:
 
 
 def measure(
-    p: Point, root: Path, *, wire_efficiency: float | None = None
+    p: Point, root: Path, *, wire_efficiency: float | None = None, log: str | None = None
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run, record, replay and compare one point: its row and its per-step rows. An emulated
-    run's replay carries payload at ``wire_efficiency`` of each link's htb rate when given."""
+    run's replay carries payload at ``wire_efficiency`` of each link's htb rate when given.
+    ``log``: the real run and its replay write their step series under the same tags
+    (``RUN/tb`` and ``RUN/sim/tb``: one TensorBoard overlays them)."""
     from sim.model import simulate
     from sim.runtrace import replay_config
 
-    folder = run_real(p, root)
+    folder = run_real(p, root, log)
     real = real_steps(folder)
     cfg = replay_config(folder / "sim")
     if wire_efficiency is not None and p.network == "emulated":
         cfg = payload_rate(cfg, wire_efficiency)
     result = simulate(cfg)
+    if log is not None:
+        from aurora.observe.steplog import write_rows
+
+        write_rows(log, folder / "sim", result.rows, name=f"{folder.name}-sim")
     sim = pd.DataFrame(result.rows)
     rt, st = real_transfers(folder), sim_transfers(result)
     # Past the warm-up, as the step means and as the replay's inputs (sim/runtrace.py takes
@@ -483,7 +491,11 @@ def timeline_metrics(rows: pd.DataFrame, p: Point, who: str) -> dict[str, float]
 
 
 def run_points(
-    pts: Sequence[Point], root: Path, *, wire_efficiency: float | None = None
+    pts: Sequence[Point],
+    root: Path,
+    *,
+    wire_efficiency: float | None = None,
+    log: str | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Measure the points missing from ``root/sim_vs_real/rows.csv``; return every row of
     ``pts`` and their per-step rows (``wire_efficiency``: see :func:`measure`)."""
@@ -505,7 +517,7 @@ def run_points(
         if done(p):
             continue
         print(f"{NAME}: {p.part} {p.network} {p.strategy} seed {p.seed} ({p.backend})", flush=True)
-        row, steps = measure(p, out, wire_efficiency=wire_efficiency)
+        row, steps = measure(p, out, wire_efficiency=wire_efficiency, log=log)
         # Re-read before appending (another sweep may have written meanwhile), write after each
         # point: an interrupted sweep resumes where it stopped.
         for path, new in ((rows_path, [row]), (steps_path, steps)):
@@ -677,9 +689,20 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         default=None,
         help="comma-separated seeds of the compared runs (default: 0; --full 0,1,2)",
     )
+    p.add_argument(
+        "--log",
+        choices=("tensorboard", "wandb"),
+        default=None,
+        help="each real run and its replay write their step series under the same tags "
+        "(RUN/tb and RUN/sim/tb; docs/OBSERVABILITY.md)",
+    )
     args = p.parse_args(argv)
     files_only()
     root = Path(args.out) if args.out else RESULTS
+    if args.log is not None:
+        from aurora.observe.steplog import check
+
+        check(args.log)
     parts = ("compare", "timeline") if args.part == "all" else (args.part,)
     pts = points(
         full=args.full,
@@ -701,7 +724,7 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
             )
     elif args.wire_efficiency != "none":
         efficiency = float(args.wire_efficiency)
-    rows, steps = run_points(pts, root, wire_efficiency=efficiency)
+    rows, steps = run_points(pts, root, wire_efficiency=efficiency, log=args.log)
     # One figure per backend, from every row of it on file (quick and --full runs both kept).
     backend = "rl" if args.full else "standin"
     png = root / NAME / (f"{NAME}.png" if backend == "standin" else f"{NAME}_{backend}.png")

@@ -119,6 +119,13 @@ def add_parser(subparsers: Any) -> None:
         "the same times; see docs/SIMULATOR.md)",
     )
     p.add_argument("--out", default="results/sim", help="output folder (default results/sim)")
+    p.add_argument(
+        "--log",
+        choices=["tensorboard", "wandb"],
+        default=None,
+        help="also write each step's series to TensorBoard event files (<run folder>/tb) or to "
+        "W&B in offline mode, under the same tags as aurora real --log (docs/OBSERVABILITY.md)",
+    )
     p.set_defaults(func=run)
 
 
@@ -184,6 +191,10 @@ def run(args: argparse.Namespace) -> int:
         ]
         out = Path(args.out)
         _writable(out)
+        if getattr(args, "log", None):
+            from aurora.observe.steplog import check
+
+            check(args.log)
     except ValueError as exc:
         raise SystemExit(f"aurora sim: {exc}") from None
     tag = variant(configs[0])
@@ -228,6 +239,11 @@ def run(args: argparse.Namespace) -> int:
             stalled.append(f"{name}: {problem}")
             continue
         written = write_result(result, cfg, folder, stalled=problem)
+        if getattr(args, "log", None):  # docs/OBSERVABILITY.md
+            from aurora.observe.steplog import write_rows
+
+            meta = {"mode": "sim", "strategy": name, "seed": cfg.seed}
+            write_rows(args.log, folder, result.rows, name=folder.name, config=meta)
         if problem is not None:
             stalled.append(f"{name}: {problem} (partial output in {written})")
         if not result.rows:

@@ -103,6 +103,7 @@ class Recorder:
                 "excluded": json.dumps(sorted(self.excluded.get(v, []))),
                 "expired": self.expired,
                 "refused": self.refused,
+                "delta_bytes": round(sim.bytes_of(v)),  # the real run's steps.csv column
                 "wan_bytes": sum(b for n, b in by_res.items() if n.startswith("wan:")),
                 "trainer_bytes": by_res["trainer"],
                 "link_bytes": json.dumps({n: round(b) for n, b in by_res.items()}, sort_keys=True),

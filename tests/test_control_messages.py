@@ -74,6 +74,8 @@ VALID: dict[tuple[m.Direction, str], dict[str, Any]] = {
     (LO, "stats"): {"version": 1, "loss": 0.5},
     (LO, "published"): {"version": 1},
     (LO, "finished"): {},
+    (OB, "status"): {},
+    (LO, "status"): {"snapshot": {"latest": 3, "actors": [{"id": "a", "lag": 1}]}},
 }
 
 

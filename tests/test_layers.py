@@ -25,6 +25,8 @@ RULES = [
     ("aurora.policy", "sim", "the pure core imports nothing else of the tree"),
     ("aurora.delta", "aurora.", "the artifact imports nothing else of the tree"),
     ("aurora", "experiments", "the library never imports what users run"),
+    ("aurora.observe", "aurora.runtime", "roles and the simulator call observe, not the reverse"),
+    ("aurora.observe", "sim", "roles and the simulator call observe, not the reverse"),
 ]
 """(importer, imported, why): a module under ``importer`` may not import one under
 ``imported`` (``aurora.policy`` importing ``aurora.policy.*`` is its own package, allowed)."""

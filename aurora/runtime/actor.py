@@ -44,6 +44,8 @@ from typing import Any
 from aurora.delta import Delta
 from aurora.jobspec import JobSpec
 from aurora.keys import Identity
+from aurora.observe.exporter import serve as observe_serve
+from aurora.observe.node import ActorCollector, NodeCollector
 from aurora.policy.actor import (
     Activate,
     ApplyPlan,
@@ -103,6 +105,10 @@ class ActorRun:
     """Preemption notice on SIGTERM: time to drain before leaving (s)."""
     connect_timeout_s: float = 30.0
     """How long to keep trying to reach the Ledger at start (s)."""
+    metrics_port: int | None = None
+    """Serve ``/metrics`` (its engine's and node's counters) on this port; None: off."""
+    metrics_host: str = "127.0.0.1"
+    """Address ``/metrics`` listens on (this host only by default)."""
 
 
 def activate(node: Node, version: int) -> None:
@@ -183,7 +189,7 @@ class ActorProcess:
         self.stopping = False
         self.draining_until: float | None = None
         self.sampling: Sampling | None = None
-        self.stats = {"generated": 0, "activations": 0, "catch_ups": 0}
+        self.stats = {"generated": 0, "activations": 0, "catch_ups": 0, "generate_s": 0.0}
         self.announcements: list[bytes] = []
         """Signed announcements heard from the Ledger (the newest 32), handed to the node."""
         self._subscribed = False
@@ -588,6 +594,7 @@ class ActorProcess:
             self.prompt_of.pop(lease, None)
         self.unsent = sent  # the latest batch, re-sent if the connection turns out to be gone
         self.stats["generated"] += tokens
+        self.stats["generate_s"] += t1 - t0
         said = (max(1, tokens), max(t1 - t0, 1e-6))
         claim = getattr(self.engine, "claim_throughput", None)  # a dishonest Actor's (cheats)
         if claim is not None:
@@ -666,6 +673,12 @@ class ActorProcess:
             loop.add_signal_handler(signal.SIGUSR1, self._on_sigusr1)
         if hooks.get("fail_at_start"):
             raise ConnectionError(str(hooks.get("fail_at_start")))  # fault injection
+        if self.run.metrics_port is not None:  # docs/OBSERVABILITY.md
+            self.metrics_server, _ = await observe_serve(
+                [ActorCollector(self), NodeCollector(lambda: self.node)],
+                self.run.metrics_host,
+                self.run.metrics_port,
+            )
         self.channel = await self._connect()
         while self.job is None:
             msg = await self.channel.recv_checked(Direction.LEDGER_TO_PEER)

@@ -156,6 +156,8 @@ def _trainer(args: argparse.Namespace) -> int:
             ledger_port=args.ledger_port,
             ports_file=args.ports_file,
             revocations=args.revocations,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
         )
         return await TrainerProcess(run).main()
 
@@ -177,6 +179,23 @@ def _job_args(p: argparse.ArgumentParser) -> None:
         choices=["rl", "standin", "shapes"],
         help="compute: rl (real models, default), standin (load and fault tests) or shapes "
         "(a published model's tensors, synthetic steps)",
+    )
+
+
+def _metrics_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; "
+        "docs/OBSERVABILITY.md)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address /metrics listens on (default 127.0.0.1: this host only)",
     )
 
 
@@ -236,6 +255,10 @@ def _ledger(args: argparse.Namespace) -> int:
         logging.getLogger("aurora.runtime.ledger_service").info(
             "ledger: serving on %s:%d (log %s)", args.host, port, args.db
         )
+        if args.metrics_port is not None:  # docs/OBSERVABILITY.md
+            from aurora.observe.exporter import serve as observe_serve
+
+            await observe_serve([service.metrics], args.metrics_host, args.metrics_port)
         try:
             await service.done.wait()
             await asyncio.sleep(0.5)
@@ -263,6 +286,8 @@ def _relay(args: argparse.Namespace) -> int:
             host=args.host,
             advertise=args.advertise,
             port=args.port,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
         )
         return await RelayProcess(run).main()
 
@@ -288,6 +313,8 @@ def _actor(args: argparse.Namespace) -> int:
             engine=args.engine,
             engine_url=args.engine_url,
             notice_s=args.notice_s,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
         )
         return await ActorProcess(run).main()
 
@@ -336,6 +363,9 @@ def _real(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             emulate=args.emulate,
             scale=args.scale,
+            metrics=args.metrics,
+            metrics_host=args.metrics_host,
+            log=args.log,
         )
         from aurora.runtime.job import strategy_spec
 
@@ -421,7 +451,29 @@ def add_parsers(sub: Any) -> None:
         help="job spec fields to override, as JSON (e.g. '{\"verify\": true}')",
     )
     p.add_argument("--quiet", action="store_true", help="no live line")
+    p.add_argument(
+        "--metrics",
+        action="store_true",
+        help="every role serves Prometheus /metrics on a free port; the targets are written to "
+        "RUN/prometheus/targets.json for Prometheus's file_sd (docs/OBSERVABILITY.md)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="with --metrics: the address every /metrics listens on (default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--log",
+        choices=["tensorboard", "wandb"],
+        default=None,
+        help="write each step's series to TensorBoard event files (RUN/tb) or to W&B in offline "
+        "mode, under the same tags as aurora sim --log (docs/OBSERVABILITY.md)",
+    )
     p.set_defaults(func=_real)
+    from aurora.runtime.status import add_parser as add_status_parser
+
+    add_status_parser(sub)
 
     p = sub.add_parser(
         "trainer",
@@ -451,6 +503,7 @@ def add_parsers(sub: Any) -> None:
         help="the job's revocation list (aurora keys revoke), watched while the job runs "
         "(default: RUN_DIR/revoked.json)",
     )
+    _metrics_args(p)
     p.set_defaults(func=_trainer)
 
     p = sub.add_parser(
@@ -472,6 +525,7 @@ def add_parsers(sub: Any) -> None:
         help="the Ledger's identity (aurora keys issue --role ledger --id ledger: every role "
         "checks it; default: $AURORA_IDENTITY)",
     )
+    _metrics_args(p)
     p.set_defaults(func=_ledger)
 
     p = sub.add_parser(
@@ -489,6 +543,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--advertise", default=None, help="address others reach it at (default --host)")
     _secret_arg(p)
     _identity_arg(p)
+    _metrics_args(p)
     p.set_defaults(func=_relay)
 
     p = sub.add_parser(
@@ -512,6 +567,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--notice-s", type=float, default=30.0, help="drain time on SIGTERM (s)")
     _secret_arg(p)
     _identity_arg(p)
+    _metrics_args(p)
     p.set_defaults(func=_actor)
 
 

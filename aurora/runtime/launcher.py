@@ -103,6 +103,12 @@ class RealRun:
     identity_lifetime_s: float = REAL_LIFETIME_S
     """How long the identities the launcher issues are certified for (s); each is renewed
     (certified again, same key) once half of that is left, for as long as the run lasts."""
+    metrics: bool = False
+    """Every role serves ``/metrics`` on a free port; targets in ``RUN/prometheus/``."""
+    metrics_host: str = "127.0.0.1"
+    """Where each ``/metrics`` listens (this host only by default)."""
+    log: str | None = None
+    """``tensorboard`` or ``wandb``: each step's series (:mod:`aurora.observe.steplog`)."""
 
 
 def free_port(host: str) -> int:
@@ -143,6 +149,10 @@ class Launcher:
         self.net: Any = None
         """The emulated network (``emulation.network.Network``) under ``emulate``."""
         self.scale: float | None = None
+        self.metrics_ports: dict[str, int] = {}
+        """Role id -> its ``/metrics`` port (``--metrics``)."""
+        self.steplog: Any = None
+        """The run's :class:`aurora.observe.steplog.StepLog` (``--log``)."""
 
     @property
     def job(self) -> JobSpec:
@@ -155,6 +165,10 @@ class Launcher:
 
     def prepare(self) -> None:
         run = self.run
+        if run.log is not None:
+            from aurora.observe.steplog import check
+
+            check(run.log)
         check_faults(run.faults, self.topo, steps=run.steps or self.real.steps)
         if run.spot_hazard > 0 and not any(g.spot for g in self.topo.actors):
             raise LaunchError(
@@ -218,6 +232,12 @@ class Launcher:
             self.region_of[a.id] = a.region
         for rid, region in self.plan.relays:
             self.region_of[rid] = region
+        # An identity that can only read, for aurora status RUN (docs/OBSERVABILITY.md).
+        self._identity("observer", "status")
+        if run.metrics:
+            from aurora.observe.targets import write_targets
+
+            self.metrics_ports = write_targets(self, faults=run.faults)
 
     def describe(self) -> str:
         """The first line: what runs, and what was scaled from the topology."""
@@ -269,6 +289,7 @@ class Launcher:
             "--signing-key",
             str(self.keys.signing_key),
             *self._common(),
+            *self._metrics("trainer"),
         ]
 
     def _actor_args(self, aid: str, region: str, engine: str | None) -> list[str]:
@@ -285,10 +306,18 @@ class Launcher:
             self._reach(region),
             *self._common(),
             *self._identity("actor", aid),
+            *self._metrics(aid),
         ]
         if engine is not None:
             args += ["--engine", engine]
         return args
+
+    def _metrics(self, pid: str) -> list[str]:
+        """``--metrics-port``/``--metrics-host`` of ``pid`` under ``--metrics``, else nothing."""
+        if pid not in self.metrics_ports:
+            return []
+        host = "0.0.0.0" if self.net is not None else self.run.metrics_host
+        return ["--metrics-port", str(self.metrics_ports[pid]), "--metrics-host", host]
 
     def _identity(self, role: str, pid: str) -> list[str]:
         """``--identity FILE``: ``pid``'s identity in ``role`` for this job, issued with the job
@@ -358,6 +387,7 @@ class Launcher:
             str(self.ports["ledger"]),
             *self._common(),
             *self._identity("ledger", "ledger"),
+            *self._metrics("ledger"),
         ]
         p = self.procs.procs.get("ledger") or self._add("ledger", "ledger", args)
         p.start()
@@ -413,6 +443,7 @@ class Launcher:
             self._reach(region),
             *self._common(),
             *self._identity("relay", rid),
+            *self._metrics(rid),
         ]
         p = self.procs.procs.get(rid) or self._add(rid, "relay", args)
         p.start()
@@ -569,6 +600,8 @@ class Launcher:
             self.step = max(self.step, v)
             self.last_step_at = time.monotonic()
             self._show(v, msg)
+            if self.steplog is not None:
+                self.steplog.step(v, msg)  # the Ledger's step record rides on the stats
         elif op == "finished":
             self.finished.set()
 
@@ -675,6 +708,25 @@ class Launcher:
             except Exception as exc:  # EmulationError/EmulationUnavailable: one line, no run
                 print(f"aurora real: --emulate: {exc}", file=sys.stderr)
                 return EXIT_BAD_INPUT
+            if self.metrics_ports and self.net is not None:
+                from aurora.observe.targets import write_targets
+
+                write_targets(  # each role's /metrics is in its region's namespace now
+                    self, faults=self.run.faults, ports=self.metrics_ports, reach=self._reach
+                )
+        if self.run.log is not None:
+            from aurora.observe.steplog import StepLog
+
+            try:
+                self.steplog = StepLog(
+                    self.run.log,
+                    self.dir,
+                    name=self.dir.name,
+                    config={"mode": "real", "strategy": self.run.strategy, "seed": self.run.seed},
+                )
+            except ValueError as exc:
+                print(f"aurora real: {exc}", file=sys.stderr)
+                return EXIT_BAD_INPUT
         if self.run.progress and sys.stderr.isatty():
             from tqdm import tqdm
 
@@ -725,6 +777,8 @@ class Launcher:
         from aurora.runtime.trainer import ledger_config
 
         if not (self.dir / "ledger.db").exists():
+            if self.steplog is not None:
+                self.steplog.close()
             return code
         config = {
             "topology": self.topo.name,
@@ -744,6 +798,11 @@ class Launcher:
         policy = ledger_config(self.job, str(self.dir / "ledger.db")).policy
         summary = write_outputs(self.dir, config=config, name=self.topo.name, policy=policy)
         summary["exit_code"] = code
+        if self.steplog is not None:
+            self.steplog.heldout(
+                summary["reward_first"], summary["reward_last"], summary["steps_completed"]
+            )
+            self.steplog.close()
         (self.dir / "summary.json").write_text(
             json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n"
         )

@@ -56,6 +56,8 @@ from aurora.delta.announce import (
 from aurora.jobspec import JobSpec
 from aurora.keys import Identity, KeyFileError, Revocations
 from aurora.policy import allocation
+from aurora.observe.ledger import LedgerMetrics
+from aurora.observe.status import SnapshotCache
 from aurora.policy.core import LedgerCore
 from aurora.policy.events import (
     Accepted,
@@ -362,6 +364,9 @@ class LedgerService:
         }
         """Seconds per event spent in ``decide`` and in appending to the log (the load
         benchmark's latency figures)."""
+        self.metrics = LedgerMetrics(self)
+        """What ``/metrics`` and ``aurora status`` read (:mod:`aurora.observe`)."""
+        self.status = SnapshotCache(self)
 
     @property
     def pacer(self) -> Pacer | None:
@@ -396,6 +401,7 @@ class LedgerService:
                         f"{str(row.record.get('type'))[:40]}, does not decide on replay: {exc}"
                     ) from None
                 self._after(event, actions, replaying=True)
+                self.metrics.after(event, actions, row.now)
             n += 1
         self.replayed = n
         if n:
@@ -439,6 +445,7 @@ class LedgerService:
             self.revoked.update(str(i) for i in rec["ids"])
         elif kind == "Finished":
             self.finished = True
+        self.metrics.driver(rec)
 
     def _announced(self, v: int) -> dict[str, Any] | None:
         """What the Trainer announced for version ``v`` (h(v), content digest): from memory for
@@ -513,6 +520,7 @@ class LedgerService:
         self.timings["decide"].add(t1 - t0)
         self.timings["log"].add(time.perf_counter() - t1)
         self._after(event, actions, replaying=False)
+        self.metrics.after(event, actions, now)
         for action in actions:
             self._carry_out(action, now)
         self._try_request(now)
@@ -770,7 +778,9 @@ class LedgerService:
             try:
                 ch.send_nowait(self.progress())
                 while True:
-                    await ch.recv_checked(Direction.OBSERVER_TO_LEDGER)
+                    msg = await ch.recv_checked(Direction.OBSERVER_TO_LEDGER)
+                    if msg["op"] == "status":  # a snapshot to read (aurora status)
+                        ch.send_nowait({"op": "status", "snapshot": self.status.get()})
             finally:
                 self.observers.discard(ch)
         else:
@@ -792,6 +802,7 @@ class LedgerService:
         if self.trainer is not None:
             self.trainer.close()
         self.trainer = ch
+        self.metrics.trainer_connected()
         ch.send_nowait(
             {"op": "resume", "latest": self.state.latest, "done": sorted(self.batch_done)}
         )
@@ -851,8 +862,10 @@ class LedgerService:
                 elif op == "revocations":
                     self._on_revocations(bytes(msg["data"]))
                 elif op == "stats":
-                    self._tell_observers({**msg, "op": "stats"})
+                    step = self.metrics.step(int(msg["version"]))  # the step's record (observe)
+                    self._tell_observers({**msg, **step, "op": "stats"})
                 elif op == "finished":
+                    self.metrics.finished(msg)
                     self.note({"type": "Finished"})
                     for peer in list(self.channels.values()):
                         peer.send_nowait({"op": "stop"})

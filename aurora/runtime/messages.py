@@ -599,6 +599,19 @@ class PublishedNote(Message):
     version: int = bound(VERSION)
 
 
+@_message("status")
+class StatusQuery(Message):
+    """An observer asks for the job's status (``aurora status``): answered, never decided."""
+
+
+@_message("status")
+class StatusReply(Message):
+    """The job's status (:func:`aurora.observe.status.snapshot`: bounded by the metrics' cap on
+    Actors shown)."""
+
+    snapshot: dict[str, Any] = bound(Map(1 << 20))
+
+
 class Direction(Enum):
     """Who sends to whom: each direction has its own set of messages (an op means one thing
     per direction; ``published`` from the Trainer is not ``published`` to an observer)."""
@@ -630,13 +643,13 @@ MESSAGES: dict[Direction, dict[str, type[Message]]] = {
         Heartbeat,
         RevocationsMsg,
     ),
-    Direction.OBSERVER_TO_LEDGER: _table(Heartbeat),  # observers are read-only
+    Direction.OBSERVER_TO_LEDGER: _table(Heartbeat, StatusQuery),  # observers only read
     Direction.LEDGER_TO_PEER: _table(
         Welcome, Announce, Assign, Commit, Exclude, CatchUpMsg, Route, Stop
     ),
     Direction.LEDGER_TO_TRAINER: _table(Resume, Batch, BatchDone),
     Direction.LEDGER_TO_OBSERVER: _table(
-        Progress, BatchRequested, BatchDone, Stats, PublishedNote, Finished
+        Progress, BatchRequested, BatchDone, Stats, PublishedNote, Finished, StatusReply
     ),
 }
 """Every control message, by direction and ``op``."""

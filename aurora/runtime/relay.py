@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from aurora.jobspec import JobSpec
 from aurora.keys import Identity
+from aurora.observe.exporter import serve as observe_serve
+from aurora.observe.node import NodeCollector
 from aurora.runtime import hooks, hopreport
 from aurora.runtime.channel import Channel, IdentityRefused, connect
 from aurora.runtime.job import transport_config
@@ -56,6 +58,10 @@ class RelayRun:
     """Address the region's Actors reach it at (None: ``host``)."""
     connect_timeout_s: float = 30.0
     """How long to keep trying to reach the Ledger (s)."""
+    metrics_port: int | None = None
+    """Serve ``/metrics`` (its node's counters) on this port; None: off."""
+    metrics_host: str = "127.0.0.1"
+    """Address ``/metrics`` listens on (this host only by default)."""
 
 
 class RelayProcess:
@@ -91,6 +97,10 @@ class RelayProcess:
                 await asyncio.sleep(0.5)
 
     async def main(self) -> int:
+        if self.run.metrics_port is not None:  # docs/OBSERVABILITY.md
+            self.metrics_server, _ = await observe_serve(
+                [NodeCollector(lambda: self.node)], self.run.metrics_host, self.run.metrics_port
+            )
         channel = self._channel = await self._connect()
         while True:
             try:

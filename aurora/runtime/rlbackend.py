@@ -268,15 +268,23 @@ class RLTrainer:
         if not results:
             return {"skipped": 1, "refused": "nothing trainable", "dropped": []}
         groups = []
+        nats = tokens = 0.0
         for index, payload, version in results:
             body = msgpack.unpackb(payload)
             comps = [_Sample(c["ids"], c["lp"]) for c in body["completions"]]
             groups.append(Group(prompt=self.task.prompt(index), completions=comps, version=version))
+            for c in body["completions"]:
+                nats -= sum(c["lp"])
+                tokens += len(c["lp"])
         s = self.trainer.step(groups)
         out = {
             "capped_frac": s.capped_frac,
             "refused": s.refused or "",
             "dropped": list(s.dropped),
+            # The sampling policy's entropy, estimated by the mean -log p of the tokens it drew
+            # (nats/token; at the sampling temperature).
+            "entropy": nats / tokens if tokens else 0.0,
+            "kl": s.kl,
             "reward": s.reward_mean,
             "reward_std": s.reward_std,
             "loss": s.loss,

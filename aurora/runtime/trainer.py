@@ -41,6 +41,8 @@ from aurora.delta import Segment
 from aurora.delta.announce import verify
 from aurora.jobspec import JobSpec
 from aurora.keys import DEFAULT_LIFETIME_S, LEDGER_ID, RevocationFile, SelfIssued, trainer_identity
+from aurora.observe.exporter import serve as observe_serve
+from aurora.observe.node import NodeCollector
 from aurora.policy.verification import Plan, judge, measure, pick_completions
 from aurora.runtime import hopreport
 from aurora.runtime.channel import Channel, IdentityRefused, connect
@@ -108,6 +110,10 @@ class TrainerRun:
     """The job's revocation list (``aurora keys revoke``): read whenever it changes, its ids'
     results never trained on, and sent to the Ledger, which enforces it. None:
     ``RUN_DIR/revoked.json``."""
+    metrics_port: int | None = None
+    """Serve ``/metrics`` (its node's, and its in-process Ledger's) on this port; None: off."""
+    metrics_host: str = "127.0.0.1"
+    """Address ``/metrics`` listens on (this host only by default)."""
 
 
 def _publish_in_thread(
@@ -345,6 +351,13 @@ class TrainerProcess:
                 limits=channel_limits(spec),
             )
             ledger_addr = (self.run.host, port)
+        if self.run.metrics_port is not None:  # docs/OBSERVABILITY.md
+            self.metrics_server, _ = await observe_serve(
+                [NodeCollector(lambda: self.node)]
+                + ([self.ledger_service.metrics] if self.ledger_service else []),
+                self.run.metrics_host,
+                self.run.metrics_port,
+            )
         if self.run.ports_file:
             write_atomic(
                 self.run.ports_file,
