@@ -55,9 +55,9 @@ from aurora.delta.announce import (
 )
 from aurora.jobspec import JobSpec
 from aurora.keys import Identity, KeyFileError, Revocations
-from aurora.policy import allocation
 from aurora.observe.ledger import LedgerMetrics
 from aurora.observe.status import SnapshotCache
+from aurora.policy import allocation
 from aurora.policy.core import LedgerCore
 from aurora.policy.events import (
     Accepted,
