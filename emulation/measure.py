@@ -212,10 +212,13 @@ def tcp(
     cc: str = "bbr",
     skip_fraction: float = 0.5,
     buffer_bytes: int = 0,
+    abort: bool = False,
 ) -> dict:
     """Goodput of ``streams`` TCP streams ``src -> dst`` (see the module docstring); with
     ``buffer_bytes`` every socket's SO_SNDBUF and SO_RCVBUF are set to it, as the data plane
-    sets its own (no autotuning), else autotuned up to the regions' ceiling.
+    sets its own (no autotuning), else autotuned up to the regions' ceiling. ``abort`` resets
+    the streams after ``seconds`` instead of letting their buffers drain (on a slow path with
+    large buffers that takes minutes; the goodput is measured before the first close either way).
 
     Returns ``gbps`` (the measured window), ``bytes`` (all received), ``cc`` (as the socket
     reports it), ``first_close_s``, the receiver's cumulative ``samples`` (seconds from the
@@ -237,6 +240,7 @@ def tcp(
                 cc,
                 "--buffer",
                 str(buffer_bytes),
+                *(["--abort"] if abort else []),
             ],
             timeout=seconds * 10 + 60,
         )

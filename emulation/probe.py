@@ -207,7 +207,14 @@ def client_rtt(host: str, port: int, count: int, interval: float, timeout: float
 
 
 def client_tcp(
-    host: str, port: int, streams: int, seconds: float, cc: str, run_id: int, buffer: int = 0
+    host: str,
+    port: int,
+    streams: int,
+    seconds: float,
+    cc: str,
+    run_id: int,
+    buffer: int = 0,
+    abort: bool = False,
 ) -> dict:
     socks = []
     for _ in range(streams):
@@ -233,6 +240,11 @@ def client_tcp(
             with contextlib.suppress(BlockingIOError):
                 sent += key.fileobj.send(chunk)  # type: ignore[union-attr]
     used = socks[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0")
+    if abort:  # reset: the buffers are not drained (a slow path drains for minutes)
+        for s in socks:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+        return {"event": "tcp_sent", "sent": sent, "seconds": seconds, "cc": used.decode()}
     for s in socks:
         s.setblocking(True)
         s.shutdown(socket.SHUT_WR)
@@ -283,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cc", default="")
     p.add_argument("--run", type=int, default=1)
     p.add_argument("--buffer", type=int, default=0, help="SO_SNDBUF/SO_RCVBUF (0: autotuned)")
+    p.add_argument("--abort", action="store_true", help="reset the streams at the end")
     p = sub.add_parser("blast")
     p.add_argument("host")
     p.add_argument("port", type=int)
@@ -299,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "rtt":
         _emit(client_rtt(a.host, a.port, a.count, a.interval, a.timeout))
     elif a.cmd == "tcp":
-        _emit(client_tcp(a.host, a.port, a.streams, a.seconds, a.cc, a.run, a.buffer))
+        _emit(client_tcp(a.host, a.port, a.streams, a.seconds, a.cc, a.run, a.buffer, a.abort))
     else:
         _emit(client_blast(a.host, a.port, a.packets, a.pps, a.size))
     return 0

@@ -143,17 +143,19 @@ SETS: dict[str, tuple[Case, ...]] = {
         Case(name="cubic-100-40-l0.1-s4", regions=_ca(100, 40, 0.001), congestion="cubic"),
     ),
     "campaign": (
-        # One region, the base: the network at 50 Mbit/s carries 28 MB in ~4.7 s.
+        # The base: four cubic streams, each loss-limited (0.1% at 80 ms: ~5.6 Mbit/s a stream),
+        # well below the 50 Mbit/s link: ~10 s of wire a version.
         Case(name="cubic-50-80-l0.1-s4", regions=_ca(50, 80, 0.001), congestion="cubic"),
-        # Streams under a loss-based control: one cubic stream is loss-limited (~11 Mbit/s).
+        # Streams under a loss-based control: one stream (~32 Mbit/s at 0.05%, 20 ms) against
+        # four, which fill the link.
         Case(
-            name="cubic-100-40-l0.1-s1",
-            regions=_ca(100, 40, 0.001),
+            name="cubic-50-20-l0.05-s1",
+            regions=_ca(50, 20, 0.0005),
             congestion="cubic",
             streams=1,
         ),
-        Case(name="cubic-100-40-l0.1-s4", regions=_ca(100, 40, 0.001), congestion="cubic"),
-        # bbr is not loss-limited: the same link at 1% loss, and one stream at 150 ms.
+        Case(name="cubic-50-20-l0.05-s4", regions=_ca(50, 20, 0.0005), congestion="cubic"),
+        # bbr is not loss-limited: 1% at 80 ms still fills the link.
         Case(name="bbr-50-80-l1-s4", regions=_ca(50, 80, 0.01), congestion="bbr"),
         # No relay: both Actors pull across the link (twice the bytes on it).
         Case(
@@ -162,14 +164,14 @@ SETS: dict[str, tuple[Case, ...]] = {
             congestion="bbr",
             relays=False,
         ),
-        # Store-and-forward at the relay.
+        # Store-and-forward at the relay (against the base's cut-through).
         Case(
             name="cubic-50-80-l0.1-sf",
             regions=_ca(50, 80, 0.001),
             congestion="cubic",
             cut_through=False,
         ),
-        # Two Actor regions on different links, and 4 Actors.
+        # Two Actor regions on different links.
         Case(
             name="two-regions-bbr",
             regions=(
@@ -178,6 +180,7 @@ SETS: dict[str, tuple[Case, ...]] = {
             ),
             congestion="bbr",
         ),
+        # 4 Actors behind the relay (19 GB of processes at 0.6B: an otherwise idle host).
         Case(name="cubic-50-80-l0.1-a4", regions=_ca(50, 80, 0.001, 4), congestion="cubic"),
     ),
 }
@@ -417,9 +420,11 @@ def run_row(case: Case, repeat: int, folder: Path, meta: dict[str, Any]) -> dict
         for k, v in c.items()
         if k in ("RetransSegs", "TCPLossProbes", "TCPTimeouts")
     }
+    spec = json.loads((folder / "job.json").read_text())["spec"]
     return {
         "case": case.name,
         "repeat": repeat,
+        "congestion": spec.get("congestion"),
         "transfer_s": m["transfer_s"],
         "step_time_s": m["step_time_s"],
         "extract_s": m["extract_s"],
@@ -594,6 +599,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows_path = root / NAME / "rows.csv"
     if args.what == "estimate":
         rows = pd.read_csv(rows_path) if rows_path.exists() else None
+        if pred is None:  # not written yet: this tree's prediction from the profile, not kept
+            pred = predict(cases, profile_path(args.profile), seeds=1)
         print(estimate(cases, pred, rows, args.repeats))
         return 0
     if args.what == "run":

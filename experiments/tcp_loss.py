@@ -2,7 +2,7 @@
 the simulator's model of it (:mod:`sim.tcp`).
 
     python -m experiments.tcp_loss            # root: the quick grid (24 points, ~12 min)
-    python -m experiments.tcp_loss --full     # root: the whole grid (192 points, ~100 min)
+    python -m experiments.tcp_loss --full     # root: the whole grid (192 points, ~80 min)
     python -m experiments.tcp_loss --figures  # redraw from the rows on file
 
 Theory of operation
@@ -136,17 +136,19 @@ def measure(
     ccs: Sequence[str],
     buffer: int,
     profile: dict[str, Any] | None,
+    repeats: int = 1,
 ) -> pd.DataFrame:
-    """Every point of ``grid`` not yet in ``out`` (resumable), appended as it is measured."""
+    """Every point of ``grid`` measured ``repeats`` times in ``out`` (resumable: only what is
+    missing), appended as it is measured."""
     from emulation.network import build_network
 
     path = out / "rows.csv"
     old = pd.read_csv(path) if path.exists() else pd.DataFrame()
     eff = efficiency()
 
-    def done(cc: str, rtt: float, loss: float, s: int) -> bool:
+    def done(cc: str, rtt: float, loss: float, s: int) -> int:
         if old.empty or "buffer_bytes" not in old:
-            return False
+            return 0
         sel = old[
             (old.cc == cc)
             & (old.rtt_ms == rtt)
@@ -155,17 +157,23 @@ def measure(
             & (old.seconds == seconds_for(rtt, seconds))
             & (old.buffer_bytes == buffer)
         ]
-        return len(sel) > 0
+        return len(sel)
 
     for rtt, loss in itertools.product(grid["rtt_ms"], grid["loss"]):
-        todo = [(cc, s) for cc in ccs for s in grid["streams"] if not done(cc, rtt, loss, s)]
+        todo = [
+            (cc, s, r)
+            for r in range(repeats)
+            for cc in ccs
+            for s in grid["streams"]
+            if done(cc, rtt, loss, s) <= r
+        ]
         if not todo:
             continue
         with build_network(topology(rtt, loss), verify=False, tcp_window_bytes=WINDOW) as net:
             desc = net.describe()
             secs = seconds_for(rtt, seconds)
             window = window_bytes(profile, rtt, buffer)
-            for cc, s in todo:
+            for cc, s, r in todo:
                 before, t0 = load(), time.time()
                 c0 = net.counters()["tcp"]["us"]
                 got = net.tcp(
@@ -176,6 +184,7 @@ def measure(
                     cc=cc,
                     skip_fraction=0.5,
                     buffer_bytes=buffer,
+                    abort=True,
                 )
                 c1 = net.counters()["tcp"]["us"]
                 after = load()
@@ -188,6 +197,7 @@ def measure(
                     "rtt_ms": rtt,
                     "loss": loss,
                     "streams": s,
+                    "repeat": r,
                     "seconds": secs,
                     "buffer_bytes": buffer,
                     "measured_mbit": m,
@@ -235,8 +245,6 @@ def figures(rows: pd.DataFrame, out: Path) -> list[Path]:
     eff = float(rows["wire_efficiency"].iloc[0]) if len(rows) else efficiency()
     if "buffer_bytes" in rows:  # the latest measurement of each point with the data plane's buffers
         rows = rows[rows["buffer_bytes"] == TRANSPORT_BUFFER]
-    keys = ["cc", "rtt_ms", "loss", "streams"]
-    rows = rows.drop_duplicates(keys, keep="last")
     paths = []
     for cc in [c for c in CONGESTION if c in set(rows["cc"])]:
         mine = rows[rows["cc"] == cc]
@@ -252,13 +260,16 @@ def figures(rows: pd.DataFrame, out: Path) -> list[Path]:
                     for p in grid
                 ]
                 ax.plot(grid * 100, model, color=f"C{i}", lw=1.2, label=f"model S={s}")
-                pts = at[at["streams"] == s]
-                ax.plot(
-                    pts["loss"] * 100,
-                    pts["measured_mbit"],
-                    "o",
+                pts = at[at["streams"] == s].groupby("loss")["measured_mbit"]
+                mean, lo, hi = pts.mean(), pts.min(), pts.max()
+                ax.errorbar(
+                    mean.index * 100,
+                    mean.values,
+                    yerr=[mean.values - lo.values, hi.values - mean.values],
+                    fmt="o",
                     color=f"C{i}",
-                    label=f"emulator S={s}",
+                    capsize=2,
+                    label=f"emulator S={s} (mean, range)",
                 )
             ax.axhline(RATE_MBIT * eff, color="grey", ls=":", lw=1)
             ax.set_xscale("log")
@@ -280,13 +291,31 @@ def figures(rows: pd.DataFrame, out: Path) -> list[Path]:
     return paths
 
 
-def summary(rows: pd.DataFrame) -> str:
+def points_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per point (with the data plane's buffers): the measurements' mean, range and count, the
+    model, and the model's error against the mean."""
     if "buffer_bytes" in rows:
         rows = rows[rows["buffer_bytes"] == TRANSPORT_BUFFER]
-    rows = rows.drop_duplicates(["cc", "rtt_ms", "loss", "streams"], keep="last")
+    keys = ["cc", "rtt_ms", "loss", "streams"]
+    g = rows.groupby(keys, sort=False)
+    out = g.agg(
+        runs=("measured_mbit", "size"),
+        measured=("measured_mbit", "mean"),
+        low=("measured_mbit", "min"),
+        high=("measured_mbit", "max"),
+        model=("model_mbit", "last"),
+        seconds=("seconds", "last"),
+        load=("load_before", "first"),
+    ).reset_index()
+    out["error"] = out["model"] / out["measured"] - 1
+    return out
+
+
+def summary(rows: pd.DataFrame) -> str:
+    table = points_table(rows)
     lines = [f"{'cc':6s}{'points':>7s}{'within 10%':>12s}{'median err':>12s}{'worst':>9s}"]
-    for cc, g in rows.groupby("cc", sort=False):
-        err = g["model_over_measured"] - 1
+    for cc, g in table.groupby("cc", sort=False):
+        err = g["error"]
         lines.append(
             f"{cc:6s}{len(g):7d}{(err.abs() <= 0.10).sum():12d}{err.median():+12.1%}"
             f"{err.iloc[err.abs().argmax()]:+9.1%}"
@@ -308,6 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--loss", default=None, help="only these losses (comma-separated)")
     p.add_argument("--streams", default=None, help="only these stream counts")
     p.add_argument("--profile", default=None, help="host profile (default: this host's)")
+    p.add_argument("--repeats", type=int, default=1, help="measurements of each point")
     p.add_argument("--cc", default=",".join(CONGESTION), help="algorithms to measure")
     p.add_argument("--out", default=None, help="folder of rows.csv (default results/tcp_loss)")
     p.add_argument("--figures", action="store_true", help="only redraw from the rows on file")
@@ -337,9 +367,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ccs=args.cc.split(","),
             buffer=args.buffer,
             profile=host_profile(args.profile),
+            repeats=args.repeats,
         )
     for path in figures(rows, out):
         print(f"figure: {path}")
+    with pd.option_context("display.width", 200, "display.max_rows", 500):
+        print(points_table(rows).to_string(index=False, float_format="%.3g"))
     print(summary(rows))
     return 0
 
