@@ -329,7 +329,9 @@ def predictions_file(name: str) -> Path:
 
 def committed(path: Path) -> bool:
     """Whether ``path`` is in git's HEAD and unchanged in the work tree."""
-    rel = str(path.relative_to(ROOT))
+    if not path.resolve().is_relative_to(ROOT):
+        return False
+    rel = str(path.resolve().relative_to(ROOT))
     tracked = subprocess.run(
         ["git", "-C", str(ROOT), "cat-file", "-e", f"HEAD:{rel}"], capture_output=True
     )

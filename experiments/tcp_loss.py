@@ -273,6 +273,7 @@ def figures(rows: pd.DataFrame, out: Path) -> list[Path]:
                 )
             ax.axhline(RATE_MBIT * eff, color="grey", ls=":", lw=1)
             ax.set_xscale("log")
+            ax.set_yscale("log")
             ax.set_xlabel("loss (%)")
             ax.set_title(f"{cc}, RTT {rtt:g} ms", fontsize=9)
             ax.grid(True, alpha=0.3)
