@@ -26,6 +26,8 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from aurora.topology import CONGESTION
+
 
 @dataclass(frozen=True, kw_only=True)
 class StrategySpec:
@@ -142,6 +144,9 @@ class JobSpec:
     verify_probation: int | None = None
     """Checks a new Actor passes (every result checked) before it is trusted; None: the
     rule's default (8)."""
+    congestion: str | None = None
+    """TCP congestion control set on every data-plane socket (the topology's ``congestion``);
+    None: the host's default."""
 
     def encode(self) -> dict[str, Any]:
         """The JSON-ready dict sent to peers and written to files."""
@@ -158,6 +163,12 @@ class JobSpec:
         if not isinstance(strat, Mapping):
             raise ValueError("job spec: strategy must be a mapping")
         values["strategy"] = StrategySpec(**_checked(StrategySpec, strat, "strategy."))
+        if values.get("congestion") not in (None, *CONGESTION):
+            # Every socket of the job would refuse it: say so where the spec arrives.
+            raise ValueError(
+                f"job spec: congestion must be one of {list(CONGESTION)} or null, got "
+                f"{values['congestion']!r:.40}"
+            )
         return cls(**values)
 
     def with_settings(self, **changes: Any) -> JobSpec:

@@ -56,7 +56,8 @@ class LinkSpec:
     rtt_ms: float
     """Round-trip time (ms)."""
     loss: float = 0.0
-    """Packet loss probability; limits each TCP stream by the Mathis relation."""
+    """Packet loss probability (random, independent per packet); limits each TCP stream as the
+    topology's ``congestion`` responds to loss (``sim.tcp``)."""
     fluctuation: Fluctuation | None = None
     """Rate changes over time; ``None`` for a constant rate."""
 
@@ -148,6 +149,9 @@ class RelaySpec:
     def id(self) -> str:
         return self.name or f"relay-{self.region}"
 
+
+CONGESTION = ("reno", "cubic", "bbr")
+"""TCP congestion controls a topology may name (Linux's names; the simulator models each)."""
 
 ENGINES = ("transformers", "vllm", "standin")
 """Inference engines an Actor can run in real mode (``standin``: the labelled stand-in of
@@ -260,8 +264,19 @@ class Topology:
     """Standalone relays."""
     real: RealSpec = field(default_factory=RealSpec)
     """Settings of ``aurora real`` (real processes); every field has a default."""
+    congestion: str | None = None
+    """TCP congestion control of the data plane's streams: ``reno``, ``cubic`` or ``bbr``.
+    ``aurora real`` sets it on every data socket (``TCP_CONGESTION``) and the simulator takes
+    that algorithm's response to loss (``sim.tcp``). None: the runtime keeps the host's
+    default (bbr on the emulation host, cubic on most distributions) and the simulator takes
+    reno's response, the one every paper-trace result was made with; name it whenever a link
+    is lossy and the two must agree."""
 
     def __post_init__(self) -> None:
+        if self.congestion is not None and self.congestion not in CONGESTION:
+            raise ValueError(
+                f"congestion: must be one of {list(CONGESTION)} or absent, got {self.congestion!r}"
+            )
         names = [r.name for r in self.regions]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -481,6 +496,7 @@ def _kind(value: Any) -> str:
 
 
 __all__ = [
+    "CONGESTION",
     "ActorGroup",
     "Fluctuation",
     "LinkSpec",

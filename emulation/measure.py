@@ -57,11 +57,13 @@ def read_line(proc: subprocess.Popen, what: str, timeout_s: float = 30.0) -> str
 
 
 @contextlib.contextmanager
-def probe_server(net: Network, region: str) -> Iterator[tuple[subprocess.Popen, dict]]:
+def probe_server(
+    net: Network, region: str, *, buffer_bytes: int = 0
+) -> Iterator[tuple[subprocess.Popen, dict]]:
     """A probe server in ``region``; yields the process and its ports (``udp``, ``tcp``)."""
     proc = net.popen(
         region,
-        [sys.executable, PROBE, "serve"],
+        [sys.executable, PROBE, "serve", "--buffer", str(buffer_bytes)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -209,14 +211,20 @@ def tcp(
     seconds: float = 2.0,
     cc: str = "bbr",
     skip_fraction: float = 0.5,
+    buffer_bytes: int = 0,
+    abort: bool = False,
 ) -> dict:
-    """Goodput of ``streams`` TCP streams ``src -> dst`` (see the module docstring).
+    """Goodput of ``streams`` TCP streams ``src -> dst`` (see the module docstring); with
+    ``buffer_bytes`` every socket's SO_SNDBUF and SO_RCVBUF are set to it, as the data plane
+    sets its own (no autotuning), else autotuned up to the regions' ceiling. ``abort`` resets
+    the streams after ``seconds`` instead of letting their buffers drain (on a slow path with
+    large buffers that takes minutes; the goodput is measured before the first close either way).
 
     Returns ``gbps`` (the measured window), ``bytes`` (all received), ``cc`` (as the socket
     reports it), ``first_close_s``, the receiver's cumulative ``samples`` (seconds from the
     first byte, bytes) and ``first_monotonic`` (the first byte on ``time.monotonic``'s clock,
     which is the same in every process of the machine)."""
-    with probe_server(net, dst) as (proc, ports):
+    with probe_server(net, dst, buffer_bytes=buffer_bytes) as (proc, ports):
         sent = client(
             net,
             src,
@@ -230,6 +238,9 @@ def tcp(
                 str(seconds),
                 "--cc",
                 cc,
+                "--buffer",
+                str(buffer_bytes),
+                *(["--abort"] if abort else []),
             ],
             timeout=seconds * 10 + 60,
         )

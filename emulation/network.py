@@ -392,10 +392,20 @@ class Network:
         seconds: float = 2.0,
         cc: str = "bbr",
         skip_fraction: float = 0.5,
+        buffer_bytes: int = 0,
+        abort: bool = False,
     ) -> dict:
         """Goodput of ``streams`` TCP streams ``src -> dst`` (:func:`emulation.measure.tcp`)."""
         return measure.tcp(
-            self, src, dst, streams=streams, seconds=seconds, cc=cc, skip_fraction=skip_fraction
+            self,
+            src,
+            dst,
+            streams=streams,
+            seconds=seconds,
+            cc=cc,
+            skip_fraction=skip_fraction,
+            buffer_bytes=buffer_bytes,
+            abort=abort,
         )
 
     def blast(self, src: str, dst: str, *, packets: int, pps: float, size: int = 200) -> dict:

@@ -82,12 +82,17 @@ class _Run:
         }
 
 
-def serve(bind: str) -> int:
+def serve(bind: str, buffer: int = 0) -> int:
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     udp.bind((bind, 0))
     udp.setblocking(False)
-    tcp = socket.create_server((bind, 0), backlog=64)
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if buffer:  # accepted sockets inherit it, as the data plane sets its own on each socket
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+    tcp.bind((bind, 0))
+    tcp.listen(64)
     _emit({"event": "ready", "udp": udp.getsockname()[1], "tcp": tcp.getsockname()[1]})
     sel = selectors.DefaultSelector()
     sel.register(udp, selectors.EVENT_READ, "udp")
@@ -201,10 +206,22 @@ def client_rtt(host: str, port: int, count: int, interval: float, timeout: float
     return {"event": "rtt", "rtt_ms": rtts, "lost": lost, "count": count}
 
 
-def client_tcp(host: str, port: int, streams: int, seconds: float, cc: str, run_id: int) -> dict:
+def client_tcp(
+    host: str,
+    port: int,
+    streams: int,
+    seconds: float,
+    cc: str,
+    run_id: int,
+    buffer: int = 0,
+    abort: bool = False,
+) -> dict:
     socks = []
     for _ in range(streams):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if buffer:  # as aurora.transport.wire.tune_socket: no autotuning past it
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
         if cc:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
         s.connect((host, port))
@@ -223,6 +240,11 @@ def client_tcp(host: str, port: int, streams: int, seconds: float, cc: str, run_
             with contextlib.suppress(BlockingIOError):
                 sent += key.fileobj.send(chunk)  # type: ignore[union-attr]
     used = socks[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0")
+    if abort:  # reset: the buffers are not drained (a slow path drains for minutes)
+        for s in socks:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+        return {"event": "tcp_sent", "sent": sent, "seconds": seconds, "cc": used.decode()}
     for s in socks:
         s.setblocking(True)
         s.shutdown(socket.SHUT_WR)
@@ -258,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("serve")
     p.add_argument("--bind", default="0.0.0.0")
+    p.add_argument("--buffer", type=int, default=0, help="SO_RCVBUF of accepted sockets")
     p = sub.add_parser("rtt")
     p.add_argument("host")
     p.add_argument("port", type=int)
@@ -271,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--cc", default="")
     p.add_argument("--run", type=int, default=1)
+    p.add_argument("--buffer", type=int, default=0, help="SO_SNDBUF/SO_RCVBUF (0: autotuned)")
+    p.add_argument("--abort", action="store_true", help="reset the streams at the end")
     p = sub.add_parser("blast")
     p.add_argument("host")
     p.add_argument("port", type=int)
@@ -283,11 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, -5)
     if a.cmd == "serve":
-        return serve(a.bind)
+        return serve(a.bind, a.buffer)
     if a.cmd == "rtt":
         _emit(client_rtt(a.host, a.port, a.count, a.interval, a.timeout))
     elif a.cmd == "tcp":
-        _emit(client_tcp(a.host, a.port, a.streams, a.seconds, a.cc, a.run))
+        _emit(client_tcp(a.host, a.port, a.streams, a.seconds, a.cc, a.run, a.buffer, a.abort))
     else:
         _emit(client_blast(a.host, a.port, a.packets, a.pps, a.size))
     return 0

@@ -361,16 +361,18 @@ def per_actor_rates(rows: pd.DataFrame) -> pd.DataFrame:
 def payload_rate(cfg: Any, efficiency: float) -> Any:
     """``cfg`` with every link's rate (and recorded rate schedule) times ``efficiency``: the
     payload an emulated link carries when its htb class counts headers too
-    (:mod:`experiments.wire_overhead`)."""
+    (:mod:`experiments.wire_overhead`), and times 1 - loss on a lossy link (the emulator drops
+    after the bottleneck, so a lost packet was carried and is sent again)."""
     import dataclasses
 
     def link(lk: Any) -> Any:
+        share = efficiency * (1.0 - lk.loss) if lk.loss > 0 else efficiency
         fl = lk.fluctuation
         if fl is not None:
             fl = dataclasses.replace(
-                fl, low_gbps=fl.low_gbps * efficiency, high_gbps=fl.high_gbps * efficiency
+                fl, low_gbps=fl.low_gbps * share, high_gbps=fl.high_gbps * share
             )
-        return dataclasses.replace(lk, gbps=lk.gbps * efficiency, fluctuation=fl)
+        return dataclasses.replace(lk, gbps=lk.gbps * share, fluctuation=fl)
 
     topo = dataclasses.replace(cfg.topology, links=tuple(link(lk) for lk in cfg.topology.links))
     schedules = tuple(

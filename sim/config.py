@@ -15,6 +15,8 @@ from aurora.policy.leases import LeaseConfig
 from aurora.strategies import Strategy, replace_strategy, strategy
 from aurora.topology import Topology
 from aurora.traces import Traces
+from sim.tcp import DEFAULT_CONGESTION
+from sim.tcp import check as check_congestion
 
 __all__ = [
     "FAULT_KINDS",
@@ -107,6 +109,15 @@ class SimConfig:
     """The Checkpoint Store is on every Actor's own host (a shared directory, as ``aurora real``
     has it on one host): a catch-up reads it through the Actor's interface at its region's LAN
     rate, with no WAN round trip. Off: the Store is in the Trainer's region (the paper)."""
+    loss_recovery: bool = False
+    """On lossy links, charge TCP's loss recovery where the fluid model has no term for it
+    (:mod:`sim.tcp`, RACK-TLP and the RTO as Linux runs them): the end of every transfer
+    across a lossy WAN path is late by a draw of how long its last lost packet takes to be
+    sent again, and with ``control_latency`` every control message is lost with the link's
+    probability, recovered by a tail-loss probe (then RTOs), and holds back the messages behind
+    it on its connection. Off by default: the paper-trace experiments and golden traces
+    predate it, and at their sizes (minutes a step) a few RTTs are within their noise; the
+    host-profile predictions (:mod:`sim.hostprofile`) and replays of real runs turn it on."""
     cohorts: bool = False
     """Drive the Actors of each topology group that join together as one cohort process
     (:mod:`sim.cohorts`): the same events reach the Ledger at the same simulated times, only
@@ -166,6 +177,12 @@ class SimConfig:
                 raise ValueError(f"rate schedule: no link {sched.link!r} (links: {names})")
         if not self.stall_after_s > 0:
             raise ValueError(f"stall_after_s must be > 0, got {self.stall_after_s!r}")
+        congestion = self.topology.congestion or DEFAULT_CONGESTION
+        for i, link in enumerate(self.topology.links):
+            try:
+                check_congestion(congestion, link.loss)
+            except ValueError as exc:
+                raise ValueError(f"links[{i}] {link.a}-{link.b}: {exc}") from None
         # Everything the run will look up must exist: fail before simulating, naming the field.
         model = self.topology.trainer.model
         m = self.traces.model(model, where="trainer.model")

@@ -38,6 +38,11 @@ trace's; none without it), so a step's results arrive one after another. The lin
 traffic flows the other way (full duplex) and is not charged for them. Joins and losses are
 not delayed (a join is followed by a catch-up of seconds; a loss is learnt when it is learnt).
 
+With ``SimConfig.loss_recovery`` as well, each such message on a lossy link is lost with the
+link's probability and recovered as TCP recovers a lone packet (:func:`sim.tcp.message_delay`:
+the tail-loss probe, then RTOs); the messages behind it on its Actor's connection wait for it
+(TCP delivers in order), each direction its own connection.
+
 While a ``link_cut`` separates a region from the Trainer's (:mod:`sim.faults`), messages between
 the Ledger and that region's Actors are held here and delivered, in order, when it is restored:
 the Actors' reports are then judged at their arrival time.
@@ -76,6 +81,7 @@ from aurora.policy.ledger import LedgerConfig
 from aurora.policy.makers import maker
 from aurora.policy.pacer import PacerConfig, WakeAt
 from aurora.policy.timers import TickTimers
+from sim.tcp import message_delay
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from sim.model import Simulation
@@ -136,12 +142,20 @@ class LedgerDriver:
         """Per region: when its link to the Ledger has sent the reports queued on it (s)."""
         rb = sim.consts.result_bytes
         self._result_bytes = 0.0 if rb is None else rb.value
+        self._lossy: dict[str, tuple[float, float]] = {}
+        """Per region whose link to the Ledger loses packets (``loss_recovery``): (loss, RTT s)."""
+        self._delivered: dict[tuple[str, bool], float] = {}
+        """Per Actor and direction (True: to the Ledger): when its connection last delivered a
+        message (s); a later one cannot overtake it."""
+        self._loss_rng = sim.rng(8) if cfg.loss_recovery else None
         topo = cfg.topology
         if cfg.control_latency and not cfg.strategy.rdma:
             for region in topo.regions:
                 link = topo.link(topo.trainer.region, region.name)
                 if link is not None and region.name != topo.trainer.region:
                     self._one_way[region.name] = link.rtt_ms / 2e3
+                    if cfg.loss_recovery and link.loss > 0:
+                        self._lossy[region.name] = (link.loss, link.rtt_ms / 1e3)
 
     def _latency(self, actor: str) -> tuple[float, object | None]:
         """The one-way control delay to ``actor`` (s) and its current life."""
@@ -149,6 +163,28 @@ class LedgerDriver:
         if node is None:
             return 0.0, None
         return self._one_way.get(node.region, 0.0), node.life
+
+    def _sent_latency(self, actor: str) -> tuple[float, object | None]:
+        """:meth:`_latency` of a message from the Ledger to ``actor``, with its loss recovery."""
+        delay, life = self._latency(actor)
+        if self._lossy and delay > 0:
+            delay = self._recovered(actor, self.sim.actors.nodes[actor].region, delay, up=False)
+        return delay, life
+
+    def _recovered(self, actor: str, region: str, delay: float, *, up: bool) -> float:
+        """``delay`` (s from now) of a message on ``actor``'s connection, plus its loss
+        recovery on a lossy link, and no earlier than the message before it on the same
+        connection (in-order delivery)."""
+        lossy = self._lossy.get(region)
+        if lossy is None:
+            return delay
+        assert self._loss_rng is not None
+        now = self.env.now
+        at = now + delay + message_delay(self._loss_rng, loss=lossy[0], rtt_s=lossy[1])
+        key = (actor, up)
+        at = max(at, self._delivered.get(key, at))
+        self._delivered[key] = at
+        return at - now
 
     def _report_delay(self, actor: str, size: float) -> tuple[float, object | None]:
         """Seconds until a report of ``size`` bytes from ``actor`` reaches the Ledger: behind
@@ -164,6 +200,8 @@ class LedgerDriver:
             wan = self.sim.transfers.wan[frozenset((topo.trainer.region, node.region))]
             start += size / wan.capacity
         self._uplink_free[node.region] = start
+        if self._lossy:
+            return self._recovered(actor, node.region, start - now + delay, up=True), life
         return start - now + delay, life
 
     # -- the pacer ------------------------------------------------------------------------------
@@ -396,7 +434,7 @@ class LedgerDriver:
             return
         if self._one_way and not arrived and isinstance(action, _SENT):
             actor = action.actor
-            delay, life = self._latency(actor)
+            delay, life = self._sent_latency(actor)
             if delay > 0:
                 if isinstance(action, Assign):
                     self._schedule_tick(action.expiry)  # the Ledger's clock runs on

@@ -7,9 +7,10 @@ interface, a WAN path between two regions, a relay's interface). It is not simul
 packet: at any instant each flow has a rate, and rates change only when a flow starts or ends or a
 link changes rate. Rates are max-min fair (progressive filling): every flow gets the same share of
 a saturated resource unless it is limited elsewhere, either by another resource or by its own
-*cap*. The cap is what one TCP connection bundle can reach on its path,
-``S * min(W / RTT, MSS * sqrt(3/2) / (RTT * sqrt(p)))`` (window-limited by the socket buffer W, and
-loss-limited by the Mathis et al. relation), and the receiver's interface rate. So S parallel
+*cap*. The cap is what one TCP connection bundle can reach on its path, S times one stream's
+rate under the path's congestion control (:mod:`sim.tcp`: window-limited by the socket buffer,
+and loss-limited by reno's Mathis relation or CUBIC's response function; BBR is not), and the
+receiver's interface rate. So S parallel
 streams beat one stream on a lossy long-RTT path until the link itself saturates, as in the paper
 (§5.2: 4.71 s -> 2.90 s for 202 MB).
 
@@ -46,22 +47,12 @@ from dataclasses import dataclass
 
 import simpy
 
+from sim.tcp import tcp_cap
+
+__all__ = ["Flow", "Network", "Producer", "Resource", "tcp_cap"]
+
 _EPS_BYTES = 1e-3
 """A flow with less than this many bytes left is complete (floating-point slack, bytes)."""
-
-
-def tcp_cap(
-    *, streams: int, rtt_s: float, loss: float, window_bytes: float, mss_bytes: float
-) -> float:
-    """Bytes/s that ``streams`` parallel TCP streams can reach on a path, ignoring its capacity."""
-    if streams < 1:
-        raise ValueError(f"streams must be >= 1, got {streams}")
-    if rtt_s <= 0:
-        return math.inf
-    per_stream = window_bytes / rtt_s
-    if loss > 0:
-        per_stream = min(per_stream, mss_bytes * math.sqrt(1.5) / (rtt_s * math.sqrt(loss)))
-    return streams * per_stream
 
 
 class Resource:
@@ -109,6 +100,8 @@ class Flow:
         "on_begin",
         "weights",
         "began",
+        "tail",
+        "tail_s",
     )
 
     def __init__(
@@ -147,6 +140,11 @@ class Flow:
         """When it left its queue and started moving bytes (simulated s)."""
         self.weights: tuple[int, ...] = ()
         """Load per unit of rate on each resource of ``path`` (``mult``, or 1 per member)."""
+        self.tail: Callable[[Flow], float] | None = None
+        """Seconds its last byte is late beyond ``latency`` (loss recovery at the end of a
+        flight: :func:`sim.tcp.tail_delay`), asked once when it completes; None: none."""
+        self.tail_s = 0.0
+        """What ``tail`` answered (s)."""
         self.set_weights()
 
     def set_weights(self) -> None:
@@ -192,13 +190,16 @@ class Network:
         producer: Producer | None = None,
         latency: float = 0.0,
         bundle: object | None = None,
+        tail: Callable[[Flow], float] | None = None,
         on_done: Callable[[Flow], None],
     ) -> Flow:
         """Start a flow now (or queue it behind the flows of its ``bundle``); ``on_done(flow)``
-        runs when its last byte reaches the receiver."""
+        runs when its last byte reaches the receiver (``latency`` after it leaves, plus what
+        ``tail`` answers then)."""
         assert size >= 0 and mult >= 1 and latency >= 0 and cap > 0
         self._advance()
         flow = Flow(label, float(size), path, cap, mult, upstream, latency, on_done, self.env.now)
+        flow.tail = tail
         if producer is not None and producer.until > self.env.now:
             self._producers[id(flow)] = producer
             # Re-rate when production ends: the cap lifts.
@@ -258,6 +259,7 @@ class Network:
             label, flow.size, path, cap, 1, flow.upstream, flow.latency, on_done, flow.started
         )
         new.remaining = flow.remaining
+        new.tail = flow.tail
         prod = self._producers.get(id(flow))
         if prod is not None:
             self._producers[id(new)] = prod
@@ -443,5 +445,7 @@ class Network:
         for f in sorted(done, key=lambda f: (f.started, f.label)):
             # Always through the event queue (even at zero latency): ``on_done`` may start or
             # cancel flows, which must not happen inside a rate computation.
-            ev = self.env.timeout(f.latency)
+            if f.tail is not None:
+                f.tail_s = f.tail(f)
+            ev = self.env.timeout(f.latency + f.tail_s if f.tail_s else f.latency)
             ev.callbacks.append(lambda _e, fl=f: fl.on_done(fl))

@@ -78,7 +78,7 @@ import yaml
 from aurora.faults import parse_fault
 from aurora.jobspec import JobSpec
 from aurora.policy.leases import LeaseConfig
-from aurora.topology import Topology, load_topology
+from aurora.topology import CONGESTION, Topology, load_topology
 from aurora.traces import PAPER, Traces, load_traces
 from sim.config import RateSchedule, SimConfig, strategy
 
@@ -723,6 +723,7 @@ def topology_data(rec: RunRecord) -> dict[str, Any]:
         for (region, prefix), n in by_group.items()
     ]
     relays = [{"region": region, "name": rid} for rid, region in rec.job.get("relays", [])]
+    congestion = run_congestion(rec)
     return {
         "name": src.name,
         "trainer": {
@@ -736,7 +737,19 @@ def topology_data(rec: RunRecord) -> dict[str, Any]:
         "links": links,
         "actors": actors,
         "relays": relays,
+        **({"congestion": congestion} if congestion else {}),
     }
+
+
+def run_congestion(rec: RunRecord) -> str | None:
+    """The congestion control the run's data plane used: the job's, else the emulated
+    regions' default (``emulation.json``), else None (a loopback run on the host's default,
+    where loss never enters)."""
+    if rec.spec.congestion:
+        return rec.spec.congestion
+    tcp = (rec.emulation or {}).get("tcp") or {}
+    cc = str(tcp.get("tcp_congestion_control", "")).strip()
+    return cc if cc in CONGESTION else None
 
 
 def replay_data(rec: RunRecord, m: dict[str, Any]) -> dict[str, Any]:
@@ -864,6 +877,7 @@ def replay_config(trace_dir: str | Path, *, record_trace: bool = True) -> SimCon
         ),
         publish_pipeline="sequential",
         control_latency=True,
+        loss_recovery=True,
         store_local=bool(replay.get("store_local", False)),
         record_trace=record_trace,
     )

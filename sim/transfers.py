@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 from aurora.faults import link_ends
 from aurora.policy.events import FallBack
 from aurora.policy.membership import TRAINER
-from sim.network import Flow, Producer, Resource, tcp_cap
+from sim.network import Flow, Producer, Resource
 from sim.nodes import ActorNode, Node, Transfer
+from sim.tcp import DEFAULT_CONGESTION, tail_delay, tcp_cap
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from sim.model import Simulation
@@ -70,6 +71,8 @@ class Transfers:
         """Canonical connection-bundle keys (see :meth:`_bundle`)."""
         self.on_hold: Callable[[str], None] | None = None
         """Called with an Actor's id when it holds a version (fan-out measurement)."""
+        self._tail_rng = sim.rng(7) if sim.cfg.loss_recovery else None
+        """Draws of loss recovery at the end of each transfer across a lossy WAN path."""
 
     def _fluctuate(self, res: Resource, fl: Any, index: int) -> None:
         rng = self.sim.rng(1, index)
@@ -121,8 +124,27 @@ class Transfers:
             loss=link.loss,
             window_bytes=sim.consts.tcp_window_bytes.value,
             mss_bytes=sim.consts.mss_bytes.value,
+            congestion=topo.congestion or DEFAULT_CONGESTION,
         )
         return (src_nic, self.wan[frozenset((src_region, dst.region))]), tcp, rtt / 2
+
+    def tail(self, src: str, region: str) -> Callable[[Flow], float] | None:
+        """With ``loss_recovery``: the draw of how late a flow from ``src`` into ``region``
+        ends after its fluid end (:func:`sim.tcp.tail_delay`: its connection bundle's streams
+        at the rate it last had); None inside a region, on a lossless link, or without it."""
+        rng = self._tail_rng
+        if rng is None or self.sim.cfg.strategy.rdma:
+            return None
+        topo = self.sim.cfg.topology
+        src_region = topo.trainer.region if src == TRAINER else self.node(src).region
+        link = topo.link(src_region, region) if src_region != region else None
+        if link is None or link.loss <= 0:
+            return None
+        loss, rtt = link.loss, link.rtt_ms / 1e3
+        streams, mss = self.sim.cfg.strategy.streams, self.sim.consts.mss_bytes.value
+        return lambda f: tail_delay(
+            rng, loss=loss, rtt_s=rtt, rate=f.rate, streams=streams, mss=mss
+        )
 
     def receiving(self, node: Node) -> tuple[Resource, ...]:
         """Extra path of a flow to ``node`` alone: its interface, shared by all it receives
@@ -356,6 +378,7 @@ class Transfers:
                 producer=producer,
                 latency=latency,
                 bundle=self._bundle(src, transfer.members),
+                tail=self.tail(src, members[0].region),
                 on_done=lambda _f, t=transfer: self._forwarded(t),
             )
             self._outgoing.setdefault(src, {})[id(transfer)] = transfer
@@ -371,7 +394,7 @@ class Transfers:
         if up is not None and up.finished is not None:
             assert transfer.flow is not None
             seg = min(self.sim.cfg.segment_bytes, transfer.flow.size) / transfer.cap
-            due = up.finished + up.latency + seg
+            due = up.finished + up.latency + up.tail_s + seg
             if due > self.env.now:
                 self.sim.later(due - self.env.now, lambda: self._arrived(transfer))
                 return

@@ -216,3 +216,35 @@ def test_aurora_without_relays_runs_real_processes_with_no_relay_and_routes_to_t
     without = plan_processes(geo, relays=False)
     assert with_relays.relays and not without.relays
     assert without.actors == with_relays.actors
+
+
+def test_the_topologys_congestion_control_reaches_every_data_socket(tmp_path):
+    import asyncio
+    from pathlib import Path
+
+    from aurora.transport.wire import tune_socket
+
+    spec = job_spec(tmp_path).with_settings(congestion="reno")
+    cfg = transport_config(spec, secret=b"s" * 32, public_key=b"k" * 32)
+    assert cfg.congestion == "reno"
+    assert (
+        transport_config(job_spec(tmp_path), secret=b"s" * 32, public_key=b"k" * 32).congestion
+        is None
+    )
+    with pytest.raises(ValueError, match="congestion must be one of"):
+        job_spec(tmp_path).with_settings(congestion="vegas")
+
+    async def granted() -> dict:
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            return tune_socket(writer, buffer_bytes=1 << 20, congestion=cfg.congestion)
+        finally:
+            writer.close()
+            server.close()
+
+    offered = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text()
+    if "reno" not in offered.split():
+        pytest.skip("this kernel offers no reno")
+    assert asyncio.run(granted())["congestion"] == "reno"

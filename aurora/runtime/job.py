@@ -195,6 +195,7 @@ def make_spec(
         "trainer_region": topology.trainer.region,
         "strategy": asdict(strat),
         "window_s": real.window_s,
+        "congestion": topology.congestion,
     }
     spec.update(extra or {})
     if "dense_bytes" in spec:
@@ -256,9 +257,11 @@ def transport_config(
 ) -> TransportConfig:
     """The data plane's settings for any role of the job (Trainer, relay, Actor): streams,
     cut-through and cache from the job's strategy (cut-through only matters where a node
-    forwards), ``overrides`` last (a fault hook's store-and-forward relay)."""
+    forwards), the congestion control from the job, ``overrides`` last (a fault hook's
+    store-and-forward relay)."""
     strat = spec.strategy
     settings: dict[str, Any] = {
+        "congestion": spec.congestion,
         "streams": strat.streams,
         "cut_through": strat.cut_through,
         "cache_versions": cache_versions(strat.max_lag),

@@ -74,9 +74,24 @@ MODELS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "attention_bias": False,
     },
+    "qwen3-tiny-shapes": {  # the same layout at a test's size (not a published model)
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+    },
 }
 """Published hyper-parameters of each model this backend builds (only the ones that decide the
-tensors' names and shapes matter; the rest are copied for completeness)."""
+tensors' names and shapes matter; the rest are copied for completeness), and a tiny one of the
+same layout for end-to-end tests of the harnesses that run these (``experiments.fidelity``)."""
 NOISE_POOL = 1 << 24
 """N(0, 1) draws the Trainer keeps (64 MiB) and takes each step's noise from."""
 NOISE_BLOCK = 1 << 20
