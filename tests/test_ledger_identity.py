@@ -326,6 +326,27 @@ def test_an_actor_refuses_a_fake_ledger_with_one_line_before_it_says_who_it_is(t
     assert fake.messages == [] and (kind == "no identity step" or fake.sessions == [])
 
 
+@pytest.mark.parametrize("kind", ["no identity step", "a ledger certificate of another job"])
+def test_aurora_status_refuses_a_fake_ledger_and_never_asks_it(tmp_path, kind):
+    """``aurora status --join``, an observer, checks the Ledger's certificate like every role."""
+    f = files(tmp_path)
+    ident = tmp_path / "o.identity"
+    write_identity(ident, issue_identity("observer", "o", JOB_KEY, job=JOB_ID))
+    fake = FakeLedger(fake_identity(kind))
+    try:
+        run = aurora(
+            *("status", "--join", f"127.0.0.1:{fake.port}", "--identity", str(ident)),
+            *("--secret-file", str(f["secret"]), "--public-key", str(f["pub"])),
+            timeout=60,
+        )
+    finally:
+        fake.close()
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 1 and "is not this job's Ledger" in last, run.stderr[-2000:]
+    assert run.stdout == "" and "Traceback" not in run.stderr
+    assert fake.messages == [] and (kind == "no identity step" or fake.sessions == [])
+
+
 def test_a_peer_checks_the_ledger_before_it_proves_itself_and_the_trainer_its_revocations():
     """At the channel: a server proving an Actor's certificate never sees our identify; the
     Trainer refuses a Ledger whose id it revoked; a connect that proves an identity must be
@@ -684,10 +705,19 @@ def test_the_launcher_renews_the_identities_it_issued_at_half_their_lifetime(tmp
     path = Path(args[1])
     first = load_identity(path)
     assert first.job == launcher.job.job_id and first.expires - first.cert.issued == 1000
+    # aurora status RUN's observer identity, issued when the run is prepared (before the
+    # Actor's): renewed like every other, or a long run's status would be refused.
+    status = launcher.dir / "keys" / "observer-status.identity"
+    watcher = load_identity(status)
+    assert watcher.role == "observer" and watcher.job == launcher.job.job_id
+    assert watcher.expires - watcher.cert.issued == 1000
+    assert watcher.cert.issued <= first.cert.issued
     assert launcher.renew_identities(now=first.cert.issued + 400) == []  # more than half left
-    assert launcher.renew_identities(now=first.cert.issued + 600) == [str(path)]
+    assert launcher.renew_identities(now=first.cert.issued + 600) == [str(path), str(status)]
     second = load_identity(path)
     assert second.private_key == first.private_key and second.expires == first.cert.issued + 1600
+    assert load_identity(status).private_key == watcher.private_key
+    assert load_identity(status).expires == first.cert.issued + 1600
     ledger_args = launcher._identity("ledger", "ledger")
     assert load_identity(ledger_args[1]).role == "ledger"
 

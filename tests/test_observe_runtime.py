@@ -329,7 +329,7 @@ def test_an_observer_can_read_but_never_act(tmp_path, monkeypatch):
     from aurora.observe import status as observe_status
     from aurora.observe.status import snapshot
     from aurora.policy.events import ActorJoined
-    from tests.test_control_identity import JOB_KEY, join, rows, running
+    from tests.test_control_identity import JOB_ID, JOB_KEY, join, rows, running
 
     forbidden = [
         {"op": "staged", "version": 1},
@@ -359,7 +359,7 @@ def test_an_observer_can_read_but_never_act(tmp_path, monkeypatch):
     async def main() -> None:
         svc, port, _trainer = await running(tmp_path)
         svc.feed(ActorJoined(actor="a1", region="us", active=0))
-        ident = issue_identity("observer", "o", JOB_KEY)
+        ident = issue_identity("observer", "o", JOB_KEY, job=JOB_ID)
         before_rows, before_state = len(rows(tmp_path)), repr(svc.state)
         for claimed in ("actor", "trainer"):  # its certificate says observer
             with pytest.raises(ConnectionError, match="refused us"):

@@ -1,13 +1,15 @@
-"""``aurora status``: a live view of a job from its Ledger, as an observer that can only read.
+"""aurora status: a live view of a job from its Ledger, as an observer that can only read.
 
 Theory of operation
 -------------------
 The command connects to the Ledger as an *observer*: the role its identity certifies
 (``aurora keys issue --role observer``), not what its hello says. An observer's session takes
 two messages, a heartbeat and ``status`` (:mod:`aurora.runtime.messages`); anything else is
-dropped, and nothing it sends is logged or decided. The Ledger answers ``status`` with
+dropped, and nothing it sends is logged or decided. Like every role, it first checks the
+Ledger's own certificate under the job's public key, for the job its identity names, so a
+Ledger that cannot prove it is this job's is never asked. The Ledger answers ``status`` with
 :func:`aurora.observe.status.snapshot`. Given a run's folder (``aurora status RUN``) it connects
-with the folder's job secret and the observer identity ``aurora real`` issued there
+with the folder's job secret, public key and the observer identity ``aurora real`` issued there
 (``keys/observer-status.identity``); when no Ledger answers (the run has finished or was
 stopped), the same snapshot is rebuilt from the folder's Ledger log, replayed on a copy.
 ``--watch`` asks again every few seconds until the job finishes; ``--json`` prints the snapshot
@@ -68,47 +70,62 @@ def from_folder(run: Path) -> dict[str, Any]:
 
 
 async def _live(args: argparse.Namespace, show: Any) -> int:
-    from aurora.keys import load_identity, load_job_secret
+    from aurora.keys import load_identity, load_job_secret, load_public_key
     from aurora.runtime.channel import connect
     from aurora.runtime.messages import Direction
 
     secret = load_job_secret(args.secret_file)
-    identity = load_identity(args.identity)
-    if identity.role != "observer":
-        raise ValueError(
-            f"the identity is a {identity.role}'s; aurora status needs an observer's "
-            "(aurora keys issue --role observer --id NAME)"
-        )
+    job_key = load_public_key(args.public_key)
     host, _, port = args.join.rpartition(":")
-    ch = await connect(
-        host or "127.0.0.1",
-        int(port) if port.isdigit() else 0,
-        secret=secret,
-        hello={"id": identity.id, "role": "observer"},
-        identity=identity,
-        unix_path=args.unix_path,
-    )
-    try:
-        while True:
-            await ch.send({"op": "status"})
-            finished = False
-            deadline = time.monotonic() + 10.0
+    while True:
+        # Read at every connection: whoever issued it renews it while the job runs, and the
+        # Ledger closes a session whose certificate has expired.
+        identity = load_identity(args.identity)
+        if identity.role != "observer":
+            raise ValueError(
+                f"the identity is a {identity.role}'s; aurora status needs an observer's "
+                "(aurora keys issue --role observer --id NAME)"
+            )
+        ch = await connect(
+            host or "127.0.0.1",
+            int(port) if port.isdigit() else 0,
+            secret=secret,
+            hello={"id": identity.id, "role": "observer"},
+            identity=identity,
+            job_key=job_key,
+            job=args.job_id,
+            unix_path=args.unix_path,
+        )
+        answered = False
+        try:
             while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ConnectionError("the Ledger did not answer within 10 s")
-                msg = await asyncio.wait_for(ch.recv_checked(Direction.LEDGER_TO_OBSERVER), left)
-                if msg["op"] == "finished":
-                    finished = True
-                elif msg["op"] == "status":
-                    show(msg["snapshot"])
-                    finished = finished or bool(msg["snapshot"].get("finished"))
-                    break
-            if not args.watch or finished:
-                return 0
-            await asyncio.sleep(args.watch)
-    finally:
-        ch.close()
+                await ch.send({"op": "status"})
+                finished = False
+                deadline = time.monotonic() + 10.0
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ConnectionError("the Ledger did not answer within 10 s")
+                    msg = await asyncio.wait_for(
+                        ch.recv_checked(Direction.LEDGER_TO_OBSERVER), left
+                    )
+                    if msg["op"] == "finished":
+                        finished = True
+                    elif msg["op"] == "status":
+                        show(msg["snapshot"])
+                        answered = True
+                        finished = finished or bool(msg["snapshot"].get("finished"))
+                        break
+                if not args.watch or finished:
+                    return 0
+                await asyncio.sleep(args.watch)
+        except ConnectionError:
+            # A watch whose session had answered connects again (a renewed certificate, a
+            # restarted Ledger); one that never got an answer, or a Ledger gone, ends here.
+            if not (args.watch and answered):
+                raise
+        finally:
+            ch.close()
 
 
 def _printer(args: argparse.Namespace) -> Any:
@@ -128,6 +145,10 @@ def _printer(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aurora.jobspec import JobSpec
+    from aurora.keys import PUBLIC_KEY_FILE, SECRET_FILE
+    from aurora.runtime.channel import IdentityRefused
+
     show = _printer(args)
     try:
         if args.run is not None:
@@ -139,13 +160,19 @@ def run(args: argparse.Namespace) -> int:
             sock = folder / "ledger.sock"
             live = ident.exists() and job.exists() and not args.offline
             if live:
-                ports = json.loads(job.read_text()).get("ports", {})
+                described = json.loads(job.read_text())
+                ports = described.get("ports", {})
                 args.join = f"127.0.0.1:{ports.get('ledger', 0)}"
-                args.secret_file = str(folder / "keys" / "job.secret")
+                args.secret_file = str(folder / "keys" / SECRET_FILE)
+                args.public_key = str(folder / "keys" / PUBLIC_KEY_FILE)
                 args.identity = str(ident)
+                args.job_id = JobSpec.decode(described["spec"]).job_id
                 args.unix_path = str(sock) if sock.exists() else None
                 try:
                     return asyncio.run(_live(args, show))
+                except IdentityRefused as exc:
+                    # Another job's Ledger on the run's old port, or this observer refused.
+                    print(f"aurora status: {exc}; reading the run's log", file=sys.stderr)
                 except ConnectionError:
                     pass  # no Ledger answers: the run is over, read its log
             show(from_folder(folder))
@@ -153,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.join:
             raise ValueError("give a run folder, or --join HOST:PORT with --identity")
         args.unix_path = None
+        args.job_id = None  # the job the identity's certificate names
         return asyncio.run(_live(args, show))
     except KeyboardInterrupt:
         return 130
@@ -181,6 +209,12 @@ def add_parser(sub: Any) -> None:
         "--secret-file",
         default=None,
         help="with --join: file holding the job secret (default: $AURORA_JOB_SECRET)",
+    )
+    p.add_argument(
+        "--public-key",
+        default=None,
+        help="with --join: the job's public key, which the Ledger's certificate is checked "
+        "under (default: $AURORA_JOB_PUBLIC_KEY)",
     )
     p.add_argument(
         "--identity",
