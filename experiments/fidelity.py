@@ -59,7 +59,7 @@ import pandas as pd
 import yaml
 
 from aurora.provenance import git_sha
-from experiments.common import RESULTS
+from experiments.common import RESULTS, plain
 
 NAME = "fidelity"
 ROOT = Path(__file__).resolve().parent.parent
@@ -574,9 +574,20 @@ def estimate(cases: Sequence[Case], pred: dict[str, Any] | None, rows: pd.DataFr
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or NAME).split("\n\n")[0])
-    p.add_argument("what", choices=("predict", "run", "score", "estimate"))
-    p.add_argument("--set", default="smoke", choices=sorted(SETS))
+    p = argparse.ArgumentParser(description=plain((__doc__ or NAME).split("\n\n")[0]))
+    p.add_argument(
+        "what",
+        choices=("predict", "run", "score", "estimate"),
+        help="predict: write the set's predictions (commit them before any run); run: the real "
+        "runs (root, the emulated WAN), then score; score: predictions against the runs' mean; "
+        "estimate: the wall time of the runs, running nothing",
+    )
+    p.add_argument(
+        "--set",
+        default="smoke",
+        choices=sorted(SETS),
+        help="which cases: smoke (two, to try the harness) or campaign (default smoke)",
+    )
     p.add_argument("--repeats", type=int, default=5, help="real runs per case")
     p.add_argument("--cases", default=None, help="only these cases (comma-separated)")
     p.add_argument("--profile", default=None, help="host profile JSON (default: this host's)")

@@ -41,7 +41,7 @@ from typing import Any
 import pandas as pd
 
 from aurora.provenance import git_sha
-from experiments.common import RESULTS, files_only
+from experiments.common import RESULTS, files_only, plain
 
 NAME = "tcp_loss"
 ROOT = Path(__file__).resolve().parent.parent
@@ -325,7 +325,7 @@ def summary(rows: pd.DataFrame) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or NAME).split("\n\n")[0])
+    p = argparse.ArgumentParser(description=plain((__doc__ or NAME).split("\n\n")[0]))
     p.add_argument("--full", action="store_true", help="the whole grid (192 points)")
     p.add_argument("--seconds", type=float, default=20.0, help="per point, at least (and 200 RTTs)")
     p.add_argument(
