@@ -34,7 +34,7 @@ from aurora.keys import (
     trainer_identity,
     write_identity,
 )
-from aurora.runtime.channel import Channel, IdentityRefused, connect, serve
+from aurora.runtime.channel import Channel, Dismissed, IdentityRefused, connect, serve
 from tests.test_control_identity import (
     JOB_ID,
     JOB_KEY,
@@ -419,6 +419,7 @@ def test_the_ledger_refuses_expired_early_and_other_jobs_certificates_saying_why
                     job=JOB_ID,  # an attacker checks the Ledger against the job it attacks
                 )
             whys[word] = str(got.value)
+            assert not isinstance(got.value, Dismissed)  # its certificate, not the job's decision
         # An honest Actor of the other job checks the Ledger against its own, and goes.
         with pytest.raises(IdentityRefused, match="not this job's Ledger"):
             await dial(ledger.port, cases["another-job"], job=None)
@@ -458,9 +459,9 @@ def test_a_revoked_actor_is_cut_off_refused_and_still_refused_after_the_ledger_r
         await trainer.send({"op": "revocations", "data": rev.encode()})
         await trainer.send({"op": "revocations", "data": rev.encode()})  # sent again: no row
         closed = await closed_within(a1, 5.0)
-        with pytest.raises(IdentityRefused) as again:
+        with pytest.raises(Dismissed) as again:  # the job's decision: a role exits for good
             await dial(ledger.port, actor("a1"), active=0)
-        with pytest.raises(IdentityRefused) as fresh:  # a new certificate for the id as well
+        with pytest.raises(Dismissed) as fresh:  # a new certificate for the id as well
             await dial(ledger.port, actor("a1", lifetime_s=60), active=0)
         a2.send_nowait({"op": "heartbeat"})
         assert not a2.closed
@@ -480,7 +481,7 @@ def test_a_revoked_actor_is_cut_off_refused_and_still_refused_after_the_ledger_r
     ledger.start()  # the same log: the revocation is replayed
 
     async def after_restart() -> str:
-        with pytest.raises(IdentityRefused) as got:
+        with pytest.raises(Dismissed) as got:
             await dial(ledger.port, actor("a1"), active=0)
         ok = await dial(ledger.port, actor("a2"), active=0)
         ok.close()
@@ -561,7 +562,7 @@ def test_reconnect_floods_of_an_excluded_and_a_revoked_actor_cost_no_rows_and_bo
             ident = a1 if i % 2 == 0 else a2
             try:
                 ch = await dial(port, ident, active=0)
-            except IdentityRefused as exc:
+            except Dismissed as exc:  # excluded or revoked: the job's decision, either way
                 whys[ident.id].add(str(exc).split(": ", 2)[-1][:60])
             else:
                 ch.close()
@@ -608,6 +609,7 @@ def test_a_session_ends_with_its_certificate_and_a_renewed_identity_resumes_it_w
         assert await closed_within(ch, 10.0)  # the Ledger ends the session at its expiry
         with pytest.raises(IdentityRefused) as old:
             await dial(ledger.port, short, active=0)
+        assert not isinstance(old.value, Dismissed)  # renewing it lets it back
         renewed = renew_identity(short, JOB_KEY, lifetime_s=3600)
         assert renewed.public_key == short.public_key
         back = await dial(ledger.port, renewed, active=0)

@@ -476,3 +476,46 @@ def test_a_role_that_fails_before_the_first_step_stops_the_run_with_its_error(tm
     assert launcher.main() == EXIT_ROLE_FAILED
     err = capsys.readouterr().err
     assert "ca-a100-1 failed at start" in err and "cannot load the engine" in err
+
+
+def test_an_actor_the_job_revoked_before_the_first_step_is_recorded_and_the_run_goes_on(
+    tmp_path, capsys, monkeypatch
+):
+    """Refused by the job itself (revoked here; excluded alike) is the job working: the
+    launcher says so once, keeps it in events.csv and summary.json, and finishes the run with
+    the other Actor, where a role that cannot start stops it (the test above)."""
+    from aurora.keys import load_signing_key, revoke
+    from aurora.runtime.launcher import EXIT_OK, Launcher, RealRun
+    from aurora.topology import load_topology
+
+    prepare = Launcher.prepare
+
+    def revoked_before_start(self: Launcher) -> None:
+        prepare(self)  # the run's folder and keys are made here: revoke with them
+        key = load_signing_key(self.keys.signing_key)
+        revoke(self.dir / "revoked.json", ["ca-a100-1"], key, job=self.job.job_id)
+
+    monkeypatch.setattr(Launcher, "prepare", revoked_before_start)
+    topo = tmp_path / "t.yaml"
+    topo.write_text(TOPOLOGY.format(name="t", actors=2, steps=3))
+    launcher = Launcher(
+        RealRun(
+            topology=load_topology(topo),
+            topology_path=str(topo),
+            out=str(tmp_path / "out"),
+            backend="standin",
+            progress=False,
+            stall_s=120.0,
+        )
+    )
+    assert launcher.main() == EXIT_OK
+    err = capsys.readouterr().err
+    assert "ca-a100-1 dismissed by the job" in err and "failed at start" not in err
+    summary = json.loads((launcher.dir / "summary.json").read_text())
+    assert summary["steps_completed"] == 3 and summary["exit_code"] == EXIT_OK
+    assert list(summary["dismissed"]) == ["ca-a100-1"]
+    assert "is revoked in this job" in summary["dismissed"]["ca-a100-1"]
+    rows = [r for r in events(launcher.dir) if r["type"] == "Dismissed"]
+    assert [(r["kind"], r["who"]) for r in rows] == [("launcher", "ca-a100-1")]
+    accepted = {r["rec"]["actor"] for r in events(launcher.dir) if r["type"] == "Accepted"}
+    assert accepted == {"ca-a100-0"}

@@ -189,6 +189,9 @@ def test_the_trainer_survives_a_batch_with_nothing_trainable_and_a_restart_on_it
     out = outcome(d)
     assert out["summary"]["steps_completed"] == STEPS
     assert set(out["evicted"]) == {CHEATER}
+    # Back after the restart, the cheater is refused as excluded: recorded, never the run's end.
+    dismissed = out["summary"]["dismissed"]
+    assert set(dismissed) <= {CHEATER} and all("excluded" in w for w in dismissed.values())
     assert "resumed from its checkpoint at v0" in (d / "logs" / "trainer.log").read_text()
     first = out["steps"][0]
     assert first.get("results") == 0 and first.get("skipped") == 1

@@ -56,7 +56,8 @@ over the X25519 shared secret, salted with the secret-derived keys, bound to the
 both ephemeral keys (:func:`identity_keys`), sequence numbers from 0. The server then checks the
 certificate (this job, valid now within :data:`aurora.keys.CLOCK_SKEW_S`, the HELLO's role and
 id) and asks ``admit`` (the Ledger: revoked? excluded?); its first frame under the new keys is
-``identified``, or ``refused`` with the reason, then the connection closes: a refused identity
+``identified``, or ``refused`` with the reason (and whether ``admit`` gave it: the job dismissed
+that id, :class:`Dismissed`), then the connection closes: a refused identity
 is one error at connect, with no session, however often it returns (refusals are logged once
 per 5 s). A session ends when the client's certificate expires (:meth:`Channel.close_at`). So
 an id is bound to a key for one job and a limited time, and a secret holder on the path can no
@@ -130,6 +131,16 @@ class IdentityRefused(ConnectionError):
     """An identity did not hold at connect: the server refused ours (revoked, expired, another
     job's, excluded), or the server could not prove it is the job's Ledger. Trying again
     changes nothing, so a role stops with this one line."""
+
+
+class Dismissed(IdentityRefused):
+    """The job's Ledger refused our identity because the job decided against this id: it
+    excluded it (a failed check) or revoked it (``aurora keys revoke``). The job working as
+    designed, not a fault of the role's setup: a role exits with :attr:`EXIT_CODE` for it, so
+    whoever started it can tell this from a role that could not start."""
+
+    EXIT_CODE = 4
+    """The exit status of a role process the job dismissed (1: a failure, 2: bad input)."""
 
 
 class _Refused(AuthError):
@@ -265,7 +276,9 @@ async def _client_identify(
     # is an error here, once, not a connection that fails at its first message over and over.
     answer = await ch.recv()
     if answer.get("op") == "refused":
-        raise IdentityRefused(f"refused: {str(answer.get('why'))[:300]}")
+        # Said by the Ledger already proved above, under the session's new keys.
+        refused = Dismissed if answer.get("dismissed") is True else IdentityRefused
+        raise refused(f"refused: {str(answer.get('why'))[:300]}")
     if answer.get("op") != "identified":
         raise ProtocolError("the server did not confirm our identity")
 
@@ -323,10 +336,12 @@ async def _server_identify(
         why = f"the {role[:20]} role does not connect to the Ledger"
     if why is None:
         why = check_identity(role, peer, key, cert, job_key, job=identity.job, now=clock())
+    dismissed = False
     if why is None and admit is not None:
         why = admit(role, peer)
+        dismissed = why is not None  # the job's own decision on this id (revoked, excluded)
     if why is not None:
-        ch.send_nowait({"op": "refused", "why": why[:300]})
+        ch.send_nowait({"op": "refused", "why": why[:300], "dismissed": dismissed})
         raise _Refused(f"{role[:20]} {peer[:40]!r}: {why}")
     ch.send_nowait({"op": "identified"})
     ch.role, ch.verified, ch.key, ch.cert = role, True, key, cert
@@ -701,7 +716,7 @@ async def connect(
             channel.close()
             if str(exc).startswith("not this job's Ledger"):
                 raise IdentityRefused(f"{where} is {exc}") from None
-            raise IdentityRefused(
+            raise type(exc)(
                 f"{where} refused us: identity of {identity.role} {identity.id!r} {exc}"
             ) from None
         except (ConnectionError, TimeoutError) as exc:

@@ -5,7 +5,8 @@ real`` starts them all on one. Keys come from files (``--secret-file``, ``--publ
 ``--signing-key``, made by ``aurora keys new``) or environment variables (``AURORA_JOB_SECRET``,
 ``AURORA_JOB_PUBLIC_KEY``, ``AURORA_TRAINER_KEY``), never from the command line. A role that
 cannot start prints one line naming what is wrong and exits with 2 (bad input) or 1 (a failure
-at run time).
+at run time); one the job's Ledger refuses because the job excluded or revoked its id exits with
+4 (:class:`aurora.runtime.channel.Dismissed`): the job working, not a failure of the role.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def _logging(role: str) -> None:
 
 def _run_role(role: str, make: Any) -> int:
     """Run a role's coroutine; one line and an exit code for whatever stops it."""
+    from aurora.runtime.channel import Dismissed
+
     _logging(role)
     try:
         return int(asyncio.run(make()))
@@ -49,6 +52,9 @@ def _run_role(role: str, make: Any) -> int:
     except (ValueError, FileNotFoundError) as exc:  # KeyFileError is a ValueError
         print(f"aurora {role}: {exc}", file=sys.stderr)
         return 2
+    except Dismissed as exc:
+        print(f"aurora {role}: {exc}", file=sys.stderr)
+        return Dismissed.EXIT_CODE
     except (ConnectionError, OSError, RuntimeError) as exc:
         print(f"aurora {role}: {exc}", file=sys.stderr)
         return 1

@@ -33,7 +33,7 @@ from aurora.faults import Fault, check_faults
 from aurora.jobspec import JobSpec
 from aurora.keys import REAL_LIFETIME_S
 from aurora.provenance import git_sha
-from aurora.runtime.channel import connect
+from aurora.runtime.channel import Dismissed, connect
 from aurora.runtime.injector import Injector, SpotHazard
 from aurora.runtime.job import make_spec, plan_processes, strategy_spec
 from aurora.runtime.messages import Direction
@@ -544,6 +544,16 @@ class Launcher:
         with open(self.dir / "faults.jsonl", "a") as f:
             f.write(json.dumps({"time": time.time(), "spec": spec}) + "\n")
 
+    def dismissed(self, pid: str, role: str, why: str) -> None:
+        """``pid`` stopped because the job's Ledger refused it for good (the job excluded or
+        revoked it): the job working, so the run goes on without it. Said once, and kept in
+        the run's own log (``dismissed.jsonl``: events.csv and summary.json)."""
+        print(
+            f"aurora real: {pid} dismissed by the job; going on without it: {why}", file=sys.stderr
+        )
+        with open(self.dir / "dismissed.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.time(), role: pid, "why": why}) + "\n")
+
     # -- running -----------------------------------------------------------------------------
 
     async def _observe(self) -> None:
@@ -636,6 +646,9 @@ class Launcher:
                 if p.role != "trainer" and not p.alive and not p.expected_exit:
                     code = p.returncode
                     p.expected_exit = True  # report once
+                    if code == Dismissed.EXIT_CODE:
+                        self.dismissed(p.id, p.role, p.last_error())
+                        continue
                     if code not in (0, None) and self.step == 0:
                         # Before the first step no fault has struck: a role that cannot start
                         # (a missing engine, a bad model) is the job's error, not a preemption,

@@ -19,7 +19,9 @@ invariants are checked by replaying it:
 Files (in the run's folder): ``steps.csv`` (one row per step, the simulator's columns plus
 reward, loss and delta statistics), ``events.csv`` (every event and action, with wall time),
 ``timeline.csv`` (spans: generate, apply, catch-up per Actor; train, extract per step),
-``summary.json`` and ``<name>.png`` (tokens/s and reward per step).
+``summary.json`` and ``<name>.png`` (tokens/s and reward per step). The launcher's own records
+join them: the faults it injected (``faults.jsonl``) and the roles the job dismissed
+(``dismissed.jsonl``: excluded or revoked, refused at their next connection).
 """
 
 from __future__ import annotations
@@ -178,6 +180,17 @@ def write_outputs(
             log.faults.append((float(rec["time"]), str(rec["spec"])))
             log.events.append(_event_row(float(rec["time"]), "fault", {"type": "Fault", **rec}))
         log.faults.sort()
+    dismissed: dict[str, str] = {}
+    path = run / "dismissed.jsonl"
+    if path.exists():  # roles the job refused for good, as the launcher saw them stop
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            who = next(str(v) for k, v in rec.items() if k not in ("time", "why"))
+            dismissed[who] = str(rec["why"])
+            log.events.append(
+                _event_row(float(rec["time"]), "launcher", {"type": "Dismissed", **rec})
+            )
+    if faults.exists() or path.exists():
         log.events.sort(key=lambda r: r["time"])
     t0 = log.start or 0.0
     meta: dict[str, Any] = {}
@@ -282,6 +295,7 @@ def write_outputs(
             else None
         ),
         "faults": [spec for _, spec in log.faults],
+        "dismissed": dismissed,
     }
     tmp = run / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
