@@ -84,6 +84,8 @@ class Log:
     def __init__(self, folder: Path) -> None:
         self.latest: list[tuple[float, int]] = []
         self.active: dict[str, list[tuple[float, int]]] = {}
+        self.gone: dict[str, float] = {}
+        """Actor -> when it left or was lost (no longer live: no series of its own)."""
         with open(folder / "events.csv") as f:
             for row in csv.DictReader(f):
                 if row["kind"] != "event":
@@ -95,11 +97,23 @@ class Log:
                     self.active.setdefault(rec["actor"], []).append((t, int(rec["version"])))
                 elif rec["type"] == "ActorJoined" and rec.get("active") is not None:
                     self.active.setdefault(rec["actor"], []).append((t, int(rec["active"])))
+                elif rec["type"] in ("ActorLeft", "ActorLost"):
+                    self.gone.setdefault(rec["actor"], t)
 
     @staticmethod
     def _at(series: list[tuple[float, int]], t: float) -> int | None:
         i = bisect.bisect_right([x[0] for x in series], t)
         return series[i - 1][1] if i else None
+
+    def scraped(self, actor: str, scrapes: list[float]) -> tuple[set[float], set[float]]:
+        """Of the Ledger's scrapes (their timestamps, truncated to ms), those at which
+        ``actor`` was surely live with an active version, and those at which it may have been
+        (its first activation or its leaving within the scrape's millisecond)."""
+        start = self.active[actor][0][0]
+        end = self.gone.get(actor, float("inf"))
+        surely = {t for t in scrapes if start < t and t + 0.001 <= end}
+        maybe = {t for t in scrapes if start < t + 0.001 and t < end}
+        return surely, maybe
 
     def lags(self, actor: str, t_ms: float) -> set[int]:
         """The Actor's lag at every instant of the millisecond [t_ms, t_ms + 1 ms) the sample's
@@ -201,13 +215,17 @@ def test_a_prometheus_server_scraping_aurora_real_answers_what_the_runs_files_sa
     assert checked >= 3
     # Lag per Actor: each sample is what the log says at that instant.
     log = Log(folder)
-    by_actor: dict[str, int] = {}
+    by_actor: dict[str, set[float]] = {}
     for labels, t, value in lags:
         actor = labels["actor"]
         assert labels["role"] == "trainer" and labels["id"] == "trainer"
         assert int(value) in log.lags(actor, t), (actor, t, value, log.lags(actor, t))
-        by_actor[actor] = by_actor.get(actor, 0) + 1
+        by_actor.setdefault(actor, set()).add(t)
     assert set(by_actor) == {"ca-a100-0", "ca-a100-1", "eu-a100-0"}
-    assert min(by_actor.values()) >= 10
+    # And no scrape left one out: every scrape of the Ledger (each gives aurora_version) while
+    # an Actor was live with an active version has its lag, and no other scrape does.
+    for actor, seen in by_actor.items():
+        surely, maybe = log.scraped(actor, sorted(version))
+        assert surely <= seen <= maybe, (actor, sorted(surely - seen), sorted(seen - maybe))
     assert {int(v) for _, _, v in lags} & {1, 2}  # Actors were seen behind, not only level
     assert empty <= NOT_IN_THIS_RUN, empty - NOT_IN_THIS_RUN
