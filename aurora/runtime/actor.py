@@ -63,7 +63,7 @@ from aurora.policy.membership import fetch_order
 from aurora.policy.staging import ActorVersions
 from aurora.policy.versions import CatchUpPlan
 from aurora.runtime import hooks, hopreport
-from aurora.runtime.channel import Channel, IdentityRefused, connect
+from aurora.runtime.channel import Channel, Dismissed, IdentityRefused, connect
 from aurora.runtime.compute import EngineSide, Sampling, make_engine
 from aurora.runtime.job import digest_due, transport_config
 from aurora.runtime.messages import Direction, task_index
@@ -194,6 +194,9 @@ class ActorProcess:
         """Signed announcements heard from the Ledger (the newest 32), handed to the node."""
         self._subscribed = False
         self.failed: str | None = None
+        self.dismissed: Dismissed | None = None
+        """Set when the Ledger refused a reconnect because the job excluded or revoked this
+        Actor: the process exits as dismissed (:class:`Dismissed`), not as failed."""
         self.leaving = False
         self.key_ok = False
         """An announcement from the Ledger has verified under this Actor's public key."""
@@ -280,6 +283,8 @@ class ActorProcess:
                 except ConnectionError as exc:
                     log.error("%s: %s; giving up", self.id, exc)
                     self.failed = str(exc)
+                    if isinstance(exc, Dismissed):
+                        self.dismissed = exc
                     self.stopping = True
                     self.wake.set()
                     return
@@ -730,6 +735,8 @@ class ActorProcess:
                 await self.node.close()
             if self.channel is not None:
                 self.channel.close()
+        if self.dismissed is not None:
+            raise self.dismissed
         if self.failed is not None:
             raise ConnectionError(self.failed)
         return 0
