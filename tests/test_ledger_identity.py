@@ -828,6 +828,10 @@ def test_aurora_keys_revoke_during_a_run_cuts_the_actor_off_and_the_run_finishes
     assert any(r.get("type") == "ActorLost" and r.get("actor") == victim for r in rows[at:])
     log = (run_dir / "logs" / f"{victim}.log").read_text()
     assert "revoked" in log
+    # Refused at its reconnect, it exits as dismissed: the launcher notes it and goes on.
+    assert f"{victim} dismissed by the job" in err and "exited (" not in err
+    dismissed = json.loads((run_dir / "summary.json").read_text())["dismissed"]
+    assert list(dismissed) == [victim] and "is revoked in this job" in dismissed[victim]
     steps = [json.loads(x) for x in (run_dir / "trainer" / "steps.jsonl").read_text().splitlines()]
     assert steps[-1]["version"] == 10
     assert victim in steps[0]["stats"]["trained_from"]  # it was trained on before
