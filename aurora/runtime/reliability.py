@@ -61,10 +61,12 @@ def longest_pause(spans: list[tuple[float, float]]) -> float:
 
 def _events(run_dir: Path) -> tuple[float, list[tuple[float, str, dict[str, Any]]]]:
     """``events.csv`` as (time, type, record), and its zero: the Ledger log's first record, from
-    which ``timeline.csv`` counts (injected faults are logged apart, by the launcher)."""
+    which ``timeline.csv`` counts (injected faults and dismissed roles are logged apart, by the
+    launcher)."""
     with open(run_dir / "events.csv") as f:
         rows = list(csv.DictReader(f))
-    t0 = min((float(r["time"]) for r in rows if r["kind"] != "fault"), default=0.0)
+    ledger = [float(r["time"]) for r in rows if r["kind"] not in ("fault", "launcher")]
+    t0 = min(ledger, default=0.0)
     return t0, [(float(r["time"]), r["type"], json.loads(r["record"])) for r in rows]
 
 
