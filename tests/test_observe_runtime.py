@@ -422,3 +422,72 @@ def test_the_overlay_figure_is_drawn_from_a_real_and_a_simulated_runs_event_file
     for tag, _ in observe_overlay.TAGS:
         mine = [r for r in rows if r["tag"] == tag]
         assert len(mine) == STEPS and all(r["real"] and r["sim"] for r in mine), tag
+
+
+def test_aurora_status_watch_goes_on_past_its_certificates_end_with_the_renewed_one(
+    tmp_path, monkeypatch
+):
+    """The Ledger ends a session when its certificate expires; ``aurora status --watch`` reads
+    its identity file again and connects with the renewed one (``aurora real`` renews the
+    observer identity it issues with the others)."""
+    import argparse
+
+    from aurora.keys import (
+        CLOCK_SKEW_S,
+        issue_identity,
+        renew_identity,
+        replace_identity,
+        write_identity,
+    )
+    from aurora.runtime import channel
+    from aurora.runtime import status as status_command
+    from tests.test_control_identity import JOB_ID, JOB_KEY, JOB_PUB, SECRET, running
+
+    connects: list[str] = []
+    connect = channel.connect
+
+    async def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        connects.append(kwargs["identity"].cert.issued)
+        return await connect(*args, **kwargs)
+
+    monkeypatch.setattr(channel, "connect", counted)
+
+    (tmp_path / "job.secret").write_text(SECRET.hex())
+    (tmp_path / "job.secret").chmod(0o600)
+    (tmp_path / "job.pub").write_text(JOB_PUB.hex())
+    path = tmp_path / "o.identity"
+    # A certificate whose last second (clock skew allowed) is 2 s from now.
+    short = issue_identity(
+        "observer", "o", JOB_KEY, job=JOB_ID, lifetime_s=60, now=time.time() - 60 - CLOCK_SKEW_S + 2
+    )
+    write_identity(path, short)
+    end = short.expires + CLOCK_SKEW_S
+
+    async def main() -> list[float]:
+        svc, port, _trainer = await running(tmp_path)
+        shown: list[float] = []
+        args = argparse.Namespace(
+            join=f"127.0.0.1:{port}",
+            secret_file=str(tmp_path / "job.secret"),
+            public_key=str(tmp_path / "job.pub"),
+            identity=str(path),
+            job_id=None,
+            unix_path=None,
+            watch=0.2,
+        )
+        watch = asyncio.create_task(
+            status_command._live(args, lambda snap: shown.append(time.time()))
+        )
+        await asyncio.sleep(0.5)
+        replace_identity(path, renew_identity(short, JOB_KEY, lifetime_s=3600))
+        await asyncio.sleep(end - time.time() + 2.0)
+        assert not watch.done(), watch.exception()
+        watch.cancel()
+        await svc.close()
+        return shown
+
+    shown = asyncio.run(main())
+    # One session with the old certificate, closed at its end; one with the renewed.
+    assert len(connects) == 2 and connects[0] == short.cert.issued < connects[1]
+    assert any(t < end for t in shown)
+    assert sum(t > end + 0.5 for t in shown) >= 3, (end, shown)

@@ -103,12 +103,13 @@ async def _live(args: argparse.Namespace, show: Any) -> int:
                 finished = False
                 deadline = time.monotonic() + 10.0
                 while True:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise ConnectionError("the Ledger did not answer within 10 s")
-                    msg = await asyncio.wait_for(
-                        ch.recv_checked(Direction.LEDGER_TO_OBSERVER), left
-                    )
+                    try:
+                        msg = await asyncio.wait_for(
+                            ch.recv_checked(Direction.LEDGER_TO_OBSERVER),
+                            max(0.0, deadline - time.monotonic()),
+                        )
+                    except TimeoutError:
+                        raise ConnectionError("the Ledger did not answer within 10 s") from None
                     if msg["op"] == "finished":
                         finished = True
                     elif msg["op"] == "status":
