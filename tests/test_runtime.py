@@ -505,9 +505,14 @@ def test_an_actor_the_job_revoked_before_the_first_step_is_recorded_and_the_run_
             topology_path=str(topo),
             out=str(tmp_path / "out"),
             backend="standin",
-            # The start barrier counts Actors, not ids: it would wait start_wait_s for the
-            # revoked one.
-            extra={"start_actors": 1},
+            extra={
+                # The start barrier counts Actors, not ids: it would wait start_wait_s for the
+                # revoked one.
+                "start_actors": 1,
+                # Steps of ~2 s: the revoked Actor, started beside the other, is refused while
+                # the job runs, not after it finished (then nothing is left to go on with).
+                "standin_tokens_per_s": 100.0,
+            },
             progress=False,
             stall_s=120.0,
         )

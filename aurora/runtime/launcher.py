@@ -37,7 +37,7 @@ from aurora.runtime.channel import Dismissed, connect
 from aurora.runtime.injector import Injector, SpotHazard
 from aurora.runtime.job import make_spec, plan_processes, strategy_spec
 from aurora.runtime.messages import Direction
-from aurora.runtime.procs import Procs
+from aurora.runtime.procs import Proc, Procs
 from aurora.topology import Topology
 
 EXIT_OK, EXIT_ROLE_FAILED, EXIT_BAD_INPUT, EXIT_STALLED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -544,15 +544,21 @@ class Launcher:
         with open(self.dir / "faults.jsonl", "a") as f:
             f.write(json.dumps({"time": time.time(), "spec": spec}) + "\n")
 
-    def dismissed(self, pid: str, role: str, why: str) -> None:
-        """``pid`` stopped because the job's Ledger refused it for good (the job excluded or
-        revoked it): the job working, so the run goes on without it. Said once, and kept in
-        the run's own log (``dismissed.jsonl``: events.csv and summary.json)."""
+    def _dismissed(self, p: Proc) -> bool:
+        """Whether ``p`` stopped because the job's Ledger refused it for good (the job excluded
+        or revoked it: :class:`Dismissed`): the job working, so the run goes on without it.
+        Said once, and kept in the run's own log (``dismissed.jsonl``: events.csv and
+        summary.json)."""
+        if p.alive or p.expected_exit or p.returncode != Dismissed.EXIT_CODE:
+            return False
+        p.expected_exit = True
+        why = p.last_error()
         print(
-            f"aurora real: {pid} dismissed by the job; going on without it: {why}", file=sys.stderr
+            f"aurora real: {p.id} dismissed by the job; going on without it: {why}", file=sys.stderr
         )
         with open(self.dir / "dismissed.jsonl", "a") as f:
-            f.write(json.dumps({"time": time.time(), role: pid, "why": why}) + "\n")
+            f.write(json.dumps({"time": time.time(), p.role: p.id, "why": why}) + "\n")
+        return True
 
     # -- running -----------------------------------------------------------------------------
 
@@ -643,12 +649,11 @@ class Launcher:
                     return
                 raise LaunchError(f"the Trainer failed: {trainer.last_error()}")
             for p in self.procs.procs.values():
+                if self._dismissed(p):
+                    continue
                 if p.role != "trainer" and not p.alive and not p.expected_exit:
                     code = p.returncode
                     p.expected_exit = True  # report once
-                    if code == Dismissed.EXIT_CODE:
-                        self.dismissed(p.id, p.role, p.last_error())
-                        continue
                     if code not in (0, None) and self.step == 0:
                         # Before the first step no fault has struck: a role that cannot start
                         # (a missing engine, a bad model) is the job's error, not a preemption,
@@ -698,6 +703,8 @@ class Launcher:
         self.finished.set()
         for t in (observer, renew, watch):
             t.cancel()
+        for p in self.procs.procs.values():  # dismissed in the last moments, before the watch saw
+            self._dismissed(p)
         for t in done:
             exc = t.exception()
             if exc is not None:
