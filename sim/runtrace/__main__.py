@@ -16,7 +16,7 @@ from sim.runtrace.record import record_run, replay_config
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m sim.runtrace RUN_DIR [--out DIR]``: record a run's trace and replay it."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m sim.runtrace", description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="a finished aurora real run folder (results/real/NAME-...)")
     p.add_argument("--out", default=None, help="where to write the trace (default RUN/sim)")
     args = p.parse_args(argv)
