@@ -15,7 +15,7 @@ Compatibility: the keys are the ones the runtime wrote before the dataclass, so 
 ``job.json`` files and Ledger logs decode unchanged; :meth:`JobSpec.encode` now also spells out
 the settings left at their defaults (``segment_bytes``, ``trainer_data``: None, ...).
 
-It sits below the simulator and the runtime because both read it (``sim/runtrace.py`` turns a
+It sits below the simulator and the runtime because both read it (``sim/runtrace`` turns a
 real run's folder into the simulator's inputs).
 """
 

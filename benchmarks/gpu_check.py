@@ -24,9 +24,9 @@ What it does:
    no download) trained by the GRPO Trainer on the device (bf16 autocast over the fp32 master,
    extraction on the device) and an Actor that runs it: ``vllm.LLM`` with the ``aurora_delta``
    weight-transfer backend when vLLM and a GPU are present, otherwise (``--dry-run``) the same
-   worker-side apply (:class:`aurora.engines.vllm.DeltaReceiver`, what the backend wraps) on
-   parameters laid out as vLLM's (fused q/k/v and gate/up, padded vocabulary) on the device,
-   sampling with the transformers engine. For each of ``--deltas`` steps: the Actor samples
+   worker-side apply (:class:`aurora.engines.vllm_receiver.DeltaReceiver`, what the backend
+   wraps) on parameters laid out as vLLM's (fused q/k/v and gate/up, padded vocabulary) on the
+   device, sampling with the transformers engine. For each of ``--deltas`` steps: the Actor samples
    groups, the Trainer steps on them and publishes D_{v+1}, the Actor applies it in place; the
    check is that the Actor's h(v) equals the Trainer's, the bits it holds (read back from
    every rank) hash as the Trainer's published weights, and the Actor's per-token log-probs
@@ -125,7 +125,9 @@ class _WorkerActor:
         from aurora.delta.tp import local_shape
         from aurora.engines import TransformersEngine
         from aurora.engines.base import canonical_state
-        from aurora.engines.vllm import DeltaReceiver, ModelShape, rank_layout, snapshot_bytes
+        from aurora.engines.vllm_layout import ModelShape, rank_layout
+        from aurora.engines.vllm_messages import snapshot_bytes
+        from aurora.engines.vllm_receiver import DeltaReceiver
 
         shape = ModelShape.of(model.config)
         canon = canonical_state(published)
@@ -152,7 +154,7 @@ class _WorkerActor:
         return self.sampler.generate(prompts, n, sampling)
 
     def apply(self, delta: Any) -> str:
-        from aurora.engines.vllm import delta_bytes
+        from aurora.engines.vllm_messages import delta_bytes
 
         h = self.receiver.update({"delta": delta_bytes(delta), "expected_hash": delta.weights_hash})
         self.sampler.apply(delta)
@@ -161,7 +163,8 @@ class _WorkerActor:
 
     def weights_digest(self) -> str:
         from aurora.engines import weights_digest_of
-        from aurora.engines.vllm import assemble_ranks, rank_state_message, ranks_from_messages
+        from aurora.engines.vllm_layout import assemble_ranks
+        from aurora.engines.vllm_messages import rank_state_message, ranks_from_messages
 
         msg = rank_state_message(self.receiver)
         return str(weights_digest_of(assemble_ranks(ranks_from_messages([msg]), self.shape)))

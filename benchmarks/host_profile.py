@@ -268,7 +268,7 @@ def emulator(seconds: float) -> dict[str, Any]:
     from aurora.topology import topology_from_dict
     from emulation.measure import payload_efficiency
     from emulation.network import build_network
-    from sim.runtrace import probe_loopback
+    from sim.runtrace.loopback import probe_loopback
 
     out: dict[str, Any] = {"links": [], "load_before": loadavg()}
     for mbit, rtt in LINKS:

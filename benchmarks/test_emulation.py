@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from aurora.topology import topology_from_dict
+from emulation.capabilities import probe_capabilities
 from emulation.measure import tail_gbps
-from emulation.network import build_network, probe_capabilities
+from emulation.network import build_network
 from emulation.plan import MTU_FRAME_BYTES, EmulationError, EmulationUnavailable
 from sim.network import tcp_cap
 

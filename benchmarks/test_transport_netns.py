@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from aurora.topology import topology_from_dict
+from emulation.capabilities import probe_capabilities
 from emulation.netns import EmulatedLink, EmulationUnavailable, check_available
-from emulation.network import build_network, probe_capabilities
+from emulation.network import build_network
 from emulation.plan import MTU_FRAME_BYTES, EmulationError
 
 PAYLOAD = 1448 / MTU_FRAME_BYTES

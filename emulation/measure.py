@@ -333,7 +333,7 @@ def payload_efficiency(
     frame is 0.956). Measured, not assumed: segmentation offloads, options and ACK-free data
     packets all show up in the kernel's own byte counter. Returns ``efficiency``, the payload
     and counted bytes, the counted bytes per packet of the leaf qdisc, and the goodput."""
-    from emulation.network import parse_qdisc_stats
+    from emulation.counters import parse_qdisc_stats
 
     def leaf() -> tuple[int, int]:
         d = net.plan.direction(src, dst)

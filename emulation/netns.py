@@ -18,7 +18,8 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from emulation.network import Network, build_network, check_available, netem_available
+from emulation.capabilities import check_available, netem_available
+from emulation.network import Network, build_network
 from emulation.plan import MTU_FRAME_BYTES, EmulationError, EmulationUnavailable, PlanLink
 
 __all__ = [

@@ -2,237 +2,47 @@
 
 Theory of operation
 -------------------
-:func:`build_network` probes what the kernel can do (:func:`probe_capabilities`, in a scratch
-namespace), computes a plan (:mod:`emulation.plan`: addresses, htb classes, queues, which
-mechanism delays and drops), and carries it out:
+:func:`build_network` finds what the kernel can do (:mod:`emulation.capabilities`), computes a
+plan (:mod:`emulation.plan`: addresses, htb classes, queues, which mechanism delays and drops),
+and carries it out (:mod:`emulation.build`: reaper, namespaces or Mininet's nodes, shaping,
+NFQUEUE delay lines, iptables rules), then starts the links' rate fluctuation
+(:mod:`emulation.fluctuation`) and probes every direction (:mod:`emulation.measure`: median idle
+RTT and the goodput of 4 bbr streams). With ``verify=True`` (default) a direction that misses
+its configured RTT or rate by more than the tolerance fails the build, naming the link, the
+numbers and the likely cause, rather than letting a run claim a shape it did not get.
 
-1. registry file and reaper (:mod:`emulation.cleanup`), before anything exists;
-2. namespaces, veths created directly inside them (never in the host's namespace), addresses,
-   routes, loopback up, IP forwarding on the router, ``ip rule ... prohibit`` between regions
-   with no link; segmentation settings (``gso_max_segs``) per the plan. With
-   ``backend="mininet"`` Mininet's Python API builds the hosts, router, links and addresses
-   instead (:mod:`emulation.mininet_backend`) and its namespaces are given our names with
-   ``ip netns attach``; everything after this step is the same for both backends;
-3. ``tc -batch`` on the router: per direction an htb class, a bfifo (or netem) leaf, a u32
-   filter on the source subnet;
-4. the NFQUEUE delay lines (one process per direction, in the router namespace, started and
-   answering "ready" before any packet is queued to them), then the iptables rules that feed
-   them and the loss rules at each region's ingress;
-5. the fluctuation controller (one thread per fluctuating link, changing both directions' htb
-   classes at ``t0 + k x period_s``);
-6. a probe of every direction (:meth:`Network.probe`): median idle RTT (``ping``) and TCP
-   goodput of 4 bbr streams at the receiver; with ``verify=True`` (default) a direction that
-   misses its configured RTT or rate by more than the tolerance fails the build, naming the
-   link, the numbers and the likely cause, rather than letting a run claim a shape it did not
-   get.
-
-Commands are iproute2's ``ip``/``tc`` (``-batch`` per namespace, so a build is a few dozen
-processes) and ``iptables-restore``. Why not pyroute2: every step here is one batch of the
-commands a person would type to inspect or reproduce the setup (``docs/EMULATION.md`` lists
-them), ``ip netns exec`` is needed anyway to run roles in a namespace, pyroute2 has no bfifo
-plugin (it forces the parent to root and fails with EEXIST) and no NFQUEUE verdicts, and it would
-be one more dependency in CI for no capability iproute2 lacks.
-
-The runtime's API: ``namespace``, ``address``, ``wrap``/``popen``, ``cut``/``restore``,
-``probe``, ``describe`` (the content of ``emulation.json``), ``close``.
+:class:`Network` is the runtime's API: ``namespace``, ``address``, ``wrap``/``popen``,
+``cut``/``restore``, ``probe``, ``describe`` (the content of ``emulation.json``), ``close``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import platform
-import re
-import shutil
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from emulation import cleanup, measure
+from emulation import build, cleanup, counters, measure
+from emulation.capabilities import probe_capabilities
+from emulation.commands import batch, in_ns
+from emulation.fluctuation import RateFluctuation
 from emulation.plan import (
-    SUBNET,
     Capabilities,
     DirectionPlan,
     EmulationError,
-    EmulationUnavailable,
     NetworkPlan,
     PlanLink,
-    htb_rate,
-    iptables_loss_rules,
-    iptables_router_rules,
     links_of,
     make_plan,
-    rate_draws,
-    tc_commands,
 )
 
-HERE = Path(__file__).resolve().parent
-DELAYLINE = str(HERE / "delayline.py")
-PROBE = measure.PROBE
-CLEANUP = str(HERE / "cleanup.py")
-MININET = str(HERE / "mininet_backend.py")
-SYSTEM_PYTHON = "/usr/bin/python3"
-"""Mininet's Python (the apt package installs it for the system interpreter only)."""
 VERIFY_TRIES = 3
 """Goodput probes a direction gets at build time before its rate counts as out of reach."""
-
-
-def _run(argv: Sequence[str], *, stdin: str | None = None, check: bool = True) -> str:
-    proc = subprocess.run(list(argv), input=stdin, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        msg = (proc.stderr or proc.stdout).strip().splitlines()
-        raise EmulationError(f"`{' '.join(argv)}` failed: {' / '.join(msg[-3:])}")
-    return proc.stdout
-
-
-def _batch(tool: str, namespace: str | None, lines: list[str]) -> None:
-    if not lines:
-        return
-    argv = [tool] + (["-n", namespace] if namespace else []) + ["-batch", "-"]
-    _run(argv, stdin="\n".join(lines) + "\n")
-
-
-def _in_ns(namespace: str, argv: Sequence[str]) -> list[str]:
-    return ["ip", "netns", "exec", namespace, *argv]
-
-
-def check_available() -> None:
-    """Raise :class:`EmulationUnavailable` saying why namespaces cannot be made here."""
-    if sys.platform != "linux":
-        raise EmulationUnavailable("network namespaces are Linux only")
-    if os.geteuid() != 0:
-        raise EmulationUnavailable("network namespaces need root: run the command as root (sudo)")
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            raise EmulationUnavailable(f"the `{tool}` command (apt iproute2) is not installed")
-    probe = f"aurem-{uuid.uuid4().hex[:6]}-chk"
-    proc = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise EmulationUnavailable(f"cannot create a network namespace: {proc.stderr.strip()}")
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-
-
-_CAPS: Capabilities | None = None
-
-
-def probe_capabilities(*, refresh: bool = False) -> Capabilities:
-    """Find out what this kernel offers by trying it in a scratch namespace (cached)."""
-    global _CAPS
-    if _CAPS is not None and not refresh:
-        return _CAPS
-    check_available()
-    ns = f"aurem-{uuid.uuid4().hex[:6]}-caps"
-    missing: list[str] = []
-    _run(["ip", "netns", "add", ns])
-    try:
-        _run(["ip", "-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1"])
-
-        def tc(*args: str) -> str | None:
-            proc = subprocess.run(["tc", "-n", ns, *args], capture_output=True, text=True)
-            return None if proc.returncode == 0 else (proc.stderr.strip() or "failed")
-
-        err = (
-            tc("qdisc", "add", "dev", "p0", "root", "handle", "1:", "htb", "default", "0")
-            or tc(
-                "class",
-                "add",
-                "dev",
-                "p0",
-                "parent",
-                "1:",
-                "classid",
-                "1:11",
-                "htb",
-                "rate",
-                "10mbit",
-            )
-            or tc(
-                "qdisc",
-                "add",
-                "dev",
-                "p0",
-                "parent",
-                "1:11",
-                "handle",
-                "11:",
-                "bfifo",
-                "limit",
-                "30000",
-            )
-            or tc(
-                "filter",
-                "add",
-                "dev",
-                "p0",
-                "parent",
-                "1:",
-                "protocol",
-                "ip",
-                "prio",
-                "1",
-                "u32",
-                "match",
-                "ip",
-                "src",
-                "10.0.0.0/8",
-                "flowid",
-                "1:11",
-            )
-        )
-        htb = err is None
-        if not htb:
-            missing.append(f"htb: `tc` htb/bfifo/u32 failed: {err}")
-        err = tc("qdisc", "add", "dev", "p1", "root", "netem", "delay", "1ms")
-        netem = err is None
-        if not netem:
-            missing.append(f"netem: the kernel has no netem qdisc ({err})")
-        iptables = shutil.which("iptables")
-        nfqueue = statistic = False
-        if iptables is None:
-            missing.append("nfqueue: the iptables command is not installed (apt iptables)")
-            missing.append("statistic: the iptables command is not installed (apt iptables)")
-        else:
-            for name, rule in (
-                ("nfqueue", ["-j", "NFQUEUE", "--queue-num", "7"]),
-                (
-                    "statistic",
-                    ["-m", "statistic", "--mode", "random", "--probability", "0.5", "-j", "DROP"],
-                ),
-            ):
-                proc = subprocess.run(
-                    _in_ns(ns, [iptables, "-w", "5", "-A", "FORWARD", *rule]),
-                    capture_output=True,
-                    text=True,
-                )
-                if proc.returncode == 0:
-                    if name == "nfqueue":
-                        nfqueue = True
-                    else:
-                        statistic = True
-                else:
-                    missing.append(
-                        f"{name}: `iptables ... {' '.join(rule)}` failed: {proc.stderr.strip()}"
-                    )
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-    _CAPS = Capabilities(
-        htb=htb, netem=netem, nfqueue=nfqueue, statistic=statistic, missing=tuple(missing)
-    )
-    return _CAPS
-
-
-def netem_available() -> bool:
-    """Whether this kernel has the netem qdisc (False where namespaces cannot be made)."""
-    try:
-        return probe_capabilities().netem
-    except EmulationUnavailable:
-        return False
 
 
 class Network:
@@ -262,15 +72,10 @@ class Network:
         self._mininet: subprocess.Popen | None = None
         self._delaylines: dict[int, subprocess.Popen] = {}
         self._delayline_stats: dict[int, dict] = {}
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._rates = RateFluctuation(plan, self._links, seed=seed, scale=plan.scale)
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
         self._cut: set[frozenset[str]] = set()
         self._probe: dict[tuple[str, str], dict] = {}
-        self._schedule: dict[int, list[dict]] = {}
-        self._current_gbps: dict[int, float] = {}
-        self._errors: list[str] = []
         self._counters: dict[str, dict] = {}
         self._tcp_cache: dict[str, str] = {}
         self.started = time.time()
@@ -296,7 +101,7 @@ class Network:
 
     def wrap(self, region: str, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside ``region``'s namespace (``ip netns exec NS argv...``)."""
-        return _in_ns(self.namespace(region), argv)
+        return in_ns(self.namespace(region), argv)
 
     def popen(self, region: str, argv: Sequence[str], **kw: Any) -> subprocess.Popen:
         """Start ``argv`` inside ``region``'s namespace."""
@@ -310,7 +115,7 @@ class Network:
         with self._lock:
             if key in self._cut:
                 raise EmulationError(f"link {a}-{b} is already cut")
-            _batch("ip", self.router_namespace, self._cut_rules("add", a, b))
+            batch("ip", self.router_namespace, self._cut_rules("add", a, b))
             self._cut.add(key)
 
     def restore(self, a: str, b: str) -> None:
@@ -319,7 +124,7 @@ class Network:
         with self._lock:
             if key not in self._cut:
                 raise EmulationError(f"link {a}-{b} is not cut")
-            _batch("ip", self.router_namespace, self._cut_rules("del", a, b))
+            batch("ip", self.router_namespace, self._cut_rules("del", a, b))
             self._cut.discard(key)
 
     def is_cut(self, a: str, b: str) -> bool:
@@ -359,14 +164,13 @@ class Network:
             seconds=secs,
             streams=streams,
             cc=cc,
-            gbps_now=self._current_gbps.get(d.link, d.gbps),
+            gbps_now=self._rates.current_gbps(d.link, d.gbps),
         )
         # A fluctuating link may change rate while it is measured: the goodput is held to
         # the time-weighted configured rate over the measured window, not the rate at start.
         start, end = report.pop("window_monotonic")
         report["gbps_at_start"] = report["gbps"]
-        with self._lock:
-            schedule = list(self._schedule.get(d.link, []))
+        schedule = self._rates.schedule(d.link)
         report["gbps"] = measure.mean_rate(schedule, start, end, report["gbps_at_start"])
         return report
 
@@ -475,7 +279,7 @@ class Network:
             "rate_schedule": {
                 f"{link.a}-{link.b}": self.rate_schedule(link.a, link.b)
                 for i, link in self._links.items()
-                if i in self._schedule
+                if self._rates.schedule(i)
             },
             "delay_lines": {str(q): s for q, s in self._delayline_stats.items()},
             "counters": self._counters_report(),
@@ -487,8 +291,7 @@ class Network:
         """What has gone wrong since the build (empty when the network is as described): a
         delay line that exited (its direction now drops everything) or a fluctuation controller
         that stopped."""
-        with self._lock:
-            out = list(self._errors)
+        out = self._rates.errors()
         if not self.closed:
             for d in self.plan.directions:
                 proc = self._delaylines.get(d.nfqueue) if d.nfqueue is not None else None
@@ -501,9 +304,7 @@ class Network:
         "monotonic"}`` (``gbps`` after scaling; ``t_s`` since the start of the schedule, at
         which the change was made; ``unix`` and ``monotonic`` the same instant on those
         clocks)."""
-        index = self._link_index(a, b)
-        with self._lock:
-            return list(self._schedule.get(index, []))
+        return self._rates.schedule(self._link_index(a, b))
 
     def _link_index(self, a: str, b: str) -> int:
         for i, link in self._links.items():
@@ -514,49 +315,30 @@ class Network:
     def wait_for_rate_changes(self, a: str, b: str, count: int, timeout_s: float) -> list[dict]:
         """Block until link ``a-b`` has had ``count`` rates applied (the first at the start);
         return the schedule. Raises ``TimeoutError`` after ``timeout_s``."""
-        index = self._link_index(a, b)
-        with self._changed:
-            if not self._changed.wait_for(
-                lambda: len(self._schedule.get(index, [])) >= count, timeout_s
-            ):
-                raise TimeoutError(f"link {a}-{b}: under {count} rate changes in {timeout_s} s")
-            return list(self._schedule[index])
-
-    def _class_show(self, src: str, dst: str, *, stats: bool = False) -> tuple[str, str]:
-        """(router device, ``tc class show`` output) of the htb class of ``src -> dst``."""
-        d = self.plan.direction(src, dst)
-        dev = self.plan.region(dst).router_if
-        cmd = ["tc", *(["-s"] if stats else []), "-n", self.router_namespace, "class", "show"]
-        return dev, _run([*cmd, "dev", dev, "classid", f"1:{d.classid:x}"])
+        got = self._rates.wait(self._link_index(a, b), count, timeout_s)
+        if got is None:
+            raise TimeoutError(f"link {a}-{b}: under {count} rate changes in {timeout_s} s")
+        return got
 
     def class_rate_gbps(self, src: str, dst: str) -> float:
         """The rate the kernel's htb class of ``src -> dst`` has now (Gbit/s)."""
-        dev, out = self._class_show(src, dst)
-        # iproute2 6.1 has no JSON for htb classes; it prints e.g. "rate 23456Kbit" (SI units,
-        # divided only while exact or above 10^6 of a unit: within 0.1%).
-        m = re.search(r"\brate (\d+(?:\.\d+)?)([KMGT]?)bit", out)
-        if m is None:
-            raise EmulationError(f"no htb class for {src}->{dst} on {dev}: {out!r}")
-        unit = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[m.group(2)]
-        return float(m.group(1)) * unit / 1e9
+        return counters.class_rate_gbps(self.plan, src, dst)
 
     def class_bytes(self, src: str, dst: str) -> int:
         """Bytes sent so far by the htb class of direction ``src -> dst``."""
-        _, out = self._class_show(src, dst, stats=True)
-        for line in out.splitlines():
-            line = line.strip()
-            if line.startswith("Sent "):
-                return int(line.split()[1])
-        raise EmulationError(f"no byte counter for {src}->{dst} in `tc -s class show`: {out!r}")
+        return counters.class_bytes(self.plan, src, dst)
+
+    def counters(self) -> dict:
+        """What the kernel counts for this network now (:func:`emulation.counters.read_counters`:
+        per direction its qdiscs, per region its namespace's TCP counters)."""
+        return counters.read_counters(self.plan)
 
     def close(self) -> None:
         """Stop the helpers and remove every namespace, interface, rule and process."""
         if self.closed:
             return
         self.closed = True
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=10)
+        self._rates.stop()
         with contextlib.suppress(EmulationError, OSError):  # before the namespaces go
             self._counters["at_close"] = self.counters()
         for q, proc in self._delaylines.items():
@@ -602,29 +384,25 @@ class Network:
 
     def _build(self, *, verify: bool, tolerance: float, probe_seconds: float | None) -> None:
         cleanup.register(self.tag, backend=self.backend)
-        self._reaper = subprocess.Popen(
-            [sys.executable, CLEANUP, "--reap", self.tag],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self._reaper = build.start_reaper(self.tag)
         cleanup.add_helper(self.tag, self._reaper.pid)
         if self.backend == "mininet":
-            self._build_mininet()
+            self._mininet, spec = build.start_mininet(self.plan)
+            cleanup.add_helper(self.tag, self._mininet.pid)
+            build.attach_mininet(self.plan, self._mininet, spec)
         else:
-            self._build_namespaces()
-        self._configure_namespaces()
-        _batch("tc", self.router_namespace, tc_commands(self.plan))
-        self._start_delaylines()
-        rules = iptables_router_rules(self.plan)
-        if rules:
-            self._iptables_restore(self.router_namespace, rules)
-        for r in self.plan.regions:
-            rules = iptables_loss_rules(self.plan, r.name)
-            if rules:
-                self._iptables_restore(r.namespace, rules)
-        self._start_fluctuation()
+            build.make_namespaces(self.plan)
+        build.configure_namespaces(self.plan, self.tcp_window_bytes)
+        build.shape_links(self.plan)
+        for d in self.plan.directions:
+            if d.nfqueue is None:
+                continue
+            # held before it answers, so that close() stops it if it never does
+            proc = build.start_delay_line(self.plan, d, self.delay_quantum_us)
+            self._delaylines[d.nfqueue] = proc
+            build.await_ready(proc, d)
+        build.install_iptables(self.plan)
+        self._rates.start()
         if verify:
             self.probe(seconds=probe_seconds)
             self._verify(tolerance, probe_seconds)
@@ -632,194 +410,6 @@ class Network:
         # are what the counters at close add to these.
         with contextlib.suppress(EmulationError, OSError):
             self._counters["after_build"] = self.counters()
-
-    def _build_namespaces(self) -> None:
-        lines = [f"netns add {self.router_namespace}"]
-        lines += [f"netns add {r.namespace}" for r in self.plan.regions]
-        _batch("ip", None, lines)
-        # Both ends created straight inside their namespaces: nothing appears in the host's.
-        _batch(
-            "ip",
-            None,
-            [
-                f"link add {r.host_if} netns {r.namespace} type veth peer name {r.router_if} "
-                f"netns {self.router_namespace}"
-                for r in self.plan.regions
-            ],
-        )
-        for r in self.plan.regions:
-            _batch(
-                "ip",
-                r.namespace,
-                [
-                    f"addr add {r.address}/24 dev {r.host_if}",
-                    f"link set {r.host_if} up",
-                    f"route add default via {r.router_address}",
-                ],
-            )
-        _batch(
-            "ip",
-            self.router_namespace,
-            [f"addr add {r.router_address}/24 dev {r.router_if}" for r in self.plan.regions]
-            + [f"link set {r.router_if} up" for r in self.plan.regions],
-        )
-
-    def _build_mininet(self) -> None:
-        if not Path(SYSTEM_PYTHON).exists():
-            raise EmulationUnavailable(f"the Mininet backend needs {SYSTEM_PYTHON}")
-        check = subprocess.run([SYSTEM_PYTHON, "-c", "import mininet.net"], capture_output=True)
-        if check.returncode != 0:
-            raise EmulationUnavailable(
-                f"Mininet is not installed for {SYSTEM_PYTHON} (apt-get install mininet)"
-            )
-        spec = {
-            "tag": self.tag,
-            "router": {"name": f"{self.tag}rt"},
-            "hosts": [
-                {
-                    "name": f"{self.tag}h{r.index}",
-                    "intf": r.host_if,
-                    "router_intf": r.router_if,
-                    "ip": r.address,
-                    "router_ip": r.router_address,
-                }
-                for r in self.plan.regions
-            ],
-        }
-        proc = subprocess.Popen(
-            [SYSTEM_PYTHON, MININET, json.dumps(spec)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self._mininet = proc
-        cleanup.add_helper(self.tag, proc.pid)
-        line = measure.read_line(proc, "Mininet (emulation/mininet_backend.py)", 60)
-        while not line.startswith("AUREM "):
-            line = measure.read_line(proc, "Mininet (emulation/mininet_backend.py)", 60)
-        pids = json.loads(line[len("AUREM ") :])["pids"]
-        lines = [f"netns attach {self.router_namespace} {pids[spec['router']['name']]}"]
-        for r, h in zip(self.plan.regions, spec["hosts"], strict=True):
-            lines.append(f"netns attach {r.namespace} {pids[h['name']]}")
-        _batch("ip", None, lines)
-
-    def _configure_namespaces(self) -> None:
-        mtu = self.plan.segmentation == "mtu"
-        for r in self.plan.regions:
-            lines = ["link set lo up"]
-            if mtu:  # senders send MTU-sized packets (the delay line sees one per packet)
-                lines.append(f"link set {r.host_if} gso_max_segs 1")
-            _batch("ip", r.namespace, lines)
-        lines = ["link set lo up"]
-        # In gso mode the router segments what it sends toward a region with a lossy link,
-        # after the bottleneck queue, so the loss at the region's ingress is per MTU packet.
-        lines += [
-            f"link set {r.router_if} gso_max_segs 1"
-            for r in self.plan.regions
-            if self.plan.segments_toward(r.name)
-        ]
-        for a, b in self.plan.unlinked:
-            lines.append(f"rule add from {self._subnet(a)} to {self._subnet(b)} prohibit pref 1000")
-        _batch("ip", self.router_namespace, lines)
-        _run(_in_ns(self.router_namespace, ["sysctl", "-qw", "net.ipv4.ip_forward=1"]))
-        if self.tcp_window_bytes is not None:
-            # Autotuning's ceiling, per namespace: a stream's window, as the simulator's
-            # tcp_window_bytes models it (the host's own may differ: 16 MiB here).
-            w = self.tcp_window_bytes
-            for r in self.plan.regions:
-                _run(
-                    _in_ns(
-                        r.namespace,
-                        [
-                            "sysctl",
-                            "-qw",
-                            f"net.ipv4.tcp_wmem=4096 16384 {w}",
-                            f"net.ipv4.tcp_rmem=4096 131072 {w}",
-                        ],
-                    )
-                )
-
-    def _iptables_restore(self, namespace: str, rules: str) -> None:
-        _run(_in_ns(namespace, ["iptables-restore", "-w", "5", "--noflush"]), stdin=rules)
-
-    def _start_delaylines(self) -> None:
-        for d in self.plan.directions:
-            if d.nfqueue is None:
-                continue
-            proc = subprocess.Popen(
-                _in_ns(
-                    self.router_namespace,
-                    [
-                        sys.executable,
-                        DELAYLINE,
-                        "--queue",
-                        f"{d.nfqueue}:{d.delay_ms}",
-                        "--maxlen",
-                        str(d.nfqueue_maxlen),
-                        "--quantum-us",
-                        str(self.delay_quantum_us),
-                        "--rt-priority",
-                        os.environ.get("AURORA_DELAYLINE_RT", "10"),
-                    ],
-                ),
-                stdin=subprocess.PIPE,  # end of file (the builder died) stops it
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            self._delaylines[d.nfqueue] = proc
-            line = measure.read_line(
-                proc, f"the delay line of {d.src}->{d.dst} (NFQUEUE {d.nfqueue})"
-            )
-            if line != "ready":
-                raise EmulationError(f"delay line {d.src}->{d.dst}: unexpected {line!r}")
-
-    def _start_fluctuation(self) -> None:
-        for index, link in self._links.items():
-            if link.fluctuation is None:
-                continue
-            low, high, period = link.fluctuation
-            draws = rate_draws(self.seed, index, low, high)
-            first = next(draws)  # the draw for [0, period); the first draw imports numpy
-            t0 = time.monotonic()
-            self._apply_rate(index, first * self.scale, 0.0, t0)
-            t = threading.Thread(
-                target=self._fluctuate,
-                args=(index, draws, t0, period),
-                name=f"aurem-{self.tag}-fluctuation-{index}",
-                daemon=True,
-            )
-            t.start()
-            self._threads.append(t)
-
-    def _fluctuate(self, index: int, draws: Any, t0: float, period: float) -> None:
-        k = 1
-        while not self._stop.wait(max(t0 + k * period - time.monotonic(), 0.0)):
-            try:
-                self._apply_rate(index, next(draws) * self.scale, time.monotonic() - t0, t0)
-            except EmulationError as exc:
-                if not self._stop.is_set():  # never fluctuate no more while claiming to
-                    with self._lock:
-                        self._errors.append(f"fluctuation of link {index} stopped: {exc}")
-                return
-            k += 1
-
-    def _apply_rate(self, index: int, gbps: float, t: float, t0: float) -> None:
-        lines = []
-        for d in self.plan.directions:
-            if d.link == index:
-                dev = self.plan.region(d.dst).router_if
-                lines.append(
-                    f"class change dev {dev} parent 1: classid 1:{d.classid:x} htb {htb_rate(gbps)}"
-                )
-        _batch("tc", self.router_namespace, lines)
-        with self._changed:
-            self._current_gbps[index] = gbps
-            self._schedule.setdefault(index, []).append(
-                {"t_s": round(t, 4), "gbps": gbps, "unix": time.time(), "monotonic": t0 + t}
-            )
-            self._changed.notify_all()
 
     # -- probing -----------------------------------------------------------------------------
 
@@ -876,9 +466,6 @@ class Network:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _subnet(self, region: str) -> str:
-        return SUBNET.format(self.plan.region(region).index)
-
     def _link_key(self, a: str, b: str) -> frozenset[str]:
         self.plan.region(a), self.plan.region(b)
         if not any({d.src, d.dst} == {a, b} for d in self.plan.directions):
@@ -887,7 +474,8 @@ class Network:
 
     def _cut_rules(self, op: str, a: str, b: str) -> list[str]:
         return [
-            f"rule {op} from {self._subnet(x)} to {self._subnet(y)} blackhole pref 100"
+            f"rule {op} from {build.subnet(self.plan, x)} to {build.subnet(self.plan, y)} "
+            "blackhole pref 100"
             for x, y in ((a, b), (b, a))
         ]
 
@@ -895,113 +483,16 @@ class Network:
         out: dict[str, str] = self._tcp_cache  # read once: still there after close
         if out or self.closed or not self.plan.regions:
             return dict(out)
-        ns = self.plan.regions[0].namespace
-        for key in ("tcp_congestion_control", "tcp_rmem", "tcp_wmem"):
-            with contextlib.suppress(EmulationError):
-                out[key] = _run(_in_ns(ns, ["sysctl", "-n", f"net.ipv4.{key}"])).strip()
+        out.update(counters.tcp_settings(self.plan.regions[0].namespace))
         return dict(out)
-
-    def counters(self) -> dict:
-        """What the kernel counts for this network now: per direction, every qdisc on the
-        router's interface towards it (:func:`parse_qdisc_stats`: bytes and packets sent,
-        drops, overlimits, backlog); per region, its namespace's TCP counters
-        (:data:`TCP_COUNTERS`: retransmitted segments, retransmission timeouts, tail-loss
-        probes...), which count every connection of the roles running there."""
-        qdiscs = {}
-        for d in self.plan.directions:
-            dev = self.plan.region(d.dst).router_if
-            out = _run(["tc", "-s", "-n", self.router_namespace, "qdisc", "show", "dev", dev])
-            qdiscs[f"{d.src}->{d.dst}"] = parse_qdisc_stats(out)
-        tcp = {}
-        for r in self.plan.regions:
-            text = _run(_in_ns(r.namespace, ["cat", "/proc/net/snmp", "/proc/net/netstat"]))
-            tcp[r.name] = parse_tcp_counters(text)
-        return {"unix": time.time(), "qdiscs": qdiscs, "tcp": tcp}
 
     def _counters_report(self) -> dict:
         """The counters after the build and at close, and the run's share: their difference."""
         out = dict(self._counters)
         first, last = self._counters.get("after_build"), self._counters.get("at_close")
         if first is not None and last is not None:
-            out["during_run"] = _difference(last, first)
+            out["during_run"] = counters.difference(last, first)
         return out
-
-
-TCP_COUNTERS = (
-    ("Tcp", "OutSegs"),
-    ("Tcp", "RetransSegs"),
-    ("TcpExt", "TCPTimeouts"),
-    ("TcpExt", "TCPLossProbes"),
-    ("TcpExt", "TCPSpuriousRTOs"),
-    ("TcpExt", "TCPLostRetransmit"),
-    ("TcpExt", "TCPFastRetrans"),
-    ("TcpExt", "TCPSlowStartRetrans"),
-    ("TcpExt", "TCPSynRetrans"),
-)
-"""The TCP counters ``emulation.json`` keeps per region (``/proc/net/snmp`` and
-``/proc/net/netstat`` of the namespace): segments sent and retransmitted, retransmission
-timeouts (an RTO of >= 200 ms each), tail-loss probes, spurious RTOs, fast and slow-start
-retransmissions."""
-
-
-def parse_tcp_counters(text: str) -> dict[str, int]:
-    """:data:`TCP_COUNTERS` from the text of ``/proc/net/snmp`` and ``/proc/net/netstat``
-    (pairs of lines: ``Prefix: name name ...`` then ``Prefix: value value ...``)."""
-    values: dict[tuple[str, str], int] = {}
-    lines = [line.split() for line in text.splitlines() if line.strip()]
-    for names, nums in zip(lines, lines[1:], strict=False):
-        if names[0] != nums[0] or not names[0].endswith(":") or not nums[1:2]:
-            continue
-        if not nums[1].lstrip("-").isdigit():
-            continue  # a header line followed by another header
-        prefix = names[0][:-1]
-        for name, num in zip(names[1:], nums[1:], strict=False):
-            with contextlib.suppress(ValueError):
-                values[(prefix, name)] = int(num)
-    return {
-        name: values[(prefix, name)] for prefix, name in TCP_COUNTERS if (prefix, name) in values
-    }
-
-
-_QDISC = re.compile(r"^qdisc (\S+) (\S+)")
-_SENT = re.compile(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+) requeues (\d+)\)")
-_BACKLOG = re.compile(r"backlog (\d+)b (\d+)p")
-
-
-def parse_qdisc_stats(text: str) -> dict[str, dict[str, int | str]]:
-    """Per qdisc (by handle) of ``tc -s qdisc show`` output: its kind, bytes and packets sent,
-    packets dropped, overlimits, requeues and the backlog (bytes, packets) when read."""
-    out: dict[str, dict[str, int | str]] = {}
-    current: dict[str, int | str] | None = None
-    for line in text.splitlines():
-        head = _QDISC.match(line.strip())
-        if head:
-            current = out[head.group(2)] = {"kind": head.group(1)}
-            continue
-        if current is None:
-            continue
-        sent = _SENT.search(line)
-        if sent:
-            keys = ("sent_bytes", "sent_packets", "dropped", "overlimits", "requeues")
-            current.update(zip(keys, map(int, sent.groups()), strict=True))
-        backlog = _BACKLOG.search(line)
-        if backlog:
-            current["backlog_bytes"], current["backlog_packets"] = map(int, backlog.groups())
-    return out
-
-
-def _difference(last: Any, first: Any) -> Any:
-    """``last - first`` for every number in two nested dicts of the same shape (``unix``: the
-    span between them)."""
-    if isinstance(last, dict) and isinstance(first, dict):
-        # A backlog is a level, not a count: the one at close.
-        return {
-            k: v if k.startswith("backlog") else _difference(v, first.get(k))
-            for k, v in last.items()
-        }
-    if isinstance(last, int | float) and isinstance(first, int | float):
-        return last - first
-    return last
 
 
 def new_tag() -> str:

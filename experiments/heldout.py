@@ -187,7 +187,7 @@ def predicted_config(case: str, strategy: str, hset: HeldOutSet = SETS["standin"
     """The simulator configuration predicting ``strategy`` in held-out ``case`` of ``hset``:
     the base run's replay with only the case's differences applied."""
     from sim.config import strategy as named
-    from sim.runtrace import replay_config
+    from sim.runtrace.record import replay_config
 
     spec = hset.cases[case]
     cfg = replay_config(hset.traces / _base(strategy), record_trace=True)

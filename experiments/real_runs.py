@@ -98,7 +98,7 @@ class _Tee(io.TextIOBase):
 def emulation_unavailable() -> str | None:
     """Why the emulated WAN cannot be built here (None: it can)."""
     try:
-        from emulation.network import check_available
+        from emulation.capabilities import check_available
         from emulation.plan import EmulationError
 
         check_available()

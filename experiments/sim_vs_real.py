@@ -4,10 +4,10 @@ Theory of operation
 -------------------
 Each point is one real run of the runtime (``aurora real``, started here through
 :class:`aurora.runtime.launcher.Launcher`), on this host's loopback or over the emulated WAN
-(``--emulate``, root only). When it has finished, :func:`sim.runtrace.record_run` turns its
+(``--emulate``, root only). When it has finished, :func:`sim.runtrace.record.record_run` turns its
 folder into the simulator's inputs (per-rollout generation rate and tokens, the Trainer's step,
 extraction and publication seconds, delta sizes, the links as the emulator set them or the
-loopback as probed, the faults as they struck) and :func:`sim.runtrace.replay_config` into a
+loopback as probed, the faults as they struck) and :func:`sim.runtrace.record.replay_config` into a
 :class:`sim.config.SimConfig`, which is simulated. Nothing the run *output* (``steps.csv``) is an
 input: the comparison is a prediction.
 
@@ -208,7 +208,8 @@ def run_real(p: Point, root: Path, log: str | None = None) -> Path:
     record its trace; return the run folder. ``log``: the run writes its step series
     (``aurora real --log``)."""
     from aurora.runtime.launcher import Launcher, RealRun, run_folder
-    from sim.runtrace import LOOPBACK, probe_loopback, record_run
+    from sim.runtrace.loopback import LOOPBACK, probe_loopback
+    from sim.runtrace.record import record_run
 
     runs = root / "runs"
     runs.mkdir(parents=True, exist_ok=True)
@@ -390,7 +391,7 @@ def measure(
     ``log``: the real run and its replay write their step series under the same tags
     (``RUN/tb`` and ``RUN/sim/tb``: one TensorBoard overlays them)."""
     from sim.model import simulate
-    from sim.runtrace import replay_config
+    from sim.runtrace.record import replay_config
 
     folder = run_real(p, root, log)
     real = real_steps(folder)
@@ -404,7 +405,7 @@ def measure(
         write_rows(log, folder / "sim", result.rows, name=f"{folder.name}-sim")
     sim = pd.DataFrame(result.rows)
     rt, st = real_transfers(folder), sim_transfers(result)
-    # Past the warm-up, as the step means and as the replay's inputs (sim/runtrace.py takes
+    # Past the warm-up, as the step means and as the replay's inputs (sim/runtrace/trace.py takes
     # delta sizes, extraction and generation from versions after WARMUP_STEPS): the first
     # versions' larger deltas and cold connections are in neither side's model.
     common = [v for v in rt if v in st and v > WARMUP]

@@ -12,13 +12,13 @@ behind one relay, the Trainer in ``us``.
 
 **A held-out validation of the simulator.** The first run of a network (``s4-relay``: the
 ``aurora`` strategy as shipped, 4 streams, relay, cut-through) is the *calibration*: its folder is
-recorded into simulator inputs (:func:`sim.runtrace.record_run`: generation rate, the Trainer's
-step and extraction seconds, delta sizes, the links as probed or emulated). From those inputs
-alone, the simulator predicts the other configurations (1 stream, no relay, store-and-forward)
-and writes the predictions to ``experiments/predictions/transfer_real-<network>.json``
-(committed) *before* any of those runs starts (the file records when); the runs are then made
-and compared with it. The calibration run's own replay is reported too, as a fit, not a
-prediction.
+recorded into simulator inputs (:func:`sim.runtrace.record.record_run`: generation rate, the
+Trainer's step and extraction seconds, delta sizes, the links as probed or emulated). From those
+inputs alone, the simulator predicts the other configurations (1 stream, no relay,
+store-and-forward) and writes the predictions to
+``experiments/predictions/transfer_real-<network>.json`` (committed) *before* any of those runs
+starts (the file records when); the runs are then made and compared with it. The calibration
+run's own replay is reported too, as a fit, not a prediction.
 
 Metrics, each defined the same way on both sides where the simulator has it:
 
@@ -248,7 +248,7 @@ def run_real(cfg: Config, *, network: str, model: str, steps: int, root: Path) -
     ``peak_memory.json``; return its folder."""
     from aurora.runtime.job import strategy_spec
     from aurora.runtime.launcher import Launcher, RealRun, run_folder
-    from sim.runtrace import LOOPBACK, probe_loopback
+    from sim.runtrace.loopback import LOOPBACK, probe_loopback
 
     runs = root / "runs"
     runs.mkdir(parents=True, exist_ok=True)
@@ -362,7 +362,7 @@ def predict(calibration: Path, network: str, root: Path) -> dict[str, Any]:
     inputs; written to ``experiments/predictions/transfer_real-<network>.json`` (committed)
     before the other runs start."""
     from sim.model import simulate
-    from sim.runtrace import record_run, replay_config
+    from sim.runtrace.record import record_run, replay_config
 
     base = replay_config(record_run(calibration))
     out: dict[str, Any] = {

@@ -11,7 +11,7 @@ import pytest
 
 from aurora.runtime import hopreport
 from aurora.transport.node import NodeMetrics
-from emulation.network import _difference, parse_qdisc_stats, parse_tcp_counters
+from emulation.counters import difference, parse_qdisc_stats, parse_tcp_counters
 from experiments import delta_path
 from tests.test_transport import _step, _tree, run
 
@@ -121,7 +121,7 @@ def test_the_emulators_qdisc_and_tcp_counters_are_read_from_the_kernels_text():
     assert tcp["TCPTimeouts"] == 2 and tcp["TCPLossProbes"] == 5
     later = {"a": {"dropped": 5, "backlog_bytes": 0, "kind": "bfifo"}}
     earlier = {"a": {"dropped": 2, "backlog_bytes": 1514, "kind": "bfifo"}}
-    assert _difference(later, earlier) == {"a": {"dropped": 3, "backlog_bytes": 0, "kind": "bfifo"}}
+    assert difference(later, earlier) == {"a": {"dropped": 3, "backlog_bytes": 0, "kind": "bfifo"}}
 
 
 def test_the_hop_table_of_a_run_folder_splits_the_path_into_consecutive_hops(tmp_path):

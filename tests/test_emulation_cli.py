@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from emulation import cli
-from emulation.network import probe_capabilities
+from emulation.capabilities import probe_capabilities
 from emulation.plan import EmulationUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent

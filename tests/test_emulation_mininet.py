@@ -11,7 +11,10 @@ import pytest
 
 from aurora.topology import topology_from_dict
 from emulation import cleanup
-from emulation.network import PROBE, SYSTEM_PYTHON, build_network, probe_capabilities
+from emulation.build import SYSTEM_PYTHON
+from emulation.capabilities import probe_capabilities
+from emulation.measure import PROBE
+from emulation.network import build_network
 from emulation.plan import EmulationError, EmulationUnavailable
 
 

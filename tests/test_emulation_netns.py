@@ -19,15 +19,10 @@ import pytest
 
 from aurora.topology import topology_from_dict
 from emulation import cleanup
-from emulation.network import (
-    PROBE,
-    EmulationError,
-    Network,
-    build_network,
-    new_tag,
-    probe_capabilities,
-)
-from emulation.plan import EmulationUnavailable, rate_draws
+from emulation.capabilities import probe_capabilities
+from emulation.measure import PROBE
+from emulation.network import Network, build_network, new_tag
+from emulation.plan import EmulationError, EmulationUnavailable, rate_draws
 
 ROOT = Path(__file__).resolve().parent.parent
 

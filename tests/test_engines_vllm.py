@@ -31,19 +31,15 @@ from aurora.delta.errors import BaseMismatchError, DeltaError  # noqa: E402
 from aurora.engines import Completion, Sampling, weights_digest_of  # noqa: E402
 from aurora.engines.base import canonical_state  # noqa: E402
 from aurora.engines.transformers import EngineError  # noqa: E402
-from aurora.engines.vllm import (  # noqa: E402
-    BACKEND,
-    DeltaReceiver,
-    HTTPWeightClient,
-    ModelShape,
-    VLLMEngine,
-    assemble_ranks,
-    completion_of,
+from aurora.engines.vllm import VLLMEngine, completion_of, sampling_kwargs  # noqa: E402
+from aurora.engines.vllm_http import HTTPWeightClient  # noqa: E402
+from aurora.engines.vllm_layout import ModelShape, assemble_ranks  # noqa: E402
+from aurora.engines.vllm_messages import (  # noqa: E402
     delta_bytes,
     rank_state_message,
     ranks_from_messages,
-    sampling_kwargs,
 )
+from aurora.engines.vllm_receiver import BACKEND, DeltaReceiver  # noqa: E402
 from aurora.models import TinyQwen3Config, build_default  # noqa: E402
 from aurora.rl.trainer import Group, GRPOConfig, Trainer  # noqa: E402
 from tests.test_ledger_service import job_spec  # noqa: E402
@@ -265,7 +261,7 @@ def test_a_delta_on_another_base_or_with_another_hash_or_damaged_changes_nothing
 
 @pytest.mark.parametrize("size", [1, 2])
 def test_a_snapshot_replaces_every_ranks_slice_and_leaves_the_padding(chain, size, tmp_path):
-    from aurora.engines.vllm import snapshot_bytes
+    from aurora.engines.vllm_messages import snapshot_bytes
 
     params = [vllm_params(chain.states[0], r, size) for r in range(size)]
     receivers = [DeltaReceiver(p, SHAPE, rank=r, size=size) for r, p in enumerate(params)]

@@ -114,7 +114,7 @@ def _emulation_or_skip():
     if not emulation_available():
         pytest.skip("needs root with ip and tc (the emulated WAN)")
     try:
-        from emulation.network import probe_capabilities
+        from emulation.capabilities import probe_capabilities
 
         probe_capabilities()
     except Exception as exc:  # EmulationUnavailable

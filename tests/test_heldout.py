@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from experiments import heldout
-from sim.runtrace import replay_config
+from sim.runtrace.record import replay_config
 
 _CASES = [(name, case) for name, hset in heldout.SETS.items() for case in hset.cases]
 

@@ -15,7 +15,7 @@ from aurora.traces import PAPER, Series, load_traces
 from experiments.sim_vs_real import sim_transfers
 from sim.config import SimConfig, strategy
 from sim.model import Simulation, simulate
-from sim.runtrace import _by_version
+from sim.runtrace.trace import _by_version
 
 GEO = Path(__file__).resolve().parent.parent / "examples" / "geo.yaml"
 

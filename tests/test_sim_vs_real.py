@@ -19,7 +19,8 @@ from aurora.topology import load_topology, topology_from_dict
 from aurora.traces import load_traces
 from sim.config import SimConfig, strategy
 from sim.model import simulate
-from sim.runtrace import RunFolderError, read_run, record_run, replay_config
+from sim.runtrace.record import record_run, replay_config
+from sim.runtrace.run import RunFolderError, read_run
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, TIMELINE_STEPS = 5, 20

@@ -9,8 +9,8 @@ Every vLLM worker imports this module before it loads its model when it is the
 the ``vllm.general_plugins`` entry point in ``pyproject.toml``.
 :class:`AuroraDeltaWeightTransferEngine` is a thin adapter over vLLM 0.32-0.34's abstract base:
 vLLM parses ``init_info``/``update_info`` into :class:`AuroraInitInfo`/:class:`AuroraUpdateInfo`
-and the engine hands them to a :class:`aurora.engines.vllm.DeltaReceiver` holding this rank's
-parameters; updates are in place, so starting and finishing an update do nothing.
+and the engine hands them to a :class:`aurora.engines.vllm_receiver.DeltaReceiver` holding this
+rank's parameters; updates are in place, so starting and finishing an update do nothing.
 :class:`AuroraWorkerExtension` adds the ``aurora_rank_state`` collective RPC (this rank's
 weights, version and h(v)) for the content digest. The interface and the versions are in
 ``docs/VLLM.md``. This module imports vLLM; nothing else in the package does at import time.
@@ -28,7 +28,9 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from aurora.engines.vllm import BACKEND, DeltaReceiver, ModelShape, rank_state_message
+from aurora.engines.vllm_layout import ModelShape
+from aurora.engines.vllm_messages import rank_state_message
+from aurora.engines.vllm_receiver import BACKEND, DeltaReceiver
 
 
 @dataclass
@@ -114,7 +116,7 @@ class AuroraWorkerExtension:
 
     def aurora_rank_state_text(self) -> dict[str, Any]:
         """The same with the tensors as base64 text: ``vllm serve``'s ``/collective_rpc``
-        answers in JSON (:meth:`aurora.engines.vllm.HTTPWeightClient.rank_states`)."""
+        answers in JSON (:meth:`aurora.engines.vllm_http.HTTPWeightClient.rank_states`)."""
         engine = getattr(self, "weight_transfer_engine", None)
         if not isinstance(engine, AuroraDeltaWeightTransferEngine):
             raise RuntimeError(

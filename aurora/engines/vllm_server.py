@@ -17,7 +17,7 @@ it as its engine:
   penalties), ``logprobs=1`` and ``return_tokens_as_token_ids`` so every sampled token comes
   back as its id with its log-prob; the choices (prompt-major, ``n`` per prompt) become
   :class:`aurora.engines.base.Completion` groups as the in-process engine's outputs do;
-* weights through :class:`aurora.engines.vllm.HTTPWeightClient`: a snapshot load on join, each
+* weights through :class:`aurora.engines.vllm_http.HTTPWeightClient`: a snapshot load on join, each
   verified delta applied in place between requests (``/pause?mode=wait`` ... ``/resume``, the
   prefix cache reset before resuming), and the content digest from every rank's weights read back
   through ``/collective_rpc``.
@@ -45,14 +45,9 @@ from aurora.engines.base import (
     decode_completion,
     encode_prompts,
 )
-from aurora.engines.vllm import (
-    BACKEND,
-    DEV_MODE_ENV,
-    WORKER_EXTENSION,
-    HTTPWeightClient,
-    ModelShape,
-    assemble_ranks,
-)
+from aurora.engines.vllm_http import DEV_MODE_ENV, HTTPWeightClient
+from aurora.engines.vllm_layout import ModelShape, assemble_ranks
+from aurora.engines.vllm_receiver import BACKEND, WORKER_EXTENSION
 
 UNKNOWN_HASH = "0" * 64
 """h(v) declared for the weights the server loaded before the Actor's first snapshot load."""
