@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from aurora.provenance import git_sha
+from aurora.provenance import git_sha, run_key
 from aurora.topology import Topology
 from aurora.traces import load_traces
 from experiments import sweep
@@ -65,6 +65,12 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="paper scale (slower)")
     p.add_argument("--out", default=None, help="results root (default results/)")
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="run every point again, even those with a current row (same resolved "
+        "configuration, same code) in rows.csv",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=None,
@@ -95,8 +101,9 @@ def results_root(args: argparse.Namespace) -> Path:
 
 
 def sweep_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``run_points`` keywords from the command line (``--workers``, ``--cluster``)."""
-    return {"workers": args.workers, "cluster": args.cluster}
+    """``run_points`` keywords from the command line (``--workers``, ``--cluster``,
+    ``--force``)."""
+    return {"workers": args.workers, "cluster": args.cluster, "force": args.force}
 
 
 def written(root: Path, name: str) -> str:
@@ -229,8 +236,9 @@ def _sha() -> str:
 
 
 def provenance(cfg: SimConfig) -> dict[str, Any]:
-    """The columns every row carries: resolved config, seed, git SHA (looked up once)."""
-    return config_columns(cfg) | {"git_sha": _sha()}
+    """The columns every row carries: resolved config, seed, git SHA (looked up once; ``-dirty``
+    when the tree had uncommitted changes) and the reuse key (:func:`run_points`)."""
+    return config_columns(cfg) | {"git_sha": _sha(), "run_key": run_key(cfg)}
 
 
 def _key_of(values: Iterable[Any]) -> tuple[str, ...]:
@@ -245,19 +253,36 @@ def run_points(
     root: Path | None = None,
     workers: int | None = None,
     cluster: str | None = None,
+    force: bool = False,
 ) -> pd.DataFrame:
-    """Run the points missing from ``<root>/<name>/rows.csv`` (each row is appended as its run
-    finishes, so an interrupted sweep resumes where it stopped); return the rows of ``points``
-    in their order (the file keeps every row ever computed, e.g. other budgets)."""
+    """Run the points of ``points`` that ``<root>/<name>/rows.csv`` has no current row for, and
+    return the rows of ``points`` in their order.
+
+    A stored row is current for a point when its key columns are the point's and its ``run_key``
+    is the point's :func:`~aurora.provenance.run_key`: the digest of the whole resolved
+    configuration and the code's version (SHA, and the uncommitted changes' digest on a dirty
+    tree). Any other row of that key is stale: the point runs again and its new row replaces it,
+    so a changed setting or changed code never prints old numbers. ``force`` reruns every point.
+    Each row is written as its run finishes, so an interrupted sweep resumes where it stopped;
+    the file keeps the rows of other points (e.g. other budgets)."""
     out = (root or RESULTS) / name
     out.mkdir(parents=True, exist_ok=True)
     path = out / "rows.csv"
     old = pd.read_csv(path) if path.exists() and path.stat().st_size else pd.DataFrame()
     keys = list(points[0].key) if points else []
-    done: set[tuple[str, ...]] = set()
+    want = {_key_of(p.key.values()): run_key(p.config) for p in points}
+    current: set[tuple[str, ...]] = set()
     if not old.empty and all(k in old.columns for k in keys):
-        done = {_key_of(row) for row in old[keys].itertuples(index=False)}
-    todo = [p for p in points if _key_of(p.key.values()) not in done]
+        stored = old["run_key"] if "run_key" in old.columns else pd.Series([""] * len(old))
+        old_keys = [_key_of(row) for row in old[keys].itertuples(index=False)]
+        if not force:
+            current = {k for k, rk in zip(old_keys, stored, strict=True) if want.get(k) == rk}
+        # a stale row of a point about to run goes now, so the file never holds both
+        stale = [k in want and k not in current for k in old_keys]
+        if any(stale):
+            old = old[[not s for s in stale]].reset_index(drop=True)
+            _write(old, path)
+    todo = [p for p in points if _key_of(p.key.values()) not in current]
     new: dict[tuple[str, ...], dict[str, Any]] = {}
     header = list(old.columns)
     bar = tqdm(  # a bar on a terminal only: piped or redirected output gets the rows alone
