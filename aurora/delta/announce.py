@@ -390,7 +390,7 @@ def delta_key(header: bytes | memoryview) -> str:
 
 
 def describe_parts(
-    job: str, first_segment: bytes | memoryview, trailer: bytes | memoryview
+    job: str, first_segment: bytes | bytearray | memoryview, trailer: bytes | bytearray | memoryview
 ) -> VersionAnnouncement:
     """The announcement of a delta from its first payload segment (which holds the header) and
     its trailer: what the Trainer signs for a delta it produced itself. Nothing is verified

@@ -51,4 +51,4 @@ def reserve(capacity: int = DEFAULT_CAPACITY) -> mmap.mmap:
 
 def arena(capacity: int = DEFAULT_CAPACITY) -> memoryview:
     """A writable byte view of a fresh, unpooled arena (unmapped when the last view is gone)."""
-    return memoryview(np.frombuffer(reserve(capacity), dtype=np.uint8))
+    return np.frombuffer(reserve(capacity), dtype=np.uint8).data

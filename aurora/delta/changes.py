@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Protocol
 
 import numpy as np
@@ -32,7 +33,7 @@ import numpy as np
 from aurora.delta.errors import CorruptError
 
 
-def compiled():  # type: ignore[no-untyped-def]
+def compiled() -> ModuleType:
     """:mod:`aurora.delta.kernels`, imported on first use: importing numba costs 0.3-1 s, which
     every process that imports ``aurora.delta`` without applying a delta would pay."""
     from aurora.delta import kernels
@@ -106,13 +107,16 @@ class Materialized:
     numel: int
     nnz: int
 
-    def new_bits(self, old: np.ndarray) -> np.ndarray:
-        """New bits from the old bits at ``idx`` (or of every element)."""
+    def new_bits(self, old: np.ndarray | None) -> np.ndarray:
+        """New bits from the old bits at ``idx`` (or of every element); ``set`` reads none."""
         if self.op == "set":
             return self.vals
+        if old is None:
+            raise ValueError(f"a {self.op} change needs the old bits")
         if self.op == "ulp":
             return ulp_add(old, self.vals)
-        return old ^ self.vals
+        flipped: np.ndarray = old ^ self.vals
+        return flipped
 
     def store(self, parts: Parts) -> None:
         if self.idx is None:

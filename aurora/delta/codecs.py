@@ -38,7 +38,7 @@ writer may choose among for a requested codec: it keeps the smallest.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,6 +69,12 @@ ZSTD_LEVEL = 1
 (docs/journal/early-measurements.md)."""
 _NO_U8 = np.zeros(0, np.uint8)
 _NO_U16 = np.zeros(0, np.uint16)
+
+
+Stream = bytes | memoryview
+"""One of a record's byte streams (a read-only view into the file when parsed from one)."""
+FullOld = Callable[[], np.ndarray] | None
+"""The whole base tensor's bits, flat, on demand (only the dense encodings call it)."""
 
 
 def zc(data: bytes | np.ndarray) -> bytes:
@@ -129,9 +135,11 @@ def encode_index(idx: np.ndarray) -> list[bytes]:
     return [bytes([mode, edt.itemsize]), zc(planes), big.astype(edt).tobytes()]
 
 
-def parse_index(streams: list, nnz: int, numel: int, what: str, fast: bool):  # type: ignore[no-untyped-def,type-arg]
-    """(lo, hi, escapes) of aurora index streams checked as increasing inside the tensor by the
-    compiled check (``fast``), or the checked int64 indices (numpy)."""
+def _index_planes(
+    streams: Sequence[Stream], nnz: int, what: str
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """(gap width in bits, low-byte plane, high-byte plane, escapes) of aurora index streams,
+    decompressed and sized, not yet checked."""
     meta, packed, escapes = streams
     if len(meta) != 2 or meta[0] not in (8, 16) or meta[1] not in (4, 8):
         raise CorruptError(f"{what}: bad index stream header {bytes(meta)!r}")
@@ -140,16 +148,28 @@ def parse_index(streams: list, nnz: int, numel: int, what: str, fast: bool):  # 
     lo, hi = (planes, _NO_U8) if mode == 8 else (planes[:nnz], planes[nnz:])
     n_esc = len(escapes) // width
     esc = readonly(arr(escapes, f"u{width}", n_esc, what).astype(np.uint64))
-    lo, hi = readonly(lo), readonly(hi)
-    if not fast:
-        gaps = lo.astype(np.uint64) if mode == 8 else lo | (hi.astype(np.uint64) << 8)
-        zero = gaps == 0
-        if int(np.count_nonzero(zero)) != esc.size:
-            raise CorruptError(f"{what}: the escape count does not match the escape side array")
-        gaps[zero] = esc
-        return indices_from_gaps(gaps, numel, what)
+    return mode, readonly(lo), readonly(hi), esc
+
+
+def parse_index(
+    streams: Sequence[Stream], nnz: int, numel: int, what: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lo, hi, escapes) of aurora index streams checked as increasing inside the tensor by the
+    compiled check, for the compiled store."""
+    _, lo, hi, esc = _index_planes(streams, nnz, what)
     check_status(compiled().check_small_gaps(lo, hi, esc, numel), what)
     return lo, hi, esc
+
+
+def parse_index_numpy(streams: Sequence[Stream], nnz: int, numel: int, what: str) -> np.ndarray:
+    """The int64 indices of aurora index streams, checked alike with numpy."""
+    mode, lo, hi, esc = _index_planes(streams, nnz, what)
+    gaps = lo.astype(np.uint64) if mode == 8 else lo | (hi.astype(np.uint64) << 8)
+    zero = gaps == 0
+    if int(np.count_nonzero(zero)) != esc.size:
+        raise CorruptError(f"{what}: the escape count does not match the escape side array")
+    gaps[zero] = esc
+    return indices_from_gaps(gaps, numel, what)
 
 
 def encode_split_values(new: np.ndarray) -> list[bytes]:
@@ -187,10 +207,10 @@ class Codec:
 
     def decode(
         self,
-        streams: list,  # type: ignore[type-arg]
+        streams: Sequence[Stream],
         nnz: int,
         numel: int,
-        base: object,
+        base: np.ndarray,
         what: str,
         fast: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -200,19 +220,23 @@ class Codec:
         check_numel(numel, what)
         m = self.parse(list(streams), nnz, numel, what, fast).materialize()
         if m.idx is None:
-            old = base[np.arange(numel)]  # type: ignore[index]
+            old = base[np.arange(numel)]
             new = m.new_bits(old)
             idx = np.flatnonzero(new != old)
             return idx, new[idx]
-        old = base[m.idx] if m.op != "set" else None  # type: ignore[index]
-        return m.idx, m.new_bits(old)  # type: ignore[arg-type]
+        old = base[m.idx] if m.op != "set" else None
+        return m.idx, m.new_bits(old)
 
 
-def _enc_leb128(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
+def _enc_leb128(
+    idx: np.ndarray, new: np.ndarray, old: np.ndarray, numel: int, full_old: FullOld = None
+) -> list[bytes]:
     return [leb128.encode(gaps_of(idx)), new.astype("<u2").tobytes()]
 
 
-def _parse_leb128(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+def _parse_leb128(
+    streams: Sequence[Stream], nnz: int, numel: int, what: str, fast: bool = True
+) -> Change:
     buf = readonly(np.frombuffer(streams[0], dtype=np.uint8))
     vals = arr(streams[1], np.uint16, nnz, what)
     if not fast:
@@ -224,54 +248,83 @@ def _parse_leb128(streams, nnz, numel, what, fast=True):  # type: ignore[no-unty
     return LebChange(buf, vals, numel, nnz, what)
 
 
-def _enc_aurora(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
+def _enc_aurora(
+    idx: np.ndarray, new: np.ndarray, old: np.ndarray, numel: int, full_old: FullOld = None
+) -> list[bytes]:
     return encode_index(idx) + encode_split_values(new)
 
 
-def _parse_aurora(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
-    index = parse_index(streams[:3], nnz, numel, what, fast)
-    va = zd(streams[3], nnz, what)
-    vb = arr(streams[4], np.uint8, nnz, what)
+def _parse_aurora(
+    streams: Sequence[Stream], nnz: int, numel: int, what: str, fast: bool = True
+) -> Change:
     if not fast:
-        return Materialized(index, (va.astype(np.uint16) << 8) | vb, "set", numel, nnz)
+        idx = parse_index_numpy(streams[:3], nnz, numel, what)
+        va, vb = _split_streams(streams, nnz, what)
+        return Materialized(idx, (va.astype(np.uint16) << 8) | vb, "set", numel, nnz)
+    index = parse_index(streams[:3], nnz, numel, what)
+    va, vb = _split_streams(streams, nnz, what)
     return SmallGapChange(*index, va, vb, _NO_U16, SPLIT, numel, nnz, what)
 
 
-def _enc_aurora_base(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
+def _split_streams(streams: Sequence[Stream], nnz: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """(high bytes, low bytes) of ``aurora`` split values."""
+    return zd(streams[3], nnz, what), arr(streams[4], np.uint8, nnz, what)
+
+
+def _enc_aurora_base(
+    idx: np.ndarray, new: np.ndarray, old: np.ndarray, numel: int, full_old: FullOld = None
+) -> list[bytes]:
     return encode_index(idx) + encode_ulp_values(new, old)
 
 
-def _parse_aurora_base(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
-    index = parse_index(streams[:3], nnz, numel, what, fast)
-    va = zd(streams[3], nnz, what)
-    n_esc = int(nnz - np.count_nonzero(va))
-    vesc = arr(streams[4], np.uint16, n_esc, what)
+def _parse_aurora_base(
+    streams: Sequence[Stream], nnz: int, numel: int, what: str, fast: bool = True
+) -> Change:
     if fast:
+        index = parse_index(streams[:3], nnz, numel, what)
+        va, vesc = _ulp_streams(streams, nnz, what)
         return SmallGapChange(*index, va, _NO_U8, vesc, ULP, numel, nnz, what)
+    idx = parse_index_numpy(streams[:3], nnz, numel, what)
+    va, vesc = _ulp_streams(streams, nnz, what)
     zz = va.astype(np.uint16)
     zz[zz == 0] = vesc
-    return Materialized(index, zz, "ulp", numel, nnz)
+    return Materialized(idx, zz, "ulp", numel, nnz)
 
 
-def _enc_naive(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
+def _ulp_streams(streams: Sequence[Stream], nnz: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 zigzag ULP differences, 0 = escape; the escaped differences) of ``aurora-base``."""
+    va = zd(streams[3], nnz, what)
+    n_esc = int(nnz - np.count_nonzero(va))
+    return va, arr(streams[4], np.uint16, n_esc, what)
+
+
+def _enc_naive(
+    idx: np.ndarray, new: np.ndarray, old: np.ndarray, numel: int, full_old: FullOld = None
+) -> list[bytes]:
     wide = numel >= 2**31
     return [idx.astype("<i8" if wide else "<i4").tobytes(), new.astype("<u2").tobytes()]
 
 
-def _parse_naive(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+def _parse_naive(
+    streams: Sequence[Stream], nnz: int, numel: int, what: str, fast: bool = True
+) -> Change:
     idx = arr(streams[0], np.int64 if numel >= 2**31 else np.int32, nnz, what).astype(np.int64)
     vals = arr(streams[1], np.uint16, nnz, what)
     return Materialized(checked_indices(idx, numel, what), vals, "set", numel, nnz)
 
 
-def _enc_downcast(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
+def _enc_downcast(
+    idx: np.ndarray, new: np.ndarray, old: np.ndarray, numel: int, full_old: FullOld = None
+) -> list[bytes]:
     gaps = gaps_of(idx)
     top = int(gaps.max()) if gaps.size else 0
     dt = next(d for d in ("<u1", "<u2", "<u4", "<u8") if top < 2 ** (8 * np.dtype(d).itemsize))
     return [bytes([np.dtype(dt).itemsize]), zc(gaps.astype(dt)), zc(new.astype("<u2"))]
 
 
-def _parse_downcast(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+def _parse_downcast(
+    streams: Sequence[Stream], nnz: int, numel: int, what: str, fast: bool = True
+) -> Change:
     if len(streams[0]) != 1 or streams[0][0] not in (1, 2, 4, 8):
         raise CorruptError(f"{what}: bad gap width {bytes(streams[0])!r}")
     width = streams[0][0]

@@ -27,10 +27,12 @@ and carry another.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from aurora.delta.changes import Materialized, ulp_diff
-from aurora.delta.codecs import zc, zd
+from aurora.delta.codecs import FullOld, Stream, zc, zd
 from aurora.delta.errors import CorruptError
 
 
@@ -39,10 +41,11 @@ def _planes(x: np.ndarray) -> list[bytes]:
     return [zc((x & 0xFF).astype(np.uint8)), zc((x >> 8).astype(np.uint8))]
 
 
-def _unplanes(streams: list, numel: int, what: str) -> np.ndarray:  # type: ignore[type-arg]
+def _unplanes(streams: Sequence[Stream], numel: int, what: str) -> np.ndarray:
     lo = zd(streams[0], numel, what)
     hi = zd(streams[1], numel, what)
-    return (hi.astype(np.uint16) << 8) | lo
+    bits: np.ndarray = (hi.astype(np.uint16) << 8) | lo
+    return bits
 
 
 def _count(x: np.ndarray, nnz: int, what: str) -> None:
@@ -57,7 +60,9 @@ def _sparse_to_dense(idx: np.ndarray, vals: np.ndarray, numel: int) -> np.ndarra
     return x
 
 
-def encode_dense(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
+def encode_dense(
+    idx: np.ndarray, new: np.ndarray, old: np.ndarray, numel: int, full_old: FullOld = None
+) -> list[bytes]:
     if full_old is None:
         raise ValueError("the dense encoding needs the whole base tensor (full_old)")
     bits = np.array(full_old(), dtype=np.uint16).reshape(-1)
@@ -65,25 +70,35 @@ def encode_dense(idx, new, old, numel, full_old=None):  # type: ignore[no-untype
     return _planes(bits)
 
 
-def parse_dense(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+def parse_dense(
+    streams: Sequence[Stream], nnz: int, numel: int, what: str, fast: bool = True
+) -> Materialized:
     return Materialized(None, _unplanes(streams, numel, what), "set", numel, nnz)
 
 
-def encode_dense_ulp(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
+def encode_dense_ulp(
+    idx: np.ndarray, new: np.ndarray, old: np.ndarray, numel: int, full_old: FullOld = None
+) -> list[bytes]:
     return _planes(_sparse_to_dense(idx, ulp_diff(new, old), numel))
 
 
-def parse_dense_ulp(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+def parse_dense_ulp(
+    streams: Sequence[Stream], nnz: int, numel: int, what: str, fast: bool = True
+) -> Materialized:
     zz = _unplanes(streams, numel, what)
     _count(zz, nnz, what)
     return Materialized(None, zz, "ulp", numel, nnz)
 
 
-def encode_xor(idx, new, old, numel, full_old=None):  # type: ignore[no-untyped-def]
+def encode_xor(
+    idx: np.ndarray, new: np.ndarray, old: np.ndarray, numel: int, full_old: FullOld = None
+) -> list[bytes]:
     return [zc(_sparse_to_dense(idx, new ^ old, numel).astype("<u2"))]
 
 
-def parse_xor(streams, nnz, numel, what, fast=True):  # type: ignore[no-untyped-def]
+def parse_xor(
+    streams: Sequence[Stream], nnz: int, numel: int, what: str, fast: bool = True
+) -> Materialized:
     x = zd(streams[0], numel * 2, what).view("<u2")
     _count(x, nnz, what)
     return Materialized(None, x, "xor", numel, nnz)

@@ -18,7 +18,7 @@ these block boundaries.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,9 +80,9 @@ def fused_layout(shapes: Mapping[str, tuple[int, ...]], fuse: bool = True) -> li
         m = _PART.match(name) if fuse else None
         group = None
         if m:
-            for fused, parts in FUSED_GROUPS:
-                if m["part"] == parts[0]:
-                    names = [f"{m['prefix']}{p}.{m['kind']}" for p in parts]
+            for fused, members in FUSED_GROUPS:
+                if m["part"] == members[0]:
+                    names = [f"{m['prefix']}{p}.{m['kind']}" for p in members]
                     if (
                         all(n in shapes for n in names)
                         and len({tuple(shapes[n][1:]) for n in names}) == 1
@@ -96,7 +96,8 @@ def fused_layout(shapes: Mapping[str, tuple[int, ...]], fuse: bool = True) -> li
             taken.add(name)
             continue
         fused_name, names = group
-        parts, offset = [], 0
+        parts: list[Part] = []
+        offset = 0
         for n in names:
             numel = int(np.prod(shapes[n], dtype=np.int64))
             parts.append(Part(n, offset, numel, tuple(shapes[n])))
@@ -132,7 +133,14 @@ def gather_fused(
     )
 
 
-def _by_part(tensor, state, idx, fn) -> Iterator[np.ndarray]:  # type: ignore[no-untyped-def]
+def _by_part(
+    tensor: FusedTensor,
+    state: Mapping[str, np.ndarray],
+    idx: np.ndarray,
+    fn: Callable[[np.ndarray, np.ndarray], np.ndarray],
+) -> Iterator[np.ndarray]:
+    """``fn(flat uint16 part, local indices)`` for each part, with the engine indices ``idx``
+    (sorted) cut at the part boundaries."""
     bounds = np.array([p.offset for p in tensor.parts[1:]], dtype=np.int64)
     cuts = np.searchsorted(idx, bounds)
     for p, i in zip(tensor.parts, np.split(idx, cuts), strict=True):

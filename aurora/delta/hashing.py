@@ -23,7 +23,7 @@ HASH_BYTES = 32
 """Every hash is 32 bytes (BLAKE3-256)."""
 
 
-def H(*parts: bytes | memoryview) -> bytes:
+def H(*parts: bytes | bytearray | memoryview) -> bytes:
     """BLAKE3-256 of the concatenated parts (a cryptographic hash, so a segment that matches the
     trailer of a delta whose id(D_v) the Ledger published is the one the Trainer wrote)."""
     h = blake3.blake3()
@@ -32,7 +32,7 @@ def H(*parts: bytes | memoryview) -> bytes:
     return h.digest(HASH_BYTES)
 
 
-def leaf_hash(data: bytes | memoryview) -> bytes:
+def leaf_hash(data: bytes | bytearray | memoryview) -> bytes:
     return H(b"\x00", data)
 
 
@@ -61,5 +61,5 @@ def weights_hash(state: Mapping[str, np.ndarray]) -> str:
     for name in sorted(state):
         arr = np.ascontiguousarray(state[name]).view(np.uint16)
         h.update(json.dumps([name, list(state[name].shape)]).encode())
-        h.update(arr.reshape(-1).view(np.uint8))
+        h.update(arr.reshape(-1).view(np.uint8).data)
     return h.hexdigest(HASH_BYTES)

@@ -73,4 +73,6 @@ def tiny_qwen3(seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> torch.nn.M
         max_position_embeddings=128,
         tie_word_embeddings=True,
     )
-    return Qwen3ForCausalLM(cfg).to(dtype)
+    # transformers types its wrapped PreTrainedModel.to as taking the model, not a dtype
+    model: torch.nn.Module = Qwen3ForCausalLM(cfg).to(dtype)  # type: ignore[arg-type]
+    return model

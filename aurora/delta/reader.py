@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -49,7 +50,7 @@ def _json(raw: bytes, what: str) -> object:
 
 def _read_frame(
     buf: memoryview, pos: int, tag: bytes, what: str, limit: int | None = None
-) -> tuple[dict, int]:  # type: ignore[type-arg]
+) -> tuple[dict[str, Any], int]:
     if pos + 5 > len(buf):
         raise TruncatedError(f"{what}: ends at byte {len(buf)}, frame needs {pos + 5}")
     if bytes(buf[pos : pos + 1]) != tag:
@@ -66,7 +67,7 @@ def _read_frame(
     return obj, end
 
 
-def parse_header(buf: bytes | memoryview) -> tuple[dict, int]:  # type: ignore[type-arg]
+def parse_header(buf: bytes | bytearray | memoryview) -> tuple[dict[str, Any], int]:
     mv = memoryview(buf)
     if len(mv) < len(MAGIC) or bytes(mv[: len(MAGIC)]) != MAGIC:
         raise BadMagicError(f"not a delta checkpoint: starts with {bytes(mv[:8])!r}, not {MAGIC!r}")

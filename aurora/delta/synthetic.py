@@ -48,7 +48,8 @@ def step(
     u = rng.standard_normal(master.shape, dtype=np.float32)
     if first:
         u = np.sign(u)
-    return (master + np.float32(lr) * u).astype(np.float32)
+    new: np.ndarray = (master + np.float32(lr) * u).astype(np.float32)
+    return new
 
 
 def density(master: np.ndarray, lr: float, seed: int = 0, first: bool = False) -> float:
@@ -76,7 +77,7 @@ def lr_for_density(
             lo = mid
         else:
             hi = mid
-    return (lo * hi) ** 0.5
+    return float((lo * hi) ** 0.5)
 
 
 def make_step(

@@ -51,7 +51,7 @@ class ArenaPool:
             self.reused += 1
         owner = np.frombuffer(mapping, dtype=np.uint8)
         weakref.finalize(owner, self._give_back, mapping)
-        return memoryview(owner)
+        return owner.data
 
     def _give_back(self, mapping: mmap.mmap) -> None:
         with self._lock:
