@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 import numpy as np
 
@@ -218,6 +218,18 @@ class RecordFramer:
         yield Segment(self.key, seq, offset, trailer, H(trailer).hex(), trailer=True)
 
 
+class EncoderOptions(TypedDict, total=False):
+    """The keyword arguments of :class:`DeltaEncoder`, for the functions that pass them on."""
+
+    model: Required[str]
+    version: Required[int]
+    base_hash: Required[str]
+    codec: str
+    fuse: bool
+    segment_size: int
+    full: bool
+
+
 class DeltaEncoder(RecordFramer):
     """Produces ``D_v`` as segments while it extracts, tensor by tensor (cut-through).
 
@@ -289,8 +301,8 @@ def encode_records(records: Sequence[TensorDelta], **kw: Any) -> bytes:
 
 
 def encode_delta(
-    old: Mapping[str, np.ndarray], new: Mapping[str, np.ndarray], **kw: object
+    old: Mapping[str, np.ndarray], new: Mapping[str, np.ndarray], **kw: Unpack[EncoderOptions]
 ) -> bytes:
     """The whole delta file as bytes (see :class:`DeltaEncoder` for the arguments)."""
-    enc = DeltaEncoder(old, new, **kw)  # type: ignore[arg-type]
+    enc = DeltaEncoder(old, new, **kw)
     return b"".join(s.data for s in enc.segments())

@@ -50,6 +50,7 @@ rest. The newest snapshot and the chain after it are never deleted.
 
 from __future__ import annotations
 
+import builtins
 import json
 import re
 import struct
@@ -404,7 +405,8 @@ class CheckpointStore:
     # -- listing, sizes, retention -------------------------------------------------------------
 
     def list(self) -> Listing:
-        deltas, snaps = [], []
+        deltas: list[int] = []
+        snaps: list[int] = []
         for sub, pattern, out in (("deltas", _DELTA, deltas), ("snapshots", _SNAPSHOT, snaps)):
             for path in self.fs.ls(f"{self.root}/{sub}", detail=False):
                 m = pattern.fullmatch(f"{sub}/{Path(path).name}")
@@ -432,7 +434,8 @@ class CheckpointStore:
         except FileNotFoundError:
             return None
 
-    def retain(self, *, snapshot_interval: int, keep: int = 2) -> list[str]:
+    # builtins.list: in the class body ``list`` is the method above
+    def retain(self, *, snapshot_interval: int, keep: int = 2) -> builtins.list[str]:
         """Apply the retention policy; returns the names deleted."""
         if snapshot_interval < 1 or keep < 1:
             raise StoreError("snapshot_interval and keep must be >= 1")

@@ -27,13 +27,13 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from aurora.delta.reader import read_delta
 from aurora.delta.records import Delta
-from aurora.delta.writer import DeltaEncoder
+from aurora.delta.writer import DeltaEncoder, EncoderOptions
 
 _TEMP = re.compile(r"^\.(?P<name>[^/]+)\.tmp\.(?P<host>[^.]*)\.(?P<pid>\d+)\.[^.]+$", re.ASCII)
 STALE_TEMP_S = 3600.0
@@ -56,7 +56,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(dfd)
 
 
-def _write_temp(path: Path, chunks: Iterable[bytes]) -> str:
+def _write_temp(path: Path, chunks: Iterable[bytes | bytearray | memoryview]) -> str:
     fd, tmp = _temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -71,7 +71,9 @@ def _write_temp(path: Path, chunks: Iterable[bytes]) -> str:
     return tmp
 
 
-def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes]) -> None:
+def write_atomic(
+    path: str | os.PathLike[str], chunks: Iterable[bytes | bytearray | memoryview]
+) -> None:
     """Write to a temporary file beside ``path``, fsync, rename: readers see all or nothing."""
     path = Path(path)
     tmp = _write_temp(path, chunks)
@@ -149,10 +151,10 @@ def write_delta(
     path: str | os.PathLike[str],
     old: Mapping[str, np.ndarray],
     new: Mapping[str, np.ndarray],
-    **kw: object,
+    **kw: Unpack[EncoderOptions],
 ) -> DeltaEncoder:
     """Encode and write ``D_v`` atomically; returns the encoder (ids, hashes, tensors)."""
-    enc = DeltaEncoder(old, new, **kw)  # type: ignore[arg-type]
+    enc = DeltaEncoder(old, new, **kw)
     write_atomic(path, (s.data for s in enc.segments()))
     return enc
 

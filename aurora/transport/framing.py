@@ -35,6 +35,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable
+from typing import cast
 
 import msgpack
 
@@ -86,7 +87,7 @@ class FrameReader(asyncio.BufferedProtocol):
         self.authenticated = False
         """Set by the owner once the other end has proved it knows the secret: before, frames
         are at most ``HANDSHAKE_MAX_FRAME`` bytes and segments are refused."""
-        self.transport: asyncio.BaseTransport | None = None
+        self.transport: asyncio.Transport | None = None
         self.state = HEAD
         self.frame_since: float | None = None
         """When the frame now arriving began (monotonic s); None between frames."""
@@ -107,7 +108,8 @@ class FrameReader(asyncio.BufferedProtocol):
     # -- asyncio.BufferedProtocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
+        # a stream connection's transport (TCP or TLS) is a full Transport: it can abort
+        self.transport = cast(asyncio.Transport, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._target[self._pos :]

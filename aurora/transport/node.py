@@ -39,7 +39,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, TypeVar
 
 from aurora.delta import Delta, Segment
 from aurora.delta.announce import AnnouncementError, VersionAnnouncement
@@ -54,24 +55,26 @@ from aurora.transport.config import (
     one_line,
 )
 from aurora.transport.receiver import Receiver
-from aurora.transport.server import Server
+from aurora.transport.server import Server, Subscriber
 from aurora.transport.table import VersionState
 from aurora.transport.upstream import Connector, Upstream, announcement_in, open_streams
 from aurora.transport.wire import ProtocolError
 
 log = logging.getLogger("aurora.transport")
+T = TypeVar("T")
 
 __all__ = ["Node", "NodeMetrics", "TransportConfig", "VersionRefused", "run"]
 
 
-def run(main):  # type: ignore[no-untyped-def]
+def run(main: Coroutine[Any, Any, T]) -> T:
     """Run a data-plane coroutine on uvloop when it is installed (faster sockets), else on the
     standard asyncio loop."""
     try:
         import uvloop
     except ImportError:
         return asyncio.run(main)
-    return uvloop.run(main)
+    result: T = uvloop.run(main)
+    return result
 
 
 StagedCallback = Callable[[Delta, VersionAnnouncement], None]
@@ -132,7 +135,7 @@ class Node:
             log=self._log,
             sources=self.sources,
         )
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._watching = False
 
@@ -174,7 +177,8 @@ class Node:
         return self.receiver.active
 
     @property
-    def subscribers(self):  # type: ignore[no-untyped-def]
+    def subscribers(self) -> dict[tuple[str, bytes], Subscriber]:
+        """Connected subscribers by (peer id, session)."""
         return self.server.subscribers
 
     @property
@@ -225,7 +229,7 @@ class Node:
             s.abort()
         await self.server.close()
 
-    def _spawn(self, coro) -> asyncio.Task:  # type: ignore[no-untyped-def]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

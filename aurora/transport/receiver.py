@@ -202,10 +202,12 @@ class Receiver:
                 ),
             )
         if ann.payload_bytes > self.config.max_delta_bytes:
-            return self._refuse(
-                v,
-                f"{ann.describe()} is larger than this node's max_delta_bytes "
-                f"({self.config.max_delta_bytes})",
+            return tuple(
+                self._refuse(
+                    v,
+                    f"{ann.describe()} is larger than this node's max_delta_bytes "
+                    f"({self.config.max_delta_bytes})",
+                )
             )
         if not self.waiting():
             # Nothing was owed before: the progress window starts now, not at the last tick.

@@ -162,7 +162,7 @@ class SourceChoice:
         """Seconds to wait before the next round after ``_failed_rounds`` failed rounds."""
         if self._failed_rounds == 0:
             return 0.0
-        return min(self.max_backoff_s, self.backoff_s * 2 ** (self._failed_rounds - 1))
+        return min(self.max_backoff_s, self.backoff_s * 2.0 ** (self._failed_rounds - 1))
 
     def ready(self, now: float) -> bool:
         """Whether a connection may be tried now (not inside a backoff)."""

@@ -74,7 +74,7 @@ class ProtocolError(ConnectionError):
 
 def tune_socket(
     conn: asyncio.StreamWriter | asyncio.BaseTransport, *, buffer_bytes: int, congestion: str | None
-) -> dict:
+) -> dict[str, Any]:
     """Set socket buffers and congestion control explicitly; return what the kernel granted.
 
     Linux doubles what it is asked for and caps it at ``net.core.{w,r}mem_max``; a grant below
@@ -194,10 +194,11 @@ def _peer_id(hello: object) -> str:
     return peer
 
 
-def _hello_bytes(hello: dict) -> bytes:  # type: ignore[type-arg]
+def _hello_bytes(hello: dict[str, Any]) -> bytes:
     """The HELLO as proved: its canonical msgpack, so every field (the peer id, a session id)
     is bound to the proof and cannot be swapped by whoever relays it."""
-    return msgpack.packb(hello)
+    packed: bytes = msgpack.packb(hello)
+    return packed
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,7 @@ def session_keys(secret: bytes, transcript: Transcript) -> tuple[bytes, bytes]:
 
 
 async def client_handshake(
-    recv: Recv, send: Send, *, secret: bytes, hello: dict, binding: bytes = b""
+    recv: Recv, send: Send, *, secret: bytes, hello: dict[str, Any], binding: bytes = b""
 ) -> Transcript:
     """Prove we know ``secret``, then check that the server does too; returns the transcript
     (for :func:`session_keys`).
@@ -261,7 +262,9 @@ async def client_handshake(
     return Transcript(hello=_hello_bytes(hello), nonce_s=nonce_s, binding=binding)
 
 
-async def server_handshake(recv: Recv, send: Send, *, secret: bytes, binding: bytes = b"") -> dict:  # type: ignore[type-arg]
+async def server_handshake(
+    recv: Recv, send: Send, *, secret: bytes, binding: bytes = b""
+) -> dict[str, Any]:
     """Check that the client knows ``secret``, then prove we do too; return its HELLO."""
     hello, _ = await server_handshake_transcript(recv, send, secret=secret, binding=binding)
     return hello
@@ -269,7 +272,7 @@ async def server_handshake(recv: Recv, send: Send, *, secret: bytes, binding: by
 
 async def server_handshake_transcript(
     recv: Recv, send: Send, *, secret: bytes, binding: bytes = b""
-) -> tuple[dict, Transcript]:  # type: ignore[type-arg]
+) -> tuple[dict[str, Any], Transcript]:
     """:func:`server_handshake`, also returning the transcript (for :func:`session_keys`)."""
     kind, body = await recv()
     if kind != HELLO:
