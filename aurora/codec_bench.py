@@ -35,7 +35,7 @@ def shapes_for(params: float) -> dict[str, tuple[int, ...]]:
     full = synthetic.QWEN3_8B_LAYER
     total = sum(int(np.prod(s)) for s in full.values())
     scale = min(1.0, params / total)
-    out = {}
+    out: dict[str, tuple[int, ...]] = {}
     for name, shape in full.items():
         if len(shape) == 2:
             rows = max(8, int(round(shape[0] * scale / 8)) * 8)
@@ -140,13 +140,17 @@ def density_sweep(
         o, n = old["w"].reshape(-1), new["w"].reshape(-1)
         idx = np.flatnonzero(o != n)
         row: dict = {"density": idx.size / numel, "numel": numel, "nnz": int(idx.size)}
+
+        def whole_old(o: np.ndarray = o) -> np.ndarray:
+            return o
+
         for name, c in codecs.CODECS.items():
-            streams = c.encode(idx, n[idx], o[idx], numel, lambda o=o: o)
+            streams = c.encode(idx, n[idx], o[idx], numel, whole_old)
             got = c.decode(streams, idx.size, numel, o, name)
             assert np.array_equal(got[0], idx) and np.array_equal(got[1], n[idx]), name
             row[name] = sum(map(len, streams))
         for family in codecs.FAMILIES:
-            td = encode_tensor(t, idx, n[idx], o[idx], family, lambda o=o: o)
+            td = encode_tensor(t, idx, n[idx], o[idx], family, whole_old)
             row[f"writer {family}"] = f"{td.codec} {td.nbytes}"
         rows.append(row)
     return rows

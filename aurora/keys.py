@@ -776,7 +776,7 @@ def _job_args(p: argparse.ArgumentParser, *, required: bool) -> None:
     g.add_argument("--job-id", default=None, help="the job id itself")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``aurora keys new|issue|revoke`` to the ``aurora`` command."""
     keys = subparsers.add_parser(
         "keys",

@@ -257,7 +257,8 @@ def load(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # batched generation needs a pad id
     tokenizer.padding_side = "left"
-    model.to(device)
+    # transformers types its wrapped PreTrainedModel.to as taking the model, not a device
+    model.to(device)  # type: ignore[arg-type]
     model.eval()
     return model, tokenizer
 

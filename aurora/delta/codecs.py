@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import zstandard
@@ -186,13 +187,32 @@ def encode_ulp_values(new: np.ndarray, old: np.ndarray) -> list[bytes]:
 
 # ---- codecs --------------------------------------------------------------------------------
 
-Encoder = Callable[..., list[bytes]]
-"""(idx, new values, old values at idx, numel, full_old=None) -> streams. Only the dense
-encodings call ``full_old()`` (the whole base tensor, flat); the rest read changed positions."""
-Parser = Callable[..., Change]
-"""(streams, nnz, numel, what, fast=True) -> a checked change (:mod:`aurora.delta.changes`).
-``fast``: the compiled check and store of :mod:`aurora.delta.kernels` where the codec has them
-(``aurora``, ``aurora-base``, ``leb128``); else numpy, checked alike, into a ``Materialized``."""
+
+class Encoder(Protocol):
+    """(idx, new values, old values at idx, numel, full_old=None) -> streams. Only the dense
+    encodings call ``full_old()`` (the whole base tensor, flat); the rest read changed
+    positions."""
+
+    def __call__(
+        self,
+        idx: np.ndarray,
+        new: np.ndarray,
+        old: np.ndarray,
+        numel: int,
+        full_old: FullOld = None,
+        /,
+    ) -> list[bytes]: ...
+
+
+class Parser(Protocol):
+    """(streams, nnz, numel, what, fast=True) -> a checked change (:mod:`aurora.delta.changes`).
+    ``fast``: the compiled check and store of :mod:`aurora.delta.kernels` where the codec has
+    them (``aurora``, ``aurora-base``, ``leb128``); else numpy, checked alike, into a
+    ``Materialized``."""
+
+    def __call__(
+        self, streams: Sequence[Stream], nnz: int, numel: int, what: str, fast: bool = True, /
+    ) -> Change: ...
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -383,6 +383,9 @@ class LedgerMetrics:
         yield from out.families()
 
 
+F = TypeVar("F", GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily)
+
+
 class _Families:
     """Metric families of one scrape, each built on first use from the table's row."""
 
@@ -390,14 +393,17 @@ class _Families:
         self.now = now
         self._fams: dict[str, Metric] = {}
 
-    def _family(self, name: str, make: Callable[..., Metric], labels: Iterable[str]) -> Metric:
+    def _family(self, name: str, make: type[F], labels: Iterable[str]) -> F:
         fam = self._fams.get(name)
         if fam is None:
             row = BY_NAME[name]
             if tuple(labels) != row.labels:
                 raise ValueError(f"{name}: labels {tuple(labels)} are not the table's {row.labels}")
             base = name[: -len("_total")] if row.kind == "counter" else name
-            fam = self._fams[name] = make(base, row.help, labels=list(row.labels))
+            new = self._fams[name] = make(base, row.help, labels=list(row.labels))
+            return new
+        if not isinstance(fam, make):
+            raise TypeError(f"{name} is a {type(fam).__name__}, not a {make.__name__}")
         return fam
 
     def gauge(self, name: str, value: float, **labels: str) -> None:

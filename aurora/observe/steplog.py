@@ -73,7 +73,7 @@ class StepLog:
                 project=os.environ.get("WANDB_PROJECT", "aurorarl"),
                 name=name,
                 dir=str(run),  # W&B adds wandb/
-                mode=os.environ.get("WANDB_MODE", "offline"),  # type: ignore[arg-type]
+                mode=os.environ.get("WANDB_MODE", "offline"),
                 config=dict(config or {}),
                 reinit="create_new",
             )

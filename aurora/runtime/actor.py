@@ -229,7 +229,7 @@ class ActorProcess:
         while True:
             # Said afresh on every attempt: the data plane keeps staging while the Ledger is
             # away, and a "staged" sent meanwhile went to the dead connection.
-            hello = {
+            hello: dict[str, Any] = {
                 "id": self.id,
                 "role": "actor",
                 "region": self.run.region,

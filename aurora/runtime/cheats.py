@@ -165,6 +165,10 @@ class CheatingEngine:
     def weights_hash(self) -> str | None:
         return self.inner.weights_hash
 
+    @property
+    def model_files(self) -> Mapping[str, str]:
+        return self.inner.model_files
+
     def load(self, state: Mapping[str, np.ndarray], *, version: int, weights_hash: str) -> None:
         self.inner.load(state, version=version, weights_hash=weights_hash)
         if self.kind == "stale" and not self._shadow_loaded:

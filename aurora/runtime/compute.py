@@ -71,15 +71,22 @@ class Generated:
 
 
 class EngineSide(Protocol):
-    """An Actor's inference engine, as the runtime uses it."""
+    """An Actor's inference engine, as the runtime uses it (its attributes are read only: a
+    plain attribute or a property serves)."""
 
-    version: int | None
-    weights_hash: str | None
-    """h(v) of the loaded weights: the snapshot's hash, then chained per applied delta."""
-    model_files: Mapping[str, str]
-    """The manifest of the model files it was built from (config, tokenizer, chat template:
-    :mod:`aurora.store.manifest`); the Actor refuses to run unless they are the ones the
-    Trainer signed. Empty where the backend loads no model."""
+    @property
+    def version(self) -> int | None:
+        """The version of the loaded weights (None before the first load)."""
+
+    @property
+    def weights_hash(self) -> str | None:
+        """h(v) of the loaded weights: the snapshot's hash, then chained per applied delta."""
+
+    @property
+    def model_files(self) -> Mapping[str, str]:
+        """The manifest of the model files it was built from (config, tokenizer, chat template:
+        :mod:`aurora.store.manifest`); the Actor refuses to run unless they are the ones the
+        Trainer signed. Empty where the backend loads no model."""
 
     def load(self, state: Mapping[str, np.ndarray], *, version: int, weights_hash: str) -> None:
         """Replace the weights (a snapshot, as bf16 bit patterns)."""
@@ -95,17 +102,22 @@ class EngineSide(Protocol):
 
 
 class TrainerSide(Protocol):
-    """The Trainer's model, optimizer and task, as the runtime uses them."""
+    """The Trainer's model, optimizer and task, as the runtime uses them (its attributes are
+    read only: a plain attribute or a property serves)."""
 
-    version: int
-    """The version of the published weights (0 before the first step)."""
+    @property
+    def version(self) -> int:
+        """The version of the published weights (0 before the first step)."""
+
     max_new_tokens: int
     """The task's longest completion (tokens), used when the job does not set one."""
     vocab_size: int | None
     """Token ids a result may carry are below this (None: not known; not checked)."""
-    model_files: Mapping[str, str]
-    """The manifest of the model files it loaded (:mod:`aurora.store.manifest`), signed with
-    every snapshot; empty where the backend loads no model."""
+
+    @property
+    def model_files(self) -> Mapping[str, str]:
+        """The manifest of the model files it loaded (:mod:`aurora.store.manifest`), signed
+        with every snapshot; empty where the backend loads no model."""
 
     def published(self) -> Mapping[str, np.ndarray]:
         """The last published bf16 weights (bit patterns): the base of the next delta."""

@@ -78,7 +78,7 @@ def node_class() -> type:
 def _hooked(base: type) -> type:
     from aurora.delta import Segment
 
-    class HookedNode(base):  # type: ignore[misc, valid-type]
+    class HookedNode(base):
         """A node that misbehaves as the hooks say (fault injection only)."""
 
         _forged: dict[int, dict[int, Segment]] = {}

@@ -403,7 +403,7 @@ class Launcher:
     def _ledger_addr(self) -> str:
         return f"{self._reach(self.topo.trainer.region)}:{self.ports['ledger']}"
 
-    def _add(self, pid: str, role: str, args: list[str]):  # type: ignore[no-untyped-def]
+    def _add(self, pid: str, role: str, args: list[str]) -> Proc:
         region = self.region_of.get(pid, self.topo.trainer.region)
         wrap = (lambda argv: self.net.wrap(region, argv)) if self.net is not None else None
         proc = self.procs.add(pid, role, args, wrap=wrap)
@@ -705,8 +705,8 @@ class Launcher:
             t.cancel()
         for p in self.procs.procs.values():  # dismissed in the last moments, before the watch saw
             self._dismissed(p)
-        for t in done:
-            exc = t.exception()
+        for task in done:
+            exc = task.exception()
             if exc is not None:
                 raise exc
         trainer = self.procs.procs["trainer"]
@@ -777,6 +777,8 @@ class Launcher:
     def _build_network(self) -> None:
         from aurora.runtime.regime import regime_scale
         from emulation.network import build_network
+
+        assert self.run.emulate is not None  # called under --emulate only
 
         if not self.job.strategy.shaped:
             print(f"{self.run.strategy}: no WAN to shape (RDMA in the paper); running on loopback")

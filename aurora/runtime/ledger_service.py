@@ -704,7 +704,7 @@ class LedgerService:
             )
         self.job_id = mine.job
         key = self.public_key
-        serving = {
+        serving: dict[str, Any] = {
             "secret": secret,
             "handler": self._session,
             "limits": limits,

@@ -57,8 +57,8 @@ class TrainerNode(Node):
             return await super().publish(version, segments, announcement=announcement)
         if is_whole(segments):
             assert isinstance(segments, Sequence)
-            signed = self._sign(version, segments[0], segments[-1])
-            return await super().publish(version, segments, announcement=signed)
+            whole = self._sign(version, segments[0], segments[-1])
+            return await super().publish(version, segments, announcement=whole)
         out = None
         for seg in segments:
             signed = None

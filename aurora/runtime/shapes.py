@@ -227,7 +227,9 @@ class ShapesTrainer(StandinTrainer):
         from pathlib import Path
 
         Path(path).mkdir(parents=True, exist_ok=True)
-        np.savez(f"{path}/{self.model}.npz", **self._published)
+        # Any: mypy would match the arrays against savez's allow_pickle keyword too
+        arrays: Mapping[str, Any] = self._published
+        np.savez(f"{path}/{self.model}.npz", **arrays)
 
 
 def super_stats(results: Sequence[tuple[int, bytes, int]]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ import msgpack
 import numpy as np
 
 from aurora.delta import Delta, DeltaEncoder, Segment, apply_delta, weights_hash
+from aurora.delta.codecs import DEFAULT_CODEC
 from aurora.runtime.compute import Generated, Published, Sampling
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -125,7 +126,7 @@ class StandinTrainer:
             base_hash=self.weights_hash,
             full=self.dense,
             segment_size=self.segment_size,
-            **({"codec": self.codec} if self.codec else {}),
+            codec=self.codec or DEFAULT_CODEC,
         )
         pieces = []
         for seg in enc.segments():
@@ -150,12 +151,14 @@ class StandinTrainer:
         return 0.0
 
     def save(self, path: str) -> None:
+        # Any: mypy would match the arrays against savez's allow_pickle keyword too
+        arrays: Mapping[str, Any] = self._published
         with open(path, "wb") as out:
             np.savez(
                 out,
                 version=self.version,
                 weights_hash=np.frombuffer(bytes.fromhex(self.weights_hash), dtype=np.uint8),
-                **self._published,
+                **arrays,
             )
 
     def load(self, path: str) -> None:
@@ -170,7 +173,8 @@ class StandinTrainer:
         from pathlib import Path
 
         Path(path).mkdir(parents=True, exist_ok=True)
-        np.savez(f"{path}/standin.npz", **self._published)
+        arrays: Mapping[str, Any] = self._published  # as in save()
+        np.savez(f"{path}/standin.npz", **arrays)
 
 
 class StandinEngine:

@@ -46,7 +46,7 @@ from aurora.observe.node import NodeCollector
 from aurora.policy.verification import Plan, judge, measure, pick_completions
 from aurora.runtime import hopreport
 from aurora.runtime.channel import Channel, IdentityRefused, connect
-from aurora.runtime.compute import TrainerSide, make_trainer
+from aurora.runtime.compute import Published, TrainerSide, make_trainer
 from aurora.runtime.job import digest_due, transport_config, verification_config
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig, channel_limits
 from aurora.runtime.memprobe import MemoryProbe
@@ -127,7 +127,7 @@ def _publish_in_thread(
     def on_segment(seg: Segment) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, seg)
 
-    def work():  # type: ignore[no-untyped-def]
+    def work() -> Published:
         try:
             return compute.publish(on_segment)
         except BaseException as exc:
@@ -292,12 +292,13 @@ class TrainerProcess:
         spec = self.spec
         meta = self._resume()
         if meta is None:
+            compute = self.compute  # as narrowed here: a lambda does not keep the narrowing
             h0 = await asyncio.to_thread(
                 lambda: self.store.publish_snapshot(
                     0,
-                    self.compute.published(),
+                    compute.published(),
                     signing_key=self.run.signing_key,
-                    model=self.compute.model_files,
+                    model=compute.model_files,
                 )
             )
             self.hashes = {0: h0}
@@ -724,13 +725,14 @@ class TrainerProcess:
         self.hashes[k] = pub.weights_hash
         snapshot_bytes = None
         if k % spec.snapshot_interval == 0:
+            compute = self.compute  # as narrowed here: a lambda does not keep the narrowing
             await asyncio.to_thread(
                 lambda: self.store.publish_snapshot(
                     k,
-                    self.compute.published(),
+                    compute.published(),
                     chain_hash=self.hashes[k],
                     signing_key=self.run.signing_key,
-                    model=self.compute.model_files,
+                    model=compute.model_files,
                 )
             )
             snapshot_bytes = self.store.size_of("snapshot", k)
