@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,6 +44,20 @@ def test_mypy_finds_no_type_error() -> None:
     proc = _run("mypy")
     assert proc.returncode == 0, _report(proc)
     assert "Success" in proc.stdout, _report(proc)
+
+
+def test_the_pre_commit_hooks_run_the_same_tools_offline() -> None:
+    """.pre-commit-config.yaml: local hooks on the installed tools (no download), each one of
+    the checks above, mypy on the configured files rather than the staged ones."""
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    (repo,) = config["repos"]
+    assert repo["repo"] == "local"
+    hooks = {h["id"]: h for h in repo["hooks"]}
+    assert {h["language"] for h in hooks.values()} == {"system"}
+    assert hooks["ruff"]["entry"].startswith("python -m ruff check")
+    assert hooks["ruff-format"]["entry"].startswith("python -m ruff format")
+    assert hooks["mypy"]["entry"] == "python -m mypy"
+    assert hooks["mypy"]["pass_filenames"] is False
 
 
 STRICT = ["policy", "delta", "transport", "store"]
