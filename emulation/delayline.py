@@ -58,6 +58,7 @@ import socket
 import struct
 import sys
 import time
+from typing import Any
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_QUEUE = 3
@@ -129,7 +130,7 @@ class DelayLine:
         """Whether the last notification carried the kernel's receive time."""
         self.early = 0.0
         """Expected lateness of a timer wake-up (s), learnt; verdicts go out this early."""
-        self.stats = {
+        self.stats: dict[str, Any] = {
             "queues": sorted(delays_s),
             "packets": 0,
             "batches": 0,
@@ -291,7 +292,7 @@ class DelayLine:
         which is what keeps the CPU cost down at ~10^4 packets/s. Without stamps every packet
         is read the moment it arrives (its delay runs from the read)."""
         buf = bytearray(1 << 20)
-        ctl = [] if control_fd is None else [control_fd]
+        ctl: list[socket.socket | int] = [] if control_fd is None else [control_fd]
         longest_sleep = max(min(min(self.delays.values()) / 2, 5e-3), 1e-4)
         next_release: float | None = None
         last_wake = 0.0

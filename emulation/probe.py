@@ -137,8 +137,9 @@ def serve(bind: str, buffer: int = 0) -> int:
                 heads[conn] = b""
                 sel.register(conn, selectors.EVENT_READ, "conn")
             else:
-                conn = key.fileobj
-                assert isinstance(conn, socket.socket)
+                obj = key.fileobj
+                assert isinstance(obj, socket.socket)
+                conn = obj
                 try:
                     n = conn.recv_into(buf)
                 except BlockingIOError:

@@ -245,6 +245,7 @@ class Actors:
         # on the Store's own connection, sharing the Actor's interface with what it receives
         # (store_local: from the Actor's own host, at its region's LAN rate).
         transfers = sim.transfers
+        path: tuple[Resource, ...]
         if sim.cfg.store_local:
             cap = sim.cfg.topology.region(actor.region).lan_gbps * GBPS
             read = sim.consts.store_read_bytes_per_s

@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     from aurora.topology import load_topology
     from aurora.traces import load_traces
     from sim.config import SimConfig, strategy
-    from sim.model import Simulation, SimulationStalled
+    from sim.model import Result, Simulation, SimulationStalled
     from sim.output import write_result
 
     try:
@@ -224,8 +224,10 @@ def run(args: argparse.Namespace) -> int:
             leave=False,
             disable=not sys.stderr.isatty(),
         )
+        result: Result | None
         try:
-            sim = Simulation(cfg, progress=lambda _step, bar=bar: bar.update(1))
+            # mypy cannot type a lambda with a default argument (which binds the current value)
+            sim = Simulation(cfg, progress=lambda _step, bar=bar: bar.update(1))  # type: ignore[misc]
             result = sim.run()
             problem = None
         except SimulationStalled as exc:

@@ -192,7 +192,7 @@ class Cohorts:
                         if other is not key:
                             for actor, decision in rest:
                                 self.split(cohort, actor, decision)
-            kind: Any = key[0]
+            kind = key[0]
             if kind is Wait:
                 cohort.idle = idle = self.env.event()
                 yield idle

@@ -46,7 +46,8 @@ class Faults:
     def schedule(self, faults: tuple[Fault, ...]) -> None:
         for f in faults:
             if f.at_s is not None:
-                self.sim.later(f.at_s, lambda f=f: self.strike(f))
+                # mypy cannot type a lambda with a default argument (which binds the current value)
+                self.sim.later(f.at_s, lambda f=f: self.strike(f))  # type: ignore[misc]
             else:
                 assert f.at_step is not None
                 self.sim.driver.faults_at_step.setdefault(f.at_step, []).append(f)
@@ -67,11 +68,11 @@ class Faults:
                 sim.driver.feed(
                     PreemptionNotice(actor=actor.id, deadline=self.env.now + f.notice_s)
                 )
-                life = actor.life
+                noticed, life = actor, actor.life
 
                 def deadline() -> None:
-                    if actor.life is life:
-                        self.lose(actor, graceful=True)
+                    if noticed.life is life:
+                        self.lose(noticed, graceful=True)
 
                 sim.later(f.notice_s, deadline)
         elif f.kind == "join":

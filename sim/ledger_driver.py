@@ -403,7 +403,7 @@ class LedgerDriver:
             elif direct and kind is Commit:
                 actors.commit(action)  # type: ignore[arg-type]
             elif kind is BatchCompleted:
-                sim.recorder.log("trainer", f"batch {action.batch} complete")
+                sim.recorder.log("trainer", f"batch {action.batch} complete")  # type: ignore[union-attr]
                 sim.trainer.batch_ready()
                 sim.later(0, self.poll)
             elif kind is FallBack:

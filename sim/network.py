@@ -325,7 +325,8 @@ class Network:
             callbacks, flow.on_begin = flow.on_begin, []
             for fn in callbacks:
                 # Through the event queue: it may start flows, not allowed mid-computation.
-                self.env.timeout(0).callbacks.append(lambda _e, fn=fn: fn())
+                # mypy cannot type a lambda with a default argument (which binds the current value)
+                self.env.timeout(0).callbacks.append(lambda _e, fn=fn: fn())  # type: ignore[misc]
 
     def _remove(self, flow: Flow) -> None:
         flow.active = False
@@ -422,7 +423,8 @@ class Network:
                 soonest = min(soonest, f.remaining / f.rate)
         if soonest < math.inf:
             ev = self.env.timeout(soonest)
-            ev.callbacks.append(lambda _e, t=token: self._wake(t))
+            # mypy cannot type a lambda with a default argument (which binds the current value)
+            ev.callbacks.append(lambda _e, t=token: self._wake(t))  # type: ignore[misc]
 
     def _wake(self, token: int) -> None:
         if token != self._token:
@@ -448,4 +450,5 @@ class Network:
             if f.tail is not None:
                 f.tail_s = f.tail(f)
             ev = self.env.timeout(f.latency + f.tail_s if f.tail_s else f.latency)
-            ev.callbacks.append(lambda _e, fl=f: fl.on_done(fl))
+            # mypy cannot type a lambda with a default argument (which binds the current value)
+            ev.callbacks.append(lambda _e, fl=f: fl.on_done(fl))  # type: ignore[misc]

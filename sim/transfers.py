@@ -92,7 +92,8 @@ class Transfers:
             net.set_capacity(res, start[-1] * GBPS)
         for t, g in points:
             if t > 0:
-                self.sim.later(t, lambda g=g: net.set_capacity(res, g * GBPS))
+                # mypy cannot type a lambda with a default argument (which binds the current value)
+                self.sim.later(t, lambda g=g: net.set_capacity(res, g * GBPS))  # type: ignore[misc]
 
     # -- nodes and paths ----------------------------------------------------------------------
 
@@ -193,7 +194,8 @@ class Transfers:
                 label=f"v{v} {t.src}->{node.id}",
                 path=flow.path + self.receiving(node),
                 cap=t.pair_cap,
-                on_done=lambda _f, t=own: self._forwarded(t),
+                # mypy cannot type a lambda with a default argument (which binds the current value)
+                on_done=lambda _f, t=own: self._forwarded(t),  # type: ignore[misc]
             )
             node.inbound[v] = own
             self._outgoing.setdefault(t.src, {})[id(own)] = own
@@ -379,7 +381,8 @@ class Transfers:
                 latency=latency,
                 bundle=self._bundle(src, transfer.members),
                 tail=self.tail(src, members[0].region),
-                on_done=lambda _f, t=transfer: self._forwarded(t),
+                # mypy cannot type a lambda with a default argument (which binds the current value)
+                on_done=lambda _f, t=transfer: self._forwarded(t),  # type: ignore[misc]
             )
             self._outgoing.setdefault(src, {})[id(transfer)] = transfer
             for m in members:

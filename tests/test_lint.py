@@ -1,8 +1,8 @@
 """The project's habits, run by the README's test command (so by CI): ruff's lint rules and its
 formatting, and mypy as pyproject.toml configures it (strict on aurora/policy, aurora/delta,
-aurora/transport, aurora/store and aurora/jobspec.py; every other module of aurora/ with its
-function bodies checked). Each tool runs as its own process on the whole tree, as a developer or
-the pre-commit hooks run it; a failure shows the tool's own report.
+aurora/transport, aurora/store and aurora/jobspec.py; every other module of aurora/, sim/ and
+emulation/ with its function bodies checked). Each tool runs as its own process on the whole tree,
+as a developer or the pre-commit hooks run it; a failure shows the tool's own report.
 
 mypy reads torch and transformers' annotations, so a cold run (no .mypy_cache) takes about a
 minute; later runs reuse the cache and take seconds.

@@ -119,22 +119,22 @@ def measurements(rec: RunRecord) -> dict[str, Any]:
         if t_plan < 0 and caught and caught[0] <= 0 and actor in first_loads:
             fetch = caught[0] - t_plan - 2 * one_way.get(actor, 0.0) - first_loads[actor]
             store_reads.append({"actor": actor, "bytes": size, "seconds": max(fetch, 0.0)})
-    results = result_messages(rec, gen_tokens / max(1, len(rec.arrived)))
+    messages = result_messages(rec, gen_tokens / max(1, len(rec.arrived)))
     joins = []
     for when, spec_text in rec.faults:
         f = parse_fault(spec_text)
         if f.kind != "join":
             continue
         joined = [t for t in rec.joined.get(f.target, []) if t >= when - 1e-6]
-        caught = [(t, v) for t, v in rec.caught_up.get(f.target, []) if t >= when - 1e-6]
+        caught_to = [(t, v) for t, v in rec.caught_up.get(f.target, []) if t >= when - 1e-6]
         joins.append(
             {
                 "actor": f.target,
                 "fault": spec_text,
                 "struck_s": when,
                 "joined_s": joined[0] if joined else None,
-                "caught_up_s": caught[0][0] if caught else None,
-                "caught_up_to": caught[0][1] if caught else None,
+                "caught_up_s": caught_to[0][0] if caught_to else None,
+                "caught_up_to": caught_to[0][1] if caught_to else None,
             }
         )
     return {
@@ -156,7 +156,7 @@ def measurements(rec: RunRecord) -> dict[str, Any]:
         },
         "snapshot_loads": [{"bytes": b, "seconds": s, "actor": a} for b, s, a in loads],
         "store_reads": store_reads,
-        "result_messages": results,
+        "result_messages": messages,
         "joins": joins,
     }
 

@@ -38,12 +38,17 @@ def _by_version(versions: dict[int, dict[str, Any]], run: str) -> dict[str, Any]
     included (their larger deltas cross the link too, and the steps after them wait for them),
     when the run recorded one for each of versions 1..last; else nothing (the mean serves)."""
     last = max(versions, default=0)
-    sizes = [versions.get(v, {}).get("delta_bytes") for v in range(1, last + 1)]
-    if not sizes or not all(sizes):
+    sizes: list[float] = []
+    for v in range(1, last + 1):
+        size = versions.get(v, {}).get("delta_bytes")
+        if not size:
+            return {}
+        sizes.append(float(size))
+    if not sizes:
         return {}
     return {
         "delta_bytes_by_version": {
-            "values": [float(b) for b in sizes],
+            "values": sizes,
             "source": f"{run}: the bytes of each of its {len(sizes)} published deltas "
             f"(v1-v{last}, {min(sizes):.0f}-{max(sizes):.0f}), in the codec it used",
         }
