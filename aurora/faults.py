@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from aurora.topology import Topology
@@ -171,7 +171,7 @@ def parse_fault(text: str) -> Fault:
     kind = parts[0]
     if kind not in FAULT_KINDS:
         raise bad(f"unknown kind {kind!r} (one of {', '.join(FAULT_KINDS)})")
-    kwargs: dict[str, object] = {"kind": kind}
+    kwargs: dict[str, Any] = {"kind": kind}  # Fault's fields, checked by its __post_init__
     want = {"join": 4, "trainer_crash": 1, "ledger_crash": 1}.get(kind, 2)
     if len(parts) != want:
         raise bad()
@@ -199,7 +199,7 @@ def parse_fault(text: str) -> Fault:
                 raise
             raise bad(f"{key}={value!r} is not a number") from None
     try:
-        return Fault(**kwargs)  # type: ignore[arg-type]
+        return Fault(**kwargs)
     except ValueError as exc:
         raise wrong(str(exc)) from None
 

@@ -236,9 +236,9 @@ def _undo_of(target: FusedTensor, change: Change, state: Mapping[str, np.ndarray
     """What restores the elements ``change`` will write: their current bits."""
     parts = parts_of(target, state)
     m = change.materialize()
-    flat_old = np.concatenate([a for a, _, _ in parts]) if m.idx is None else None
     if m.idx is None:
-        return Materialized(None, flat_old, "set", m.numel, m.nnz)  # type: ignore[arg-type]
+        flat_old = np.concatenate([a for a, _, _ in parts])
+        return Materialized(None, flat_old, "set", m.numel, m.nnz)
     old = np.empty(m.idx.size, dtype=np.uint16)
     cuts = np.searchsorted(m.idx, [off for _, off, _ in parts[1:]])
     for (a, off, _), lo, hi in zip(parts, [0, *cuts], [*cuts, m.idx.size], strict=True):

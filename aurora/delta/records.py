@@ -23,6 +23,7 @@ relay or peer; the whole delta is verified before it can be staged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from aurora.delta.errors import CorruptError
 from aurora.delta.hashing import HASH_BYTES
@@ -110,7 +111,7 @@ class Delta:
     leaves: tuple[bytes, ...] = field(repr=False)
 
 
-def parts_of(rec: dict) -> tuple[tuple[str, int], ...]:  # type: ignore[type-arg]
+def parts_of(rec: dict[str, Any]) -> tuple[tuple[str, int], ...]:
     """The ``parts`` of a tensor record's JSON (absent: ``()``); malformed is a CorruptError."""
     raw = rec.get("parts", [])
     try:

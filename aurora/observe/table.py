@@ -19,6 +19,7 @@ every Actor.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 GROUPS = ("training", "delta", "scheduling", "membership", "verification", "process")
 """The groups of the table, in the order the docs and the dashboard show them."""
@@ -56,8 +57,8 @@ class Metric:
         return None if self.step is None else f"{self.group}/{self.step}"
 
 
-def _m(name: str, kind: str, group: str, role: str, help: str, **kw: object) -> Metric:
-    return Metric(name=name, kind=kind, group=group, role=role, help=help, **kw)  # type: ignore[arg-type]
+def _m(name: str, kind: str, group: str, role: str, help: str, **kw: Any) -> Metric:
+    return Metric(name=name, kind=kind, group=group, role=role, help=help, **kw)
 
 
 G, C, H = "gauge", "counter", "histogram"

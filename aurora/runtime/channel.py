@@ -559,7 +559,7 @@ class Channel:
                             "a frame failed authentication (altered, injected, replayed or "
                             "reordered on the way, or one was dropped)"
                         )
-                    return wire.parse_control(msg)  # type: ignore[arg-type]
+                    return wire.parse_control(msg)
             finally:
                 if isinstance(body, mmap.mmap):
                     body.close()

@@ -137,7 +137,7 @@ def segment_frame(version: int, seg: Segment) -> list[bytes]:
     return [_HEAD.pack(body_len, SEGMENT), struct.pack("<H", len(head)), head, seg.data]
 
 
-def parse_control(body: bytes) -> dict[str, Any]:
+def parse_control(body: bytes | memoryview) -> dict[str, Any]:
     try:
         msg = msgpack.unpackb(body)
     except (ValueError, msgpack.UnpackException) as exc:
