@@ -46,7 +46,7 @@ from aurora.observe.node import NodeCollector
 from aurora.policy.verification import Plan, judge, measure, pick_completions
 from aurora.runtime import hopreport
 from aurora.runtime.channel import Channel, IdentityRefused, connect
-from aurora.runtime.compute import Published, TrainerSide, make_trainer
+from aurora.runtime.compute import TrainerSide, make_trainer
 from aurora.runtime.job import digest_due, transport_config, verification_config
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig, channel_limits
 from aurora.runtime.memprobe import MemoryProbe
@@ -127,7 +127,7 @@ def _publish_in_thread(
     def on_segment(seg: Segment) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, seg)
 
-    def work() -> Published:
+    def work():
         try:
             return compute.publish(on_segment)
         except BaseException as exc:
