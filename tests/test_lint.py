@@ -78,7 +78,7 @@ def test_mypy_config_is_strict_on_the_core_and_checks_every_other_body(tmp_path:
         (pkg / sub / "probe.py").write_text(untyped)
     (pkg / "jobspec.py").write_text(untyped)
     (pkg / "runtime" / "probe.py").write_text('def g():\n    return 1 + ""\n')
-    proc = _run("mypy", "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path, timeout=120)
+    proc = _run("mypy", "--cache-dir", str(tmp_path / "cache"), "aurora", cwd=tmp_path, timeout=120)
     out = proc.stdout
     assert proc.returncode == 1, _report(proc)
     for path in [*(f"aurora/{sub}/probe.py" for sub in STRICT), "aurora/jobspec.py"]:
