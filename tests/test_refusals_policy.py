@@ -29,7 +29,6 @@ from aurora.policy.refusals import (
     completion_fault,
     logprob_floor,
 )
-from aurora.policy.verification import Plan
 
 EOS = 2
 
@@ -130,7 +129,7 @@ def test_three_malformed_results_exclude_their_actor_and_every_prompt_is_leased_
     assigned = {p for a in out if isinstance(a, Assign) for p in a.prompts}
     assert released <= assigned and all(a.actor == "a2" for a in out if isinstance(a, Assign))
     assert not ledger.book.live("a1") and not ledger.actors["a1"].live
-    assert ledger.plan("a1", "L1") is Plan.DROP  # nothing of it is trained after
+    assert ledger.check_fraction("a1") is None  # nothing of it is trained after
     with pytest.raises(ValueError, match="refused results"):
         run(ledger, ActorJoined(actor="a1", region="us", active=0), now=9.0)
     ledger.book.check()

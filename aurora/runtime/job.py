@@ -216,7 +216,7 @@ def verification_config(spec: JobSpec) -> VerificationConfig | None:
         changes["min_fraction"] = min(spec.verify_fraction, VerificationConfig.min_fraction)
     if spec.verify_probation is not None:
         changes["probation"] = spec.verify_probation
-    return VerificationConfig(seed=spec.seed, **changes)
+    return VerificationConfig(**changes)
 
 
 def digest_due(spec: JobSpec, version: int) -> bool:

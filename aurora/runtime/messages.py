@@ -564,9 +564,10 @@ class Batch(Message):
     batch: int = bound(Int(1, MAX_VERSION))
     complete: bool = bound(Bool())
     results: tuple[dict[str, Any], ...] = bound(Seq(_MapItem(), MAX_LEASES))
-    """Each a map (actor, lease, prompt, version, payload, and ``plan``: ``train``, ``check``
-    or ``drop``, :class:`aurora.policy.verification.Plan`), checked one by one by the Trainer
-    (a bad one is a refused result, not a refused batch)."""
+    """Each a map (actor, lease, prompt, version, payload, and ``check``: the fraction of that
+    Actor's results the Trainer checks, or None to drop it: its Actor is excluded;
+    :func:`aurora.policy.verification.plan`), checked one by one by the Trainer (a bad one is a
+    refused result, not a refused batch)."""
 
 
 # ---- Ledger -> observers -----------------------------------------------------------------
