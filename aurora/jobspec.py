@@ -28,6 +28,9 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from aurora.topology import CONGESTION
 
+ACTORS = ("local", "remote")
+"""Where a job's Actors come from (:attr:`JobSpec.actors`)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class StrategySpec:
@@ -135,10 +138,17 @@ class JobSpec:
     eos_id: int | None = None
     """The end-of-sequence token id: a completion ends at its first one (set by the Trainer
     when it registers the job; None: not checked)."""
+    actors: str = "local"
+    """Where the job's Actors come from: ``local`` (the job's own launcher, ``aurora real``,
+    starts them on its host or its emulated regions) or ``remote`` (they join from other hosts,
+    run by others: untrusted). Decided when the spec is made
+    (:func:`aurora.runtime.job.make_spec`); ``remote`` turns :attr:`verify` on by default."""
     verify: bool = False
     """Verified rollouts (docs/VERIFICATION.md): the Trainer recomputes a sample of each
     Actor's admitted results under the claimed version and the Ledger excludes an Actor whose
-    result fails (``aurora.policy.verification``). Needs the ``rl`` backend."""
+    result fails (``aurora.policy.verification``). Needs the ``rl`` backend. Made on for
+    ``remote`` Actors unless the job says ``verify: false`` (then the Trainer and a standalone
+    Ledger warn at start)."""
     verify_fraction: float | None = None
     """Fraction of a trusted Actor's results checked; None: the rule's default (0.1)."""
     verify_probation: int | None = None
@@ -163,6 +173,10 @@ class JobSpec:
         if not isinstance(strat, Mapping):
             raise ValueError("job spec: strategy must be a mapping")
         values["strategy"] = StrategySpec(**_checked(StrategySpec, strat, "strategy."))
+        if values.get("actors", "local") not in ACTORS:
+            raise ValueError(
+                f"job spec: actors must be one of {list(ACTORS)}, got {values['actors']!r:.40}"
+            )
         if values.get("congestion") not in (None, *CONGESTION):
             # Every socket of the job would refuse it: say so where the spec arrives.
             raise ValueError(

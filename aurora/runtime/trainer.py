@@ -61,7 +61,12 @@ from aurora.policy.verification import (
 from aurora.runtime import hopreport
 from aurora.runtime.channel import Channel, IdentityRefused, connect
 from aurora.runtime.compute import TrainerSide, make_trainer
-from aurora.runtime.job import digest_due, transport_config, verification_config
+from aurora.runtime.job import (
+    digest_due,
+    transport_config,
+    unverified_warning,
+    verification_config,
+)
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig, channel_limits
 from aurora.runtime.memprobe import MemoryProbe
 from aurora.runtime.messages import (
@@ -192,6 +197,9 @@ class TrainerProcess:
         """The batch's verification counts and time (``verify_s``, ``verified``, ...)."""
         self.verification = verification_config(run.spec)
         """The job's verification rule (None: results are trained unchecked)."""
+        warning = unverified_warning(run.spec)
+        if warning is not None:
+            log.warning("trainer: %s", warning)
         self._verify_key = verification_key(run.signing_key)
         """The key of the coin that picks which results and completions are recomputed: from
         the signing key, so no other role can compute it (never sent, logged or printed)."""
