@@ -136,8 +136,13 @@ class JobSpec:
     log-probs (:func:`aurora.policy.refusals.logprob_floor`). Set by the Trainer when it
     registers the job, from its model; None: not checked."""
     eos_id: int | None = None
-    """The end-of-sequence token id: a completion ends at its first one (set by the Trainer
-    when it registers the job; None: not checked)."""
+    """The tokenizer's end-of-sequence token id (set by the Trainer when it registers the
+    job)."""
+    eos_ids: tuple[int, ...] | None = None
+    """Every id a completion ends at: the tokenizer's end of sequence and the model's
+    generation config's, the ids every engine stops at (``aurora.engines.base.end_ids``); a
+    completion ends at its first one. Set by the Trainer when it registers the job; None: only
+    ``eos_id`` (a spec from before), or not checked (:meth:`end_ids`)."""
     actors: str = "local"
     """Where the job's Actors come from: ``local`` (the job's own launcher, ``aurora real``,
     starts them on its host or its emulated regions) or ``remote`` (they join from other hosts,
@@ -185,6 +190,12 @@ class JobSpec:
             )
         return cls(**values)
 
+    def end_ids(self) -> tuple[int, ...] | None:
+        """The ids a completion ends at, as the payload rule checks them (None: not known)."""
+        if self.eos_ids is not None:
+            return self.eos_ids
+        return None if self.eos_id is None else (self.eos_id,)
+
     def with_settings(self, **changes: Any) -> JobSpec:
         """A copy with ``changes`` (validated like :meth:`decode`)."""
         return JobSpec.decode({**self.encode(), **changes})
@@ -220,6 +231,12 @@ def _typed(hint: Any, value: Any, name: str) -> Any:
         (hint,) = [a for a in args if a is not type(None)]
     if hint is StrategySpec:
         return value  # checked field by field by the caller
+    if get_origin(hint) is tuple:  # tuple[int, ...]: a JSON list of ints
+        if not isinstance(value, (list, tuple)) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise ValueError(f"job spec: {name} must be a list of ints, got {value!r:.40}")
+        return tuple(value)
     ok = (
         isinstance(value, bool)
         if hint is bool

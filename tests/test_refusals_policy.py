@@ -75,13 +75,33 @@ def test_the_log_prob_floor_is_a_one_in_a_billion_token_event_for_an_honest_samp
     ],
 )
 def test_a_completion_ends_at_its_first_eos_and_has_plausible_log_probs(ids, lps, why):
-    got = completion_fault(ids, lps, eos_id=EOS, max_new_tokens=4, floor=logprob_floor(17))
+    got = completion_fault(ids, lps, eos_ids=(EOS,), max_new_tokens=4, floor=logprob_floor(17))
+    assert (got is None) if why is None else (why in got), got
+
+
+@pytest.mark.parametrize(
+    ("ids", "why"),
+    [
+        ([5, 7, 9], None),  # ends at the second end id, below the limit
+        ([5, EOS], None),
+        ([9, 5, 7], "after end-of-sequence"),  # a token after the second end id
+        ([5, 9, EOS], "after end-of-sequence"),
+        ([EOS, 9], "after end-of-sequence"),
+    ],
+)
+def test_a_completion_ends_at_the_first_of_any_of_the_models_end_ids(ids, why):
+    """A model's generation config may name several end ids (Qwen3: <|im_end|> and
+    <|endoftext|>), and every engine stops at each. Before, the rule knew the tokenizer's alone:
+    an honest completion ending at the other was refused (a strike), and tokens after it passed."""
+    got = completion_fault(
+        ids, [-1.0] * len(ids), eos_ids=(EOS, 9), max_new_tokens=4, floor=logprob_floor(17)
+    )
     assert (got is None) if why is None else (why in got), got
 
 
 def test_what_is_not_known_is_not_checked():
     assert (
-        completion_fault([5, EOS, 7], [-99.0] * 3, eos_id=None, max_new_tokens=None, floor=None)
+        completion_fault([5, EOS, 7], [-99.0] * 3, eos_ids=None, max_new_tokens=None, floor=None)
         is None
     )
 

@@ -198,6 +198,8 @@ class CheatingEngine:
         self.spec = spec
         self.vocab = _vocab_size(spec)
         self.eos = spec.eos_id
+        self.ends = frozenset(spec.end_ids() or ())
+        """Every id a completion ends at (set by the Trainer; empty: not known)."""
         """The job's end-of-sequence id (set by the Trainer; None: not known)."""
         self.shadow: Any = None
         """The engine ``stale`` and ``othermodel`` sample from."""
@@ -310,14 +312,15 @@ class CheatingEngine:
         return Generated(prompt=gen.prompt, payload=msgpack.packb(body), tokens=gen.tokens)
 
     def _randomise(self, comp: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-        """Random ids, ``<eos>`` kept where the honest completion ended with it (and nowhere
+        """Random ids, an end id kept where the honest completion ended with it (and nowhere
         else): a payload of the right shape."""
         n = len(comp["ids"])
         ids = [int(x) for x in rng.integers(0, self.vocab, n)]
-        if self.eos is not None:
-            ids = [x if x != self.eos else (x + 1) % self.vocab for x in ids]
-            if n and comp["ids"][-1] == self.eos:
-                ids[-1] = self.eos
+        if self.ends:
+            free = [t for t in range(self.vocab) if t not in self.ends]
+            ids = [x if x not in self.ends else free[x % len(free)] for x in ids]
+            if n and comp["ids"][-1] in self.ends:
+                ids[-1] = comp["ids"][-1]
         return {"ids": ids, "lp": comp["lp"]}
 
     def _forge(self, comp: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:

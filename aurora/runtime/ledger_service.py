@@ -1130,7 +1130,7 @@ class LedgerService:
                 group_size=spec.group_size or None,
                 max_new_tokens=spec.max_new_tokens or None,
                 vocab_size=spec.vocab_size,
-                eos_id=spec.eos_id,
+                eos_ids=spec.end_ids(),
             )
         except (MessageError, ValueError, TypeError) as exc:
             return str(exc)[:200], 0

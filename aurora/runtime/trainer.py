@@ -314,6 +314,9 @@ class TrainerProcess:
             self.spec = replace(self.spec, vocab_size=int(vocab))
         if self.spec.eos_id is None and eos is not None:
             self.spec = replace(self.spec, eos_id=int(eos))
+        ends = getattr(self.compute, "eos_ids", None)
+        if self.spec.eos_ids is None and ends:
+            self.spec = replace(self.spec, eos_ids=tuple(int(e) for e in ends))
         spec = self.spec
         meta = self._resume()
         if meta is None:
@@ -713,7 +716,7 @@ class TrainerProcess:
                 group_size=spec.group_size or None,
                 max_new_tokens=spec.max_new_tokens or None,
                 vocab_size=getattr(self.compute, "vocab_size", None),
-                eos_id=getattr(self.compute, "eos_id", None),
+                eos_ids=getattr(self.compute, "eos_ids", None),
             )
         except MessageError as exc:
             who = r.get("actor") if isinstance(r, dict) else None
