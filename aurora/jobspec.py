@@ -28,6 +28,9 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from aurora.topology import CONGESTION
 
+ACTORS = ("local", "remote")
+"""Where a job's Actors come from (:attr:`JobSpec.actors`)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class StrategySpec:
@@ -133,12 +136,24 @@ class JobSpec:
     log-probs (:func:`aurora.policy.refusals.logprob_floor`). Set by the Trainer when it
     registers the job, from its model; None: not checked."""
     eos_id: int | None = None
-    """The end-of-sequence token id: a completion ends at its first one (set by the Trainer
-    when it registers the job; None: not checked)."""
+    """The tokenizer's end-of-sequence token id (set by the Trainer when it registers the
+    job)."""
+    eos_ids: tuple[int, ...] | None = None
+    """Every id a completion ends at: the tokenizer's end of sequence and the model's
+    generation config's, the ids every engine stops at (``aurora.engines.base.end_ids``); a
+    completion ends at its first one. Set by the Trainer when it registers the job; None: only
+    ``eos_id`` (a spec from before), or not checked (:meth:`end_ids`)."""
+    actors: str = "local"
+    """Where the job's Actors come from: ``local`` (the job's own launcher, ``aurora real``,
+    starts them on its host or its emulated regions) or ``remote`` (they join from other hosts,
+    run by others: untrusted). Decided when the spec is made
+    (:func:`aurora.runtime.job.make_spec`); ``remote`` turns :attr:`verify` on by default."""
     verify: bool = False
     """Verified rollouts (docs/VERIFICATION.md): the Trainer recomputes a sample of each
     Actor's admitted results under the claimed version and the Ledger excludes an Actor whose
-    result fails (``aurora.policy.verification``). Needs the ``rl`` backend."""
+    result fails (``aurora.policy.verification``). Needs the ``rl`` backend. Made on for
+    ``remote`` Actors unless the job says ``verify: false`` (then the Trainer and a standalone
+    Ledger warn at start)."""
     verify_fraction: float | None = None
     """Fraction of a trusted Actor's results checked; None: the rule's default (0.1)."""
     verify_probation: int | None = None
@@ -163,6 +178,10 @@ class JobSpec:
         if not isinstance(strat, Mapping):
             raise ValueError("job spec: strategy must be a mapping")
         values["strategy"] = StrategySpec(**_checked(StrategySpec, strat, "strategy."))
+        if values.get("actors", "local") not in ACTORS:
+            raise ValueError(
+                f"job spec: actors must be one of {list(ACTORS)}, got {values['actors']!r:.40}"
+            )
         if values.get("congestion") not in (None, *CONGESTION):
             # Every socket of the job would refuse it: say so where the spec arrives.
             raise ValueError(
@@ -170,6 +189,12 @@ class JobSpec:
                 f"{values['congestion']!r:.40}"
             )
         return cls(**values)
+
+    def end_ids(self) -> tuple[int, ...] | None:
+        """The ids a completion ends at, as the payload rule checks them (None: not known)."""
+        if self.eos_ids is not None:
+            return self.eos_ids
+        return None if self.eos_id is None else (self.eos_id,)
 
     def with_settings(self, **changes: Any) -> JobSpec:
         """A copy with ``changes`` (validated like :meth:`decode`)."""
@@ -206,6 +231,12 @@ def _typed(hint: Any, value: Any, name: str) -> Any:
         (hint,) = [a for a in args if a is not type(None)]
     if hint is StrategySpec:
         return value  # checked field by field by the caller
+    if get_origin(hint) is tuple:  # tuple[int, ...]: a JSON list of ints
+        if not isinstance(value, (list, tuple)) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise ValueError(f"job spec: {name} must be a list of ints, got {value!r:.40}")
+        return tuple(value)
     ok = (
         isinstance(value, bool)
         if hint is bool

@@ -6,7 +6,8 @@ Three things, made once per job by ``aurora keys new --out DIR``:
 
 * ``trainer.key`` - the Trainer's Ed25519 private key (PEM, PKCS#8), mode 0600. The only thing
   the data plane trusts: it signs every version and snapshot announcement
-  (:mod:`aurora.delta.announce`). Only the Trainer holds it.
+  (:mod:`aurora.delta.announce`), and keys the coin of verified rollouts
+  (:func:`verification_key`). Only the Trainer holds it.
 * ``job.pub`` - the matching public key (PEM, SubjectPublicKeyInfo). Every node gets it (a
   file, an environment variable, or its fingerprint pinned in the topology) and verifies
   announcements against it. It is not secret.
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -419,6 +421,23 @@ def renew_identity(
 def trainer_identity(signing_key: bytes) -> Identity:
     """The Trainer speaks with the job key itself."""
     return Identity(role="trainer", id="trainer", private_key=signing_key, cert=None)
+
+
+VERIFY_LABEL = b"aurora verification key v1"
+"""Domain separation of the verification key (never a signature's or another hash's)."""
+
+
+def verification_key(signing_key: bytes) -> bytes:
+    """The job's verification key: keyed BLAKE2b-256 of :data:`VERIFY_LABEL` under the
+    Trainer's raw Ed25519 private key. It keys the coin that picks which admitted results and
+    completions the Trainer recomputes (:func:`aurora.policy.verification.plan`), so it is
+    known only where the signing key is (the Trainer), never sent, logged or printed; derived,
+    not stored, it is the same after every restart. BLAKE2b keyed with a secret is a
+    pseudo-random function: the key says nothing of the signing key, and nothing an Actor is
+    sent says anything of the key."""
+    if len(signing_key) != 32:
+        raise ValueError("a raw Ed25519 private key is 32 bytes")
+    return hashlib.blake2b(VERIFY_LABEL, key=signing_key, digest_size=32).digest()
 
 
 def _when(t: float) -> str:

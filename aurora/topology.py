@@ -214,6 +214,9 @@ class RealSpec:
     """Checkpoint Store URL (a directory or an fsspec URL); None: ``<run dir>/store``."""
     eval_prompts: int = 200
     """Held-out prompts scored at the start and the end of the run."""
+    verify: bool | None = None
+    """Verified rollouts (``docs/VERIFICATION.md``); None: on when the job's Actors join from
+    other hosts (:func:`aurora.runtime.job.make_spec`), ``false`` to opt out there (warned)."""
     window_s: float = 0.5
     """Generation window of one step of this run's model on this machine (s), used only to scale
     an emulated WAN to the paper's transfer regime (``aurora.runtime.regime``); ``summary.json``

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -292,7 +293,13 @@ def measure_tolerance(cfg: ToleranceConfig) -> list[dict[str, Any]]:
     """Rows (one per mode) of the offline measurement (module docstring)."""
     import tempfile
 
-    from aurora.policy.verification import VerificationConfig, judge, measure, pick_completions
+    from aurora.policy.verification import (
+        VerificationConfig,
+        judge,
+        measure,
+        payload_digest,
+        pick_completions,
+    )
     from aurora.runtime.cheats import CheatingEngine
     from aurora.runtime.compute import Sampling
     from aurora.runtime.rlbackend import RLTrainer, make_rl_engine
@@ -302,7 +309,10 @@ def measure_tolerance(cfg: ToleranceConfig) -> list[dict[str, Any]]:
     trainer = RLTrainer(spec, workdir=tmp)
     engine = make_rl_engine(spec)
     engine.load(trainer.published(), version=0, weights_hash=trainer.weights_hash)
-    rule = VerificationConfig(seed=cfg.seed)
+    rule = VerificationConfig()
+    # The coin's key: any fixed 32 bytes do offline (no Actor here to hide it from); the
+    # seed's, so a rerun picks the same completions.
+    key = hashlib.blake2b(f"tolerance {cfg.seed}".encode(), digest_size=32).digest()
     sampling = Sampling(
         n=cfg.group_size, max_new_tokens=trainer.max_new_tokens, temperature=1.0, seed=cfg.seed
     )
@@ -318,7 +328,10 @@ def measure_tolerance(cfg: ToleranceConfig) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         out = eng.generate(prompts, sampling)
         t1 = time.perf_counter()
-        picks = [pick_completions(rule, "tolerance", pid, cfg.group_size) for pid, _ in prompts]
+        picks = [
+            pick_completions(rule, key, "tolerance", pid, payload_digest(g.payload), cfg.group_size)
+            for (pid, _), g in zip(prompts, out, strict=True)
+        ]
         pairs = trainer.recompute(
             [(i, g.payload, version) for (_, i), g in zip(prompts, out, strict=True)], picks
         )

@@ -284,10 +284,10 @@ def test_tokens_after_eos_and_implausible_log_probs_are_refused(comp, refused):
     body = _payload(comps=[good, comp])
     if refused:
         with pytest.raises(m.MessageError) as info:
-            m.decode_result_payload(body, prompt="b1-3", index=3, eos_id=EOS, **JOB)
+            m.decode_result_payload(body, prompt="b1-3", index=3, eos_ids=(EOS,), **JOB)
         assert info.value.why in (m.Why.IMPLAUSIBLE, m.Why.NOT_FINITE), str(info.value)
     else:
-        m.decode_result_payload(body, prompt="b1-3", index=3, eos_id=EOS, **JOB)
+        m.decode_result_payload(body, prompt="b1-3", index=3, eos_ids=(EOS,), **JOB)
 
 
 def test_prompt_ids_map_to_task_indices_and_nothing_else_does():

@@ -19,6 +19,15 @@ def test_a_job_spec_survives_json_both_ways(tmp_path):
     assert again == spec and again.start_actors == 3 and again.strategy.name == "aurora"
 
 
+def test_the_end_ids_survive_json_and_a_spec_from_before_them_ends_at_its_eos_id(tmp_path):
+    spec = job_spec(tmp_path, eos_id=2, eos_ids=[2, 9])
+    again = JobSpec.decode(json.loads(json.dumps(spec.encode())))
+    assert again == spec and again.eos_ids == (2, 9) and again.end_ids() == (2, 9)
+    older = {k: v for k, v in spec.encode().items() if k != "eos_ids"}
+    assert JobSpec.decode(older).end_ids() == (2,)
+    assert job_spec(tmp_path).end_ids() is None  # not known: not checked
+
+
 def test_an_unknown_or_missing_key_is_refused_naming_it(tmp_path):
     data = job_spec(tmp_path).encode()
     with pytest.raises(ValueError, match="unknown key.*stanin_hidden"):
@@ -40,6 +49,9 @@ def test_an_unknown_or_missing_key_is_refused_naming_it(tmp_path):
         ("model", None, "model must be str"),
         ("max_new_tokens", 8.5, "max_new_tokens must be int"),
         ("strategy", "aurora", "strategy must be a mapping"),
+        ("eos_ids", 2, "eos_ids must be a list of ints"),
+        ("eos_ids", [2, "3"], "eos_ids must be a list of ints"),
+        ("eos_ids", [True], "eos_ids must be a list of ints"),
     ],
 )
 def test_a_value_of_the_wrong_type_is_refused_naming_the_field(tmp_path, key, value, named):

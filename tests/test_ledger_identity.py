@@ -657,7 +657,7 @@ def test_the_trainer_never_trains_on_a_revoked_actors_results_whatever_the_ledge
             "prompt": f"b1-{i}",
             "version": 0,
             "payload": msgpack.packb(body),
-            "plan": "train",
+            "check": 0.0,
         }
 
     class Line:
@@ -674,7 +674,7 @@ def test_the_trainer_never_trains_on_a_revoked_actors_results_whatever_the_ledge
         return await trainer._fetch_batch(1)
 
     out = asyncio.run(main())
-    assert [index for index, _, _ in out] == [1]  # a2's only: a1's plan said train
+    assert [index for index, _, _ in out] == [1]  # a2's only: the Ledger said train a1's
     assert trainer._batch_refused == 1
 
 

@@ -29,7 +29,6 @@ from aurora.policy.refusals import (
     completion_fault,
     logprob_floor,
 )
-from aurora.policy.verification import Plan
 
 EOS = 2
 
@@ -76,13 +75,33 @@ def test_the_log_prob_floor_is_a_one_in_a_billion_token_event_for_an_honest_samp
     ],
 )
 def test_a_completion_ends_at_its_first_eos_and_has_plausible_log_probs(ids, lps, why):
-    got = completion_fault(ids, lps, eos_id=EOS, max_new_tokens=4, floor=logprob_floor(17))
+    got = completion_fault(ids, lps, eos_ids=(EOS,), max_new_tokens=4, floor=logprob_floor(17))
+    assert (got is None) if why is None else (why in got), got
+
+
+@pytest.mark.parametrize(
+    ("ids", "why"),
+    [
+        ([5, 7, 9], None),  # ends at the second end id, below the limit
+        ([5, EOS], None),
+        ([9, 5, 7], "after end-of-sequence"),  # a token after the second end id
+        ([5, 9, EOS], "after end-of-sequence"),
+        ([EOS, 9], "after end-of-sequence"),
+    ],
+)
+def test_a_completion_ends_at_the_first_of_any_of_the_models_end_ids(ids, why):
+    """A model's generation config may name several end ids (Qwen3: <|im_end|> and
+    <|endoftext|>), and every engine stops at each. Before, the rule knew the tokenizer's alone:
+    an honest completion ending at the other was refused (a strike), and tokens after it passed."""
+    got = completion_fault(
+        ids, [-1.0] * len(ids), eos_ids=(EOS, 9), max_new_tokens=4, floor=logprob_floor(17)
+    )
     assert (got is None) if why is None else (why in got), got
 
 
 def test_what_is_not_known_is_not_checked():
     assert (
-        completion_fault([5, EOS, 7], [-99.0] * 3, eos_id=None, max_new_tokens=None, floor=None)
+        completion_fault([5, EOS, 7], [-99.0] * 3, eos_ids=None, max_new_tokens=None, floor=None)
         is None
     )
 
@@ -130,7 +149,7 @@ def test_three_malformed_results_exclude_their_actor_and_every_prompt_is_leased_
     assigned = {p for a in out if isinstance(a, Assign) for p in a.prompts}
     assert released <= assigned and all(a.actor == "a2" for a in out if isinstance(a, Assign))
     assert not ledger.book.live("a1") and not ledger.actors["a1"].live
-    assert ledger.plan("a1", "L1") is Plan.DROP  # nothing of it is trained after
+    assert ledger.check_fraction("a1") is None  # nothing of it is trained after
     with pytest.raises(ValueError, match="refused results"):
         run(ledger, ActorJoined(actor="a1", region="us", active=0), now=9.0)
     ledger.book.check()

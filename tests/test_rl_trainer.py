@@ -301,3 +301,24 @@ def test_bad_grpo_settings_name_the_field():
     for field, value in [("lr", -1.0), ("clip_eps", 1.5), ("temperature", 0.0), ("max_lag", -1)]:
         with pytest.raises(ValueError, match=f"GRPOConfig.{field}"):
             GRPOConfig(**({"lr": 1e-3} | {field: value}))
+
+
+def test_the_trainer_and_the_engine_end_a_completion_at_the_same_ids_and_the_rule_agrees():
+    # A model whose generation config names a second end id (as Qwen3's names <|im_end|> and
+    # <|endoftext|>): the engine stops at either, so the Trainer's reward reads up to either and
+    # the payload rule accepts a completion that ends at either (before: the tokenizer's alone,
+    # so an honest completion ending at the other was refused, a strike against its Actor).
+    from aurora.policy.refusals import completion_fault
+
+    model, tok = build_default()
+    model.generation_config.eos_token_id = [tok.eos_token_id, 5]
+    trainer = Trainer(copy.deepcopy(model), tok, has_seven, GRPOConfig(lr=1e-3))
+    engine = TransformersEngine(copy.deepcopy(model), tok)
+    assert trainer.eos_ids == engine.eos_ids == {tok.eos_token_id, 5}
+    assert trainer.completion_text([7, 8, 5, 9]) == tok.decode([7, 8])
+    assert trainer.completion_text([7, 8, tok.eos_token_id]) == tok.decode([7, 8])
+    ends = tuple(sorted(trainer.eos_ids))
+    assert completion_fault([7, 5], [-1.0] * 2, eos_ids=ends, max_new_tokens=9, floor=None) is None
+    assert "after end-of-sequence" in completion_fault(
+        [7, 5, 9], [-1.0] * 3, eos_ids=ends, max_new_tokens=9, floor=None
+    )

@@ -33,13 +33,18 @@ from aurora.policy.verification import (
     Trust,
     TrustBook,
     VerificationConfig,
+    coin,
     judge,
     measure,
+    payload_digest,
     pick_completions,
-    unit,
+    plan,
 )
 
-CFG = VerificationConfig(seed=7, fraction=0.25, halving=32, min_fraction=0.05, suspect_ratio=0.5)
+CFG = VerificationConfig(fraction=0.25, halving=32, min_fraction=0.05, suspect_ratio=0.5)
+KEY = bytes(range(32))
+"""A verification key (the Trainer's: :func:`aurora.keys.verification_key`)."""
+PH = payload_digest(b"the admitted payload")
 HONEST = Measures(max_delta=1e-5, mean_delta=1e-6, min_logprob=-9.0, tokens=40)
 
 
@@ -110,35 +115,50 @@ def test_checks_on_one_version_alone_never_end_probation():
     assert book.record("a").state is Trust.TRUSTED
 
 
-def test_which_results_are_checked_is_fixed_by_seed_actor_and_lease_at_the_stated_rate():
+def test_which_results_are_checked_is_fixed_by_key_actor_lease_and_payload_at_the_stated_rate():
     book = TrustBook(CFG)
     for i in range(CFG.probation):
         book.observe("a", HONEST, i)
-    plans = [book.plan("a", f"L{i}") for i in range(20000)]
-    assert plans == [book.plan("a", f"L{i}") for i in range(20000)]  # no hidden state
+    f = book.fraction("a")
+    assert f == 0.25
+    plans = [plan(KEY, f, "a", f"L{i}", PH) for i in range(20000)]
+    assert plans == [plan(KEY, f, "a", f"L{i}", PH) for i in range(20000)]  # no hidden state
     checked = plans.count(Plan.CHECK)
     # Binomial(20000, 0.25): mean 5000, sd 61; 5 sd either side.
     assert 5000 - 306 < checked < 5000 + 306
-    assert checked == sum(unit(7, "a", f"L{i}") < 0.25 for i in range(20000))
-    other = TrustBook(dataclasses.replace(CFG, seed=8))
-    for i in range(CFG.probation):
-        other.observe("a", HONEST, i)
-    assert [other.plan("a", f"L{i}") for i in range(200)] != plans[:200]
+    assert checked == sum(coin(KEY, "result", "a", f"L{i}", PH) < 0.25 for i in range(20000))
+    # Another key, or another payload for the same lease, is another coin.
+    other = bytes(31) + b"\x01"
+    assert [plan(other, f, "a", f"L{i}", PH) for i in range(200)] != plans[:200]
+    ph2 = payload_digest(b"another payload")
+    assert [plan(KEY, f, "a", f"L{i}", ph2) for i in range(200)] != plans[:200]
+    # None: the Actor is excluded; 0: verification off (nothing checked).
+    assert plan(KEY, None, "a", "L1", PH) is Plan.DROP
+    assert {plan(KEY, 0.0, "a", f"L{i}", PH) for i in range(200)} == {Plan.TRAIN}
 
 
-def test_a_check_recomputes_seeded_completions_of_a_group_and_all_of_a_small_one():
+def test_the_coin_refuses_a_key_that_is_not_32_bytes_and_never_confuses_its_parts():
+    for bad in (b"", bytes(16), bytes(33), "x" * 32):
+        with pytest.raises(ValueError):
+            coin(bad, "a")  # type: ignore[arg-type]
+    # Length-prefixed parts: moving a separator between them moves the coin.
+    assert coin(KEY, "a|b", "c") != coin(KEY, "a", "b|c")
+    assert 0.0 <= coin(KEY, "a") < 1.0
+
+
+def test_a_check_recomputes_keyed_completions_of_a_group_and_all_of_a_small_one():
     cfg = dataclasses.replace(CFG, completions=2)
-    picks = [pick_completions(cfg, "a", f"L{i}", 8) for i in range(400)]
+    picks = [pick_completions(cfg, KEY, "a", f"L{i}", PH, 8) for i in range(400)]
     assert all(len(p) == 2 and p == tuple(sorted(set(p))) for p in picks)
-    assert picks == [pick_completions(cfg, "a", f"L{i}", 8) for i in range(400)]
+    assert picks == [pick_completions(cfg, KEY, "a", f"L{i}", PH, 8) for i in range(400)]
     # Every completion is picked about equally often (400 x 2 picks of 8: 100 each, sd ~9).
     counts = [sum(j in p for p in picks) for j in range(8)]
     assert all(55 < c < 145 for c in counts), counts
-    assert pick_completions(CFG, "a", "L1", 4) == (0, 1, 2, 3)
-    assert len(pick_completions(CFG, "a", "L1", 8)) == CFG.completions == 4
-    assert pick_completions(dataclasses.replace(CFG, completions=8), "a", "L1", 8) == tuple(
-        range(8)
-    )
+    assert pick_completions(CFG, KEY, "a", "L1", PH, 4) == (0, 1, 2, 3)
+    assert len(pick_completions(CFG, KEY, "a", "L1", PH, 8)) == CFG.completions == 4
+    assert pick_completions(
+        dataclasses.replace(CFG, completions=8), KEY, "a", "L1", PH, 8
+    ) == tuple(range(8))
 
 
 def test_a_failed_check_excludes_for_good_and_a_check_after_it_raises_and_changes_nothing():
@@ -151,7 +171,7 @@ def test_a_failed_check_excludes_for_good_and_a_check_after_it_raises_and_change
     with pytest.raises(IllegalTransition):
         book.observe("a", HONEST, 0)
     assert book.record("a") == before
-    assert book.plan("a", "L1") is Plan.DROP and book.fraction("a") == 0.0
+    assert book.fraction("a") == 0.0
 
 
 def test_the_default_bounds_sit_between_the_measured_honest_and_dishonest_differences():
@@ -159,7 +179,7 @@ def test_the_default_bounds_sit_between_the_measured_honest_and_dishonest_differ
     # largest token / mean |delta| 8.8e-6 / 1.9e-6 (transformers engine), 0.32 (of all 8
     # completions) / 0.023 (vLLM CPU build); a randomly initialised model of the same tokenizer:
     # mean >= 4.0 per result.
-    cfg = VerificationConfig(seed=0)
+    cfg = VerificationConfig()
     for honest_max, honest_mean in ((8.8e-6, 1.9e-6), (0.32, 0.023)):
         m = Measures(max_delta=honest_max, mean_delta=honest_mean, min_logprob=-11.5, tokens=9)
         assert judge(m, cfg) is None
@@ -180,9 +200,7 @@ def test_the_config_refuses_bounds_that_cannot_work():
         {"suspect_ratio": 1.5},
     ):
         with pytest.raises(ValueError):
-            VerificationConfig(seed=0, **bad)
-    with pytest.raises(TypeError):
-        VerificationConfig()  # the seed is required
+            VerificationConfig(**bad)
 
 
 # -- in the Ledger's decision ------------------------------------------------------------------
@@ -224,7 +242,7 @@ def test_a_failed_check_refuses_the_result_releases_the_actors_leases_and_exclud
         ("b", ("L4", "L5", "L6")),
     ]
     core.feed(ResultArrived(actor="a", lease="L1", version=0, weights_hash="h0"), now=2)
-    assert core.plan("a", "L1") is Plan.CHECK  # a NEW Actor: every result
+    assert core.check_fraction("a") == 1.0  # a NEW Actor: every result
     actions = core.feed(verified("a", "L1", 2.0), now=3)
     assert actions == [
         Refused(lease="L1", actor="a", reason=Refusal.UNVERIFIED),
@@ -234,7 +252,7 @@ def test_a_failed_check_refuses_the_result_releases_the_actors_leases_and_exclud
         Assign(actor="b", version=0, leases=("L7", "L8"), prompts=("p1", "p2"), expiry=33.0),
     ]
     assert core.state.actors["a"].life is ActorLife.GONE
-    assert core.plan("a", "L1") is Plan.DROP
+    assert core.check_fraction("a") is None  # dropped
     # It cannot come back under its id; the refusal changes nothing.
     snapshot = (core.state.actors["a"].life, core.state.book.pool_size)
     with pytest.raises(ValueError, match="excluded"):
@@ -259,7 +277,7 @@ def test_a_check_of_another_actors_lease_or_with_verification_off_is_refused():
     off, _ = ledger(verification=None)
     with pytest.raises(ValueError, match="off"):
         off.feed(verified("a", "L1", 0.0), now=2)
-    assert off.plan("a", "L1") is Plan.TRAIN
+    assert off.check_fraction("a") == 0.0
 
 
 def test_the_exclusion_is_rebuilt_by_replaying_the_events_from_their_records():

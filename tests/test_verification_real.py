@@ -70,11 +70,12 @@ def run(
     verify: bool = True,
     probation: int | None = None,
     engine: str = "transformers",
+    group_size: int = 4,
 ) -> Path:
     extra: dict = {"verify": verify, "start_actors": 2}
     if probation is not None:
         extra["verify_probation"] = probation
-    topo = {**TOPOLOGY, "real": {**TOPOLOGY["real"], "engine": engine}}
+    topo = {**TOPOLOGY, "real": {**TOPOLOGY["real"], "engine": engine, "group_size": group_size}}
     launcher = Launcher(
         RealRun(
             topology=topology_from_dict(topo, source="verify"),
@@ -140,6 +141,23 @@ def test_a_dishonest_actor_is_excluded_within_the_stated_steps_and_the_honest_on
     caught = next(i for i, s in enumerate(out["steps"]) if s.get("verify_failed"))
     assert all("cheat-0" not in str(s.get("trained_from", "")) for s in out["steps"][caught:])
     assert sum(s.get("verified", 0) for s in out["steps"]) >= 1
+
+
+def test_a_coin_aware_liar_that_knows_the_seed_is_excluded_at_its_first_checked_batch(tmp_path):
+    """The ``coin-aware`` cheat lies wherever the former coin (BLAKE2b of the job's seed, sent
+    to every Actor) says no check looks: as a NEW Actor, on the 4 of 8 completions of each
+    result it predicts are not recomputed. Against that coin it was never caught; against the
+    keyed one each of its results is caught with probability 69/70 (tests/
+    test_verification_coin.py), so it is excluded in batch 1 unless all of its ~6 results
+    there escape ((1/70)^6), and by batch 2 all but never."""
+    out = outcome(run(tmp_path, "coin-aware", group_size=8))
+    assert set(out["evicted"]) == {"cheat-0"}, out["evicted"]  # never the honest Actor
+    assert out["evicted"]["cheat-0"] != "REFUSED"  # a recompute caught it, not a payload check
+    assert out["excluded_at"]["cheat-0"] <= 2, out["excluded_at"]
+    assert out["summary"]["steps_completed"] == STEPS
+    assert out["summary"]["replay_action_mismatches"] == 0
+    caught = next(i for i, s in enumerate(out["steps"]) if s.get("verify_failed"))
+    assert all("cheat-0" not in str(s.get("trained_from", "")) for s in out["steps"][caught:])
 
 
 def test_with_vllm_actors_a_forged_logprob_actor_is_excluded_and_the_honest_one_never(tmp_path):

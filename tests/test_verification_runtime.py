@@ -26,7 +26,7 @@ def verifying_service(tmp_path) -> LedgerService:
         policy=LedgerConfig(
             trainer_region="us",
             lease=LeaseConfig(initial_s=30.0),
-            verification=VerificationConfig(seed=0),
+            verification=VerificationConfig(),
         ),
         log_path=str(tmp_path / "ledger.db"),
     )
@@ -114,7 +114,7 @@ def test_an_honest_sample_recomputes_within_the_bounds_and_an_unkept_version_is_
         [(i, g.payload, 0) for (_, i), g in zip(prompts, out, strict=True)] + [(0, b"", 7)]
     )
     assert pairs[-1] is None  # v7 is not kept
-    cfg = VerificationConfig(seed=0)
+    cfg = VerificationConfig()
     for pair in pairs[:-1]:
         m = measure(*pair)
         assert judge(m, cfg) is None and m.max_delta < 1e-4  # fp32 on both sides
@@ -140,7 +140,7 @@ def test_every_cheat_passes_the_payload_checks_and_fails_the_recompute(rl, mode)
             vocab_size=trainer.vocab_size,
         )
     pairs = trainer.recompute([(i, g.payload, 0) for (_, i), g in zip(prompts, out, strict=True)])
-    failed = [judge(measure(*p), VerificationConfig(seed=0)) is not None for p in pairs]
+    failed = [judge(measure(*p), VerificationConfig()) is not None for p in pairs]
     assert cheat.cheated >= 1
     if mode == "partial:0.5":
         assert 0 < sum(failed) < len(failed)
@@ -149,7 +149,7 @@ def test_every_cheat_passes_the_payload_checks_and_fails_the_recompute(rl, mode)
         # than the tolerances, accepted by design (it moves GRPO's ratio by at most
         # exp(mean_tolerance)): which results lie by more depends on what was sampled. Every
         # one that does, measured against the honest engine's own log-probs, must fail.
-        cfg = VerificationConfig(seed=0)
+        cfg = VerificationConfig()
         _, honest, _ = sample(spec, trainer, engine)
         big = []
         for g, forged in zip(honest, out, strict=True):

@@ -149,6 +149,18 @@ def encode_prompts(
     return out
 
 
+def end_ids(tokenizer: Any, *more: Any) -> frozenset[int]:
+    """The ids a completion ends at: the tokenizer's end-of-sequence and every id in ``more``
+    (a model's generation config's ``eos_token_id``: an id, a list, or None). Every engine
+    stops at these and the Trainer reads rewards up to them, so the payload rule (a completion
+    ends at its first one: :func:`aurora.policy.refusals.completion_fault`) is checked against
+    the same set (``JobSpec.eos_ids``)."""
+    ids: set[Any] = {tokenizer.eos_token_id}
+    for e in more:
+        ids |= set(e) if isinstance(e, (list, tuple, set, frozenset)) else {e}
+    return frozenset(int(e) for e in ids if e is not None)
+
+
 def decode_completion(tokenizer: Any, eos_ids: Any, token_ids: Sequence[int]) -> str:
     """Text of a completion: the tokens before the first end-of-sequence token."""
     ids = list(token_ids)

@@ -43,6 +43,7 @@ from aurora.engines.base import (
     Sampling,
     decode_completion,
     encode_prompts,
+    end_ids,
     weights_digest_of,
 )
 from aurora.models import cast_weights
@@ -83,11 +84,8 @@ class TransformersEngine:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._lock = threading.Lock()
         self._rng = torch.Generator(device=self.device).manual_seed(seed)
-        eos = {tokenizer.eos_token_id}
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        if gen_eos is not None:
-            eos |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
-        self.eos_ids = frozenset(int(e) for e in eos if e is not None)
+        self.eos_ids = end_ids(tokenizer, gen_eos)
         self.pad_id = int(
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )

@@ -31,6 +31,7 @@ from aurora.engines.base import (
     Sampling,
     decode_completion,
     encode_prompts,
+    end_ids,
 )
 from aurora.engines.vllm_layout import ModelShape, assemble_ranks
 from aurora.engines.vllm_messages import delta_bytes, ranks_from_messages, snapshot_bytes
@@ -144,8 +145,7 @@ class VLLMEngine:
         self._sampling_params = sampling_params
         self.max_positions = max_positions
         self._lock = threading.Lock()
-        eos = {tokenizer.eos_token_id, *eos_ids}
-        self.eos_ids = frozenset(int(e) for e in eos if e is not None)
+        self.eos_ids = end_ids(tokenizer, list(eos_ids))
         self.version, self.weights_hash = version, weights_hash
         llm.init_weight_transfer_engine(
             {"init_info": {"version": version, "weights_hash": weights_hash}}

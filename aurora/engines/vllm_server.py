@@ -44,6 +44,7 @@ from aurora.engines.base import (
     Sampling,
     decode_completion,
     encode_prompts,
+    end_ids,
 )
 from aurora.engines.vllm_http import DEV_MODE_ENV, HTTPWeightClient
 from aurora.engines.vllm_layout import ModelShape, assemble_ranks
@@ -101,8 +102,7 @@ class VLLMServerEngine:
     ) -> None:
         self.base_url, self.tokenizer, self.shape = base_url.rstrip("/"), tokenizer, shape
         self.model_name, self.max_positions, self.timeout = model_name, max_positions, timeout
-        eos = {tokenizer.eos_token_id, *eos_ids}
-        self.eos_ids = frozenset(int(e) for e in eos if e is not None)
+        self.eos_ids = end_ids(tokenizer, list(eos_ids))
         self.client = HTTPWeightClient(self.base_url, timeout=timeout)
         self.client.init(version=-1, weights_hash=UNKNOWN_HASH)
 

@@ -10,9 +10,9 @@ by it after; ``decide``'s actions come back with a
 :class:`~aurora.policy.events.BatchCompleted` right after the ``Accepted`` that completed a batch
 (so completion is in every recorded trace, and a replay checks it); a ``DeltaPublished`` lets
 the pacer forget the batches trained into it. :meth:`LedgerCore.poll` asks the pacer whether to
-request the next batch, :meth:`LedgerCore.plan` which admitted results the Trainer recomputes
-before it trains on them (:mod:`aurora.policy.verification`), :meth:`LedgerCore.staged` and
-:meth:`LedgerCore.early` pass an Actor's staged report through
+request the next batch, :meth:`LedgerCore.check_fraction` what share of an Actor's admitted
+results the Trainer recomputes before it trains on them (:mod:`aurora.policy.verification`),
+:meth:`LedgerCore.staged` and :meth:`LedgerCore.early` pass an Actor's staged report through
 :class:`~aurora.policy.reports.StagedReports`. The drivers own the clock, the timers and the
 messages; they choose when to poll, never what the answer is.
 
@@ -41,7 +41,6 @@ from aurora.policy.events import (
 from aurora.policy.ledger import LedgerConfig, LedgerState, decide, decide_each, initial_state
 from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
 from aurora.policy.reports import StagedReports
-from aurora.policy.verification import Plan
 
 _RESULTS = (ResultArrived, ResultsArrived)
 """The events whose actions may admit a result (the only way a batch completes)."""
@@ -142,10 +141,11 @@ class LedgerCore:
         """Request the next batch at ``now``? (None without a pacer.)"""
         return None if self.pacer is None else self.pacer.poll(self.state, now)
 
-    def plan(self, actor: str, lease: str) -> Plan:
-        """What the Trainer does with ``actor``'s admitted result for ``lease``
-        (:mod:`aurora.policy.verification`): train it, check it first, or drop it."""
-        return self.state.plan(actor, lease)
+    def check_fraction(self, actor: str) -> float | None:
+        """The fraction of ``actor``'s admitted results the Trainer recomputes before it trains
+        on them, or None: drop them, its Actor is excluded (:mod:`aurora.policy.verification`;
+        the Trainer's keyed coin picks which)."""
+        return self.state.check_fraction(actor)
 
     def staged(self, actor: str, version: int) -> DeltaStaged | None:
         """``actor`` reports D_``version`` staged: the event to feed now, or None."""

@@ -83,7 +83,7 @@ from aurora.policy.makers import maker
 from aurora.policy.membership import TRAINER, ActorLife, advance, elect_relay, source_for
 from aurora.policy.refusals import DEFAULT_MAX_REFUSALS, StrikeBook
 from aurora.policy.staging import ActorVersions
-from aurora.policy.verification import Measures, Plan, TrustBook, VerificationConfig
+from aurora.policy.verification import Measures, TrustBook, VerificationConfig
 from aurora.policy.versions import Eligibility, plan_catch_up
 
 _assign = maker(Assign)
@@ -229,13 +229,15 @@ class LedgerState:
         self.trust = None if v is None else TrustBook(v)
         self.strikes = StrikeBook(self.config.max_refusals)
 
-    def plan(self, actor: str, lease: str) -> Plan:
-        """What the Trainer does with ``actor``'s admitted result for ``lease``: train it,
-        check it first, or drop it (its Actor was excluded, by verification or for its
-        refused results); ``TRAIN`` or ``DROP`` when verification is off."""
-        if self.strikes.excluded(actor):
-            return Plan.DROP
-        return Plan.TRAIN if self.trust is None else self.trust.plan(actor, lease)
+    def check_fraction(self, actor: str) -> float | None:
+        """The fraction of ``actor``'s admitted results the Trainer checks now (its
+        verification record's, :meth:`~aurora.policy.verification.TrustBook.fraction`; 0 when
+        verification is off), or None when it is excluded (by verification or for its refused
+        results: none of its results is trained on). Which results: the Trainer's keyed coin
+        (:func:`aurora.policy.verification.plan`), never the Ledger's."""
+        if self.excluded(actor):
+            return None
+        return 0.0 if self.trust is None else self.trust.fraction(actor)
 
     def excluded(self, actor: str) -> bool:
         """Whether ``actor`` is excluded from the job for good."""

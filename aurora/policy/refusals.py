@@ -6,7 +6,8 @@ One payload rule, applied by the Ledger before it settles a lease and by the Tra
 (:func:`aurora.runtime.messages.decode_result_payload` calls :func:`completion_fault`):
 
 * **end of sequence**: a completion is its tokens up to and including the first end-of-sequence
-  id, or exactly ``max_new_tokens`` tokens without one. An honest engine stops at ``<eos>`` or at
+  id (any of the model's: the ids every engine stops at), or exactly ``max_new_tokens`` tokens
+  without one. An honest engine stops at ``<eos>`` or at
   the length limit; tokens after ``<eos>`` would be trained on with the reward of the text
   before it, and a short completion without ``<eos>`` is text no sampler produced;
 * **plausible behaviour log-probs**: every reported log-prob is at least :func:`logprob_floor`
@@ -29,7 +30,7 @@ raises :class:`~aurora.policy.IllegalTransition` and changes nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -55,20 +56,20 @@ def completion_fault(
     ids: Sequence[int],
     logprobs: Sequence[float],
     *,
-    eos_id: int | None,
+    eos_ids: Collection[int] | None,
     max_new_tokens: int | None,
     floor: float | None,
 ) -> str | None:
     """Why one completion (its token ids and reported log-probs, already within the wire's
-    bounds) breaks the payload rule (module docstring), or None. ``eos_id``, ``max_new_tokens``
-    or ``floor`` None: that part is not known here and not checked."""
+    bounds) breaks the payload rule (module docstring), or None. ``eos_ids``: every id a
+    completion ends at (the model's: a tokenizer's ``<eos>`` and its generation config's).
+    ``eos_ids``, ``max_new_tokens`` or ``floor`` None: that part is not known here and not
+    checked."""
     if not ids:
         return "no tokens (an engine samples at least one)"
-    if eos_id is not None:
-        try:
-            end = list(ids).index(eos_id)
-        except ValueError:
-            end = -1
+    if eos_ids is not None:
+        ends = frozenset(eos_ids)
+        end = next((i for i, t in enumerate(ids) if t in ends), -1)
         if end >= 0 and end != len(ids) - 1:
             return f"{len(ids) - 1 - end} token(s) after end-of-sequence (position {end})"
         if end < 0 and max_new_tokens is not None and len(ids) != max_new_tokens:

@@ -32,24 +32,32 @@ result checked (``new_fraction``) until ``probation`` checks passed on results o
 it froze at: checks on that version alone prove nothing); a ``SUSPECTED`` one (a check that
 passed with a maximum difference above ``suspect_ratio`` of the tolerance) likewise; then
 ``TRUSTED`` at ``fraction``, halved every ``halving`` further passed checks down to
-``min_fraction``. Which results is deterministic: result (actor, lease) is checked iff
-``u(seed, actor, lease) < fraction``, ``u`` a uniform number from a BLAKE2b hash, so the choice
-needs no random state, is the same after a restart, and an Actor cannot predict it without the
-job's ``seed`` (which Actors are not told beyond their sampling seed: see docs/VERIFICATION.md
-for what this does and does not hide).
+``min_fraction``.
 
-**How much of a result.** A checked result's ``completions`` (4) completions are recomputed,
-chosen by the same seeded coin (:func:`pick_completions`): every dishonest mode of the tests lies
-on every completion of a result it lies about, and the check then costs half of a whole
-result's recompute at ``group_size`` 8.
+**Which results, and which completions** (:func:`plan`, :func:`pick_completions`): the Ledger
+keeps the records and says each admitted result's fraction; the Trainer checks the result iff
+``coin(key, actor, lease, h(payload)) < fraction``, and recomputes the ``completions`` (4) of
+its completions with the smallest coins. ``coin`` is keyed BLAKE2b (a pseudo-random function)
+under the job's *verification key*, which only the Trainer holds (derived from its signing key:
+:func:`aurora.keys.verification_key`); ``h(payload)`` is the hash of the payload as the Ledger
+admitted it. Without the key the coin is uniform and independent of everything an Actor or a
+relay is sent (the job spec and its seed, the job id, ``welcome``, lease and prompt ids), so an
+Actor cannot tell which of its results or completions a check will look at before it returns
+them, nor grind a payload until one is not looked at. With the key, the choice needs no random
+state: the same after a restart of the Trainer or the Ledger, and in a replay.
+
+**How much of a result.** Every dishonest mode of the tests lies on every completion of a
+result it lies about; recomputing 4 of ``group_size`` 8 costs half a whole result's recompute,
+and an Actor that lies on ``j`` of 8 completions of a checked result escapes with probability
+``C(8 - j, 4) / C(8, 4)`` (1/2 for one, 1/70 for four).
 
 **What a failure does**: the result is refused (``Refusal.UNVERIFIED``), the Actor's record goes
 to ``EXCLUDED`` for good (no move leaves it), the Ledger releases its live leases to the pool,
 stops its membership and refuses it if it joins again (:mod:`aurora.policy.ledger`); the Trainer
-drops every result of that Actor in the batch it was checking, and the Ledger hands no result of
-an excluded Actor to the Trainer again (:meth:`TrustBook.plan` says ``DROP``). Every outcome is a
-logged ``ResultVerified`` event, so the records (and the exclusion) are rebuilt by a replay of
-the Ledger's log.
+drops every result of that Actor in the batch it was checking, and every later result of it is
+marked ``DROP`` (the Ledger sends no fraction for it: :func:`plan`). Every outcome is a logged
+``ResultVerified`` event, so the records (and the exclusion) are rebuilt by a replay of the
+Ledger's log.
 
 Each Actor's record is one state machine (``TRANSITIONS``); an illegal move (a check of an
 excluded Actor) raises :class:`~aurora.policy.IllegalTransition` and changes nothing.
@@ -116,8 +124,6 @@ class Plan(Enum):
 class VerificationConfig:
     """The verification rule of one job (module docstring)."""
 
-    seed: int
-    """Seed of the deterministic choice of the results to check (the job's seed)."""
     token_tolerance: float = 1.0
     """Largest |reported - recomputed| log-prob of any checked token of an honest result
     (nats). Honest per-token differences measured on the tiny model over 2,048 results
@@ -144,7 +150,7 @@ class VerificationConfig:
     min_fraction: float = 0.02
     """... down to this floor."""
     completions: int = 4
-    """Completions of a checked result that are recomputed (chosen by the seeded coin; all
+    """Completions of a checked result that are recomputed (chosen by the keyed coin; all
     when the group is no larger): a cheat on every completion of a result is caught by any
     one, and the check costs ``completions / group_size`` of a whole result's recompute. 4,
     not fewer: the mean over ~16 tokens halves the honest vLLM mean's worst case against 2."""
@@ -153,8 +159,6 @@ class VerificationConfig:
     marks the Actor SUSPECTED (checked at ``new_fraction`` again)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"VerificationConfig.seed must be an int, got {self.seed!r}")
         for name in ("token_tolerance", "mean_tolerance"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -241,21 +245,61 @@ def judge(measures: Measures, config: VerificationConfig) -> CheckFailure | None
     return None
 
 
-def unit(seed: int, actor: str, lease: str) -> float:
-    """A number in [0, 1) fixed by ``(seed, actor, lease)``: the deterministic coin of the
-    sampling (BLAKE2b, 53 bits)."""
-    digest = hashlib.blake2b(f"{seed}|{actor}|{lease}".encode(), digest_size=8).digest()
-    return (int.from_bytes(digest, "little") >> 11) / float(1 << 53)
+KEY_BYTES = 32
+"""Length of a verification key (bytes)."""
+
+COIN_PERSON = b"aurora-coin-v1"
+"""BLAKE2b personalisation of the coin: its outputs are never another hash's."""
+
+
+def payload_digest(payload: bytes) -> bytes:
+    """h(payload): BLAKE2b-256 of a result's payload as the Ledger admitted it (the bytes it
+    logged and hands the Trainer), one of the coin's inputs."""
+    return hashlib.blake2b(payload, digest_size=32).digest()
+
+
+def coin(key: bytes, *parts: str | bytes) -> float:
+    """A number in [0, 1) fixed by ``key`` and ``parts``: keyed BLAKE2b (53 bits). Without
+    ``key`` it is uniform and independent of ``parts``; each part is length-prefixed, so no two
+    lists of parts hash alike. ValueError for a key that is not :data:`KEY_BYTES` long."""
+    if not isinstance(key, bytes) or len(key) != KEY_BYTES:
+        raise ValueError(f"a verification key is {KEY_BYTES} bytes")
+    h = hashlib.blake2b(key=key, digest_size=8, person=COIN_PERSON)
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(len(data).to_bytes(4, "little"))
+        h.update(data)
+    return (int.from_bytes(h.digest(), "little") >> 11) / float(1 << 53)
+
+
+def plan(key: bytes, fraction: float | None, actor: str, lease: str, payload_hash: bytes) -> Plan:
+    """What the Trainer does with ``actor``'s admitted result for ``lease`` (its payload's
+    :func:`payload_digest` ``payload_hash``), given the fraction of that Actor's results to
+    check (:meth:`TrustBook.fraction`, sent by the Ledger; None: the Actor is excluded)."""
+    if fraction is None:
+        return Plan.DROP
+    if coin(key, "result", actor, lease, payload_hash) < fraction:
+        return Plan.CHECK
+    return Plan.TRAIN
 
 
 def pick_completions(
-    config: VerificationConfig, actor: str, lease: str, group_size: int
+    config: VerificationConfig,
+    key: bytes,
+    actor: str,
+    lease: str,
+    payload_hash: bytes,
+    group_size: int,
 ) -> tuple[int, ...]:
-    """Which completions of ``actor``'s result for ``lease`` (``group_size`` of them) a check
-    recomputes: the ``config.completions`` with the smallest seeded coins, in order."""
+    """Which completions of ``actor``'s result for ``lease`` (``group_size`` of them, payload
+    hash ``payload_hash``) a check recomputes: the ``config.completions`` with the smallest
+    keyed coins, in order."""
     if group_size <= config.completions:
         return tuple(range(group_size))
-    coins = sorted(range(group_size), key=lambda i: unit(config.seed, actor, f"{lease}#{i}"))
+    coins = sorted(
+        range(group_size),
+        key=lambda i: coin(key, "completion", actor, lease, payload_hash, str(i)),
+    )
     return tuple(sorted(coins[: config.completions]))
 
 
@@ -305,14 +349,6 @@ class TrustBook:
             return cfg.new_fraction
         halvings = (rec.passed - cfg.probation) // cfg.halving
         return max(cfg.min_fraction, cfg.fraction * 0.5 ** max(0, halvings))
-
-    def plan(self, actor: str, lease: str) -> Plan:
-        """What to do with ``actor``'s admitted result for ``lease``."""
-        if self.excluded(actor):
-            return Plan.DROP
-        if unit(self.config.seed, actor, lease) < self.fraction(actor):
-            return Plan.CHECK
-        return Plan.TRAIN
 
     def observe(self, actor: str, measures: Measures, version: int) -> CheckFailure | None:
         """Record a check of ``actor``'s result generated on ``version``; returns why it failed

@@ -73,7 +73,7 @@ import torch
 
 from aurora.delta import DEFAULT_SEGMENT_SIZE, DeltaEncoder, Segment, weights_hash
 from aurora.delta.codecs import DEFAULT_CODEC
-from aurora.engines.base import weights_digest_of
+from aurora.engines.base import decode_completion, end_ids, weights_digest_of
 from aurora.models import cast_weights
 from aurora.rl import device as gpu
 from aurora.rl.guard import GuardConfig, StepGuard
@@ -390,6 +390,10 @@ class Trainer:
         """The window of recent gradient norms the step guard judges by (checkpointed)."""
         eos = tokenizer.eos_token_id
         self.eos_id = int(eos)
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.eos_ids = end_ids(tokenizer, gen_eos)
+        """Every id a completion ends at: the ids the engines stop at (the tokenizer's and the
+        model's generation config's)."""
 
     @property
     def published(self) -> dict[str, np.ndarray]:
@@ -433,10 +437,7 @@ class Trainer:
 
     def completion_text(self, token_ids: Sequence[int]) -> str:
         """The text the reward sees: the tokens before the first end-of-sequence, decoded."""
-        ids = list(token_ids)
-        if self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id)]
-        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+        return decode_completion(self.tokenizer, self.eos_ids, token_ids)
 
     def rewards(self, group: Group) -> list[float]:
         """The Trainer's own rewards for a group (never the Actor's)."""

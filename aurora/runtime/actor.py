@@ -569,6 +569,9 @@ class ActorProcess:
             (self.prompt_of[lease], task_index(self.prompt_of[lease], per_step))
             for lease in work.leases
         ]
+        note = getattr(self.engine, "note_leases", None)  # a coin-aware cheat's (cheats)
+        if note is not None:
+            note(work.leases)
         t0, started = time.time(), time.monotonic()
         out = await asyncio.to_thread(self.engine.generate, prompts, self.sampling)
         t1 = time.time()
@@ -712,7 +715,7 @@ class ActorProcess:
 
             engine = self.engine
             self.engine = await asyncio.to_thread(
-                CheatingEngine, engine, str(hooks.get("cheat")), job
+                CheatingEngine, engine, str(hooks.get("cheat")), job, self.id
             )
         await self._start_node()
         pump = asyncio.create_task(self._pump())

@@ -18,6 +18,14 @@ one finite log-prob per token). Only the completions lie:
 * ``partial:F``: ``random`` on a fraction ``F`` of its prompts (by a hash of the prompt id),
   honest on the rest.
 
+* ``coin-aware``: ``random``, but only where it predicts no check will look, from everything an
+  Actor is sent and the coin the Trainer once used (``BLAKE2b(seed, actor, lease)`` with the
+  job's seed, :func:`old_unit`): a result it predicts unchecked is random throughout; of one
+  it predicts checked, only the completions it predicts are not recomputed. It predicts its
+  own record too (a replica :class:`~aurora.policy.verification.TrustBook` in which every
+  result it predicts checked passed), so it also knows when it is trusted. Against that coin
+  it was never caught; against the keyed one its predictions are chance.
+
 ``random`` keeps each completion's end where the honest one had it (``<eos>`` last, or none at
 the length limit), so the payload passes the Ledger's check and only a recompute can tell.
 
@@ -47,7 +55,9 @@ import numpy as np
 
 from aurora.delta import Delta
 from aurora.jobspec import JobSpec
+from aurora.policy.verification import Measures, TrustBook, VerificationConfig
 from aurora.runtime.compute import EngineSide, Generated, Sampling
+from aurora.runtime.job import verification_config
 
 MODES = (
     "random",
@@ -59,6 +69,7 @@ MODES = (
     "vocab-id",
     "after-eos",
     "throughput-lie",
+    "coin-aware",
 )
 
 LIED_THROUGHPUT = (2**40, 1e-9)
@@ -125,10 +136,53 @@ def _coin(prompt: str, salt: str) -> float:
     return (int.from_bytes(digest, "little") >> 11) / float(1 << 53)
 
 
+def old_unit(seed: int, actor: str, lease: str) -> float:
+    """The verification coin as it was (keyed by nothing an Actor is not sent): a number in
+    [0, 1) from ``BLAKE2b(seed|actor|lease)``, 53 bits."""
+    digest = hashlib.blake2b(f"{seed}|{actor}|{lease}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 11) / float(1 << 53)
+
+
+def old_picks(seed: int, actor: str, lease: str, group_size: int, completions: int) -> set[int]:
+    """The completions the old coin had a check recompute: the ``completions`` of the group
+    with the smallest ``old_unit(seed, actor, lease#i)``."""
+    if group_size <= completions:
+        return set(range(group_size))
+    ranked = sorted(range(group_size), key=lambda i: old_unit(seed, actor, f"{lease}#{i}"))
+    return set(ranked[:completions])
+
+
+class CoinPredictor:
+    """What a ``coin-aware`` Actor believes the Trainer will check (module docstring): the old
+    coin over its own replica of its verification record, under the job's rule (which it is
+    sent: the spec)."""
+
+    def __init__(self, seed: int, actor: str, rule: VerificationConfig) -> None:
+        self.seed = seed
+        """The job's seed (in the spec every Actor is sent)."""
+        self.actor = actor
+        self.rule = rule
+        self.book = TrustBook(rule)
+        """Its replica of its own verification record."""
+
+    def unchecked(self, lease: str, version: int, group_size: int) -> set[int]:
+        """The completions of its result for ``lease`` (on ``version``) it predicts no check
+        recomputes: all of them when it predicts the result unchecked."""
+        if old_unit(self.seed, self.actor, lease) >= self.book.fraction(self.actor):
+            return set(range(group_size))
+        # Predicted checked: honest on the recomputed ones, so (it predicts) a pass.
+        honest = Measures(max_delta=0.0, mean_delta=0.0, min_logprob=-1.0, tokens=1)
+        self.book.observe(self.actor, honest, version)
+        picked = old_picks(self.seed, self.actor, lease, group_size, self.rule.completions)
+        return set(range(group_size)) - picked
+
+
 def lies_on(mode: str, prompt: str) -> bool:
     """Whether an Actor cheating with ``mode`` lies about its result for ``prompt`` (every
     prompt but a ``partial`` one's honest share)."""
     kind, share = parse(mode)
+    if kind == "coin-aware":
+        raise ValueError("cheat: coin-aware lies by lease and completion, not by prompt")
     if kind == "throughput-lie":
         return False  # its results are honest
     return kind != "partial" or _coin(prompt, "cheat") < share
@@ -138,18 +192,30 @@ class CheatingEngine:
     """An :class:`~aurora.runtime.compute.EngineSide` that lies about its completions only
     (module docstring)."""
 
-    def __init__(self, engine: EngineSide, mode: str, spec: JobSpec) -> None:
+    def __init__(self, engine: EngineSide, mode: str, spec: JobSpec, actor: str = "") -> None:
         self.inner = engine
         self.kind, self.share = parse(mode)
         self.spec = spec
         self.vocab = _vocab_size(spec)
         self.eos = spec.eos_id
+        self.ends = frozenset(spec.end_ids() or ())
+        """Every id a completion ends at (set by the Trainer; empty: not known)."""
         """The job's end-of-sequence id (set by the Trainer; None: not known)."""
         self.shadow: Any = None
         """The engine ``stale`` and ``othermodel`` sample from."""
         self._shadow_loaded = False
         self.cheated = 0
         """Results it lied about."""
+        self.predictor = (
+            CoinPredictor(spec.seed, actor, verification_config(spec) or VerificationConfig())
+            if self.kind == "coin-aware"
+            else None
+        )
+        """``coin-aware``: what it believes the Trainer checks."""
+        self._leases: list[str] = []
+        """The leases of the prompts of the next :meth:`generate` (:meth:`note_leases`)."""
+        self.lied_completions = 0
+        """Completions it randomised (``coin-aware``)."""
         if self.kind == "stale":
             from aurora.runtime.rlbackend import make_rl_engine
 
@@ -188,6 +254,8 @@ class CheatingEngine:
         out = list(self.inner.generate(prompts, sampling))
         if self.kind == "throughput-lie":
             return out
+        if self.kind == "coin-aware":
+            return self._coin_aware(out)
         lie = {
             "forged-lp": self._halve,
             "forge-lp": self._forge,
@@ -201,6 +269,36 @@ class CheatingEngine:
         self.cheated += len(chosen)
         picked = {id(g) for g in chosen}
         return [self._rewrite(g, self._randomise) if id(g) in picked else g for g in out]
+
+    def note_leases(self, leases: Sequence[str]) -> None:
+        """The Actor says which lease each prompt of its next :meth:`generate` is for (a
+        ``coin-aware`` cheat's input; the Actor knows them, as any Actor does)."""
+        self._leases = list(leases)
+
+    def _coin_aware(self, out: list[Generated]) -> list[Generated]:
+        assert self.predictor is not None
+        if len(self._leases) != len(out):
+            raise ValueError("coin-aware: the Actor did not say which lease each prompt is for")
+        version = self.inner.version or 0
+        rewritten = []
+        for lease, gen in zip(self._leases, out, strict=True):
+            body = msgpack.unpackb(gen.payload)
+            comps = body["completions"]
+            lie = self.predictor.unchecked(lease, version, len(comps))
+            if not lie:
+                rewritten.append(gen)
+                continue
+            rng = np.random.default_rng(int(_coin(gen.prompt, "tokens") * 2**32))
+            body["completions"] = [
+                self._randomise(c, rng) if i in lie else c for i, c in enumerate(comps)
+            ]
+            self.cheated += 1
+            self.lied_completions += len(lie)
+            rewritten.append(
+                Generated(prompt=gen.prompt, payload=msgpack.packb(body), tokens=gen.tokens)
+            )
+        self._leases = []
+        return rewritten
 
     def claim_throughput(self, tokens: int, seconds: float) -> tuple[int, float]:
         """What the Actor reports as its throughput (``throughput-lie``: the largest lie a
@@ -218,14 +316,15 @@ class CheatingEngine:
         return Generated(prompt=gen.prompt, payload=msgpack.packb(body), tokens=gen.tokens)
 
     def _randomise(self, comp: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-        """Random ids, ``<eos>`` kept where the honest completion ended with it (and nowhere
+        """Random ids, an end id kept where the honest completion ended with it (and nowhere
         else): a payload of the right shape."""
         n = len(comp["ids"])
         ids = [int(x) for x in rng.integers(0, self.vocab, n)]
-        if self.eos is not None:
-            ids = [x if x != self.eos else (x + 1) % self.vocab for x in ids]
-            if n and comp["ids"][-1] == self.eos:
-                ids[-1] = self.eos
+        if self.ends:
+            free = [t for t in range(self.vocab) if t not in self.ends]
+            ids = [x if x not in self.ends else free[x % len(free)] for x in ids]
+            if n and comp["ids"][-1] in self.ends:
+                ids[-1] = comp["ids"][-1]
         return {"ids": ids, "lp": comp["lp"]}
 
     def _forge(self, comp: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:

@@ -118,6 +118,14 @@ def _load_job(args: argparse.Namespace, *, keep: bool = False) -> JobSpec:
 
     topo = load_topology(args.topology)
     store = args.store or str(Path(args.run_dir) / "store")
+    # Where the job's Actors come from follows from where its Trainer and Ledger listen and
+    # are advertised (aurora.runtime.job.resolve_actors), unless --actors says.
+    listen = [
+        h for h in (getattr(args, "host", None), getattr(args, "advertise", None)) if h is not None
+    ]
+    if getattr(args, "ledger", None):
+        listen.append(args.ledger.rpartition(":")[0])
+    actors = getattr(args, "actors", None)
     spec = make_spec(
         topo,
         strategy=args.strategy,
@@ -125,6 +133,8 @@ def _load_job(args: argparse.Namespace, *, keep: bool = False) -> JobSpec:
         steps=args.steps,
         store=store,
         backend=backend_for(topo, args.backend),
+        extra={"actors": actors} if actors else None,
+        listen=listen or None,
     )
     if kept is not None:
         from aurora.store.files import write_atomic
@@ -178,6 +188,14 @@ def _job_args(p: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=0, help="seed of the job: prompts, sampling (default 0)"
     )
     p.add_argument("--steps", type=int, default=None, help="training steps (default real.steps)")
+    p.add_argument(
+        "--actors",
+        choices=["local", "remote"],
+        default=None,
+        help="where the job's Actors come from (default: remote when --host, --advertise or "
+        "--ledger is an address other hosts reach); remote turns verification on unless the "
+        "topology's real.verify is false",
+    )
     p.add_argument("--store", default=None, help="Checkpoint Store URL (default RUN_DIR/store)")
     p.add_argument(
         "--backend",
@@ -233,6 +251,7 @@ def _secret_arg(p: argparse.ArgumentParser, *, public_key: bool = True) -> None:
 def _ledger(args: argparse.Namespace) -> int:
     async def main() -> int:
         from aurora.keys import IdentityFile
+        from aurora.runtime.job import unverified_warning
         from aurora.runtime.ledger_service import LedgerService, channel_limits
         from aurora.runtime.trainer import ledger_config
 
@@ -248,6 +267,9 @@ def _ledger(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"the identity is for job {mine.job!r}, --job {args.job} is {spec.job_id!r}"
             )
+        warning = unverified_warning(spec)
+        if warning is not None:
+            logging.getLogger("aurora.runtime.ledger_service").warning("ledger: %s", warning)
         service = LedgerService(ledger_config(spec, args.db), public_key=_public_key(args))
         service.replay()
         port = await service.start(

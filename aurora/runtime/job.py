@@ -25,8 +25,10 @@ link shaping (on loopback they are the same run).
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import secrets
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -154,6 +156,44 @@ def job_id(topology: Topology, strategy: str, seed: int, *, nonce: str | None = 
     return f"{topology.name}-{strategy}-s{seed}-{nonce}"
 
 
+def loopback(host: str) -> bool:
+    """Whether an address to listen on is reachable from this host only: ``localhost``, and
+    127.0.0.0/8 and ::1. Any other name or address (``0.0.0.0``, ``""``: every interface) is
+    reachable from others."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_actors(explicit: str | None, listen: Sequence[str]) -> str:
+    """Where a job's Actors come from (:attr:`JobSpec.actors`): ``explicit`` when the job says
+    so (a tunnel or a proxy can bring other hosts to a loopback address), else ``remote`` iff
+    the control plane (the Ledger the Actors join: the Trainer's own, or a standalone one) or
+    the Trainer listens on, or is advertised at, an address other hosts reach."""
+    if explicit is not None:
+        return explicit
+    return "local" if all(loopback(h) for h in listen) else "remote"
+
+
+def unverified_warning(spec: JobSpec) -> str | None:
+    """The line every role logs at start when Actors from other hosts are trained on unchecked
+    (``verify: false`` on a ``remote`` job: an explicit opt-out), else None."""
+    if spec.actors != "remote" or spec.verify:
+        return None
+    why = (
+        "verify: false"
+        if spec.backend == "rl"
+        else f"the {spec.backend} backend cannot recompute log-probs"
+    )
+    return (
+        f"verification is off ({why}) though this job's Actors join from other hosts: their "
+        "results are trained on unchecked (docs/VERIFICATION.md)"
+    )
+
+
 def make_spec(
     topology: Topology,
     *,
@@ -163,11 +203,21 @@ def make_spec(
     store: str,
     backend: str = "rl",
     extra: dict[str, Any] | None = None,
+    listen: Sequence[str] | None = None,
 ) -> JobSpec:
     """The job spec (see the module docstring); ``extra`` sets backend settings (fields of
-    :class:`JobSpec` with a default)."""
+    :class:`JobSpec` with a default). ``listen``: the addresses the job's Trainer and Ledger
+    listen on and are advertised at (None: ``real.host``, where ``aurora real`` starts every
+    role), which decide :attr:`JobSpec.actors` unless ``extra`` names it; ``verify``, unless
+    ``extra`` or the topology's ``real.verify`` names it, is on iff the Actors are ``remote``
+    and the backend can recompute (``rl``)."""
     real = topology.real
     strat = strategy_spec(strategy)
+    extra = dict(extra or {})
+    actors = resolve_actors(extra.pop("actors", None), [real.host] if listen is None else listen)
+    verify = extra.pop("verify", real.verify)
+    if verify is None:
+        verify = actors == "remote" and backend == "rl"
     spec: dict[str, Any] = {
         "job_id": job_id(topology, strategy, seed),
         "name": topology.name,
@@ -196,8 +246,10 @@ def make_spec(
         "strategy": asdict(strat),
         "window_s": real.window_s,
         "congestion": topology.congestion,
+        "actors": actors,
+        "verify": verify,
     }
-    spec.update(extra or {})
+    spec.update(extra)
     if "dense_bytes" in spec:
         return JobSpec.decode(spec)
     # The model's size follows from the other fields: decode with 0, then fill it in.
@@ -216,7 +268,7 @@ def verification_config(spec: JobSpec) -> VerificationConfig | None:
         changes["min_fraction"] = min(spec.verify_fraction, VerificationConfig.min_fraction)
     if spec.verify_probation is not None:
         changes["probation"] = spec.verify_probation
-    return VerificationConfig(seed=spec.seed, **changes)
+    return VerificationConfig(**changes)
 
 
 def digest_due(spec: JobSpec, version: int) -> bool:

@@ -96,7 +96,6 @@ from aurora.policy.membership import TRAINER
 from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
 from aurora.policy.reports import classify_hello
 from aurora.policy.timers import TickTimers
-from aurora.policy.verification import Plan
 from aurora.runtime import messages
 from aurora.runtime.channel import Channel, ChannelClosed, ChannelLimits, ControlServer, serve
 from aurora.runtime.messages import Direction, MessageError, decode_result_payload, task_index
@@ -994,9 +993,9 @@ class LedgerService:
                     "prompt": a.prompt,
                     "version": a.version,
                     "payload": self.log.payload(a.actor, a.lease),
-                    "plan": Plan.DROP.value
-                    if a.actor in self.revoked
-                    else self.core.plan(a.actor, a.lease).value,
+                    # The share of this Actor's results to check (None: drop them); which
+                    # ones is the Trainer's keyed coin, a key the Ledger never holds.
+                    "check": None if a.actor in self.revoked else self.core.check_fraction(a.actor),
                 }
             )
         return {"op": "batch", "batch": k, "complete": k in self.batch_done, "results": results}
@@ -1131,7 +1130,7 @@ class LedgerService:
                 group_size=spec.group_size or None,
                 max_new_tokens=spec.max_new_tokens or None,
                 vocab_size=spec.vocab_size,
-                eos_id=spec.eos_id,
+                eos_ids=spec.end_ids(),
             )
         except (MessageError, ValueError, TypeError) as exc:
             return str(exc)[:200], 0

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
@@ -564,9 +565,10 @@ class Batch(Message):
     batch: int = bound(Int(1, MAX_VERSION))
     complete: bool = bound(Bool())
     results: tuple[dict[str, Any], ...] = bound(Seq(_MapItem(), MAX_LEASES))
-    """Each a map (actor, lease, prompt, version, payload, and ``plan``: ``train``, ``check``
-    or ``drop``, :class:`aurora.policy.verification.Plan`), checked one by one by the Trainer
-    (a bad one is a refused result, not a refused batch)."""
+    """Each a map (actor, lease, prompt, version, payload, and ``check``: the fraction of that
+    Actor's results the Trainer checks, or None to drop it: its Actor is excluded;
+    :func:`aurora.policy.verification.plan`), checked one by one by the Trainer (a bad one is a
+    refused result, not a refused batch)."""
 
 
 # ---- Ledger -> observers -----------------------------------------------------------------
@@ -733,11 +735,11 @@ def decode_result_payload(
     group_size: int | None,
     max_new_tokens: int | None,
     vocab_size: int | None,
-    eos_id: int | None = None,
+    eos_ids: Collection[int] | None = None,
 ) -> ResultPayload:
     """The completions in ``payload``, checked against the lease's ``prompt`` and task
     ``index`` and the job's ``group_size`` completions of at most ``max_new_tokens`` ids in
-    ``[0, vocab_size)``, each ending at its first ``eos_id`` (or at ``max_new_tokens``) with
+    ``[0, vocab_size)``, each ending at its first of ``eos_ids`` (or at ``max_new_tokens``) with
     every log-probability at least the plausible floor of ``vocab_size``
     (:func:`aurora.policy.refusals.completion_fault`; None: that bound is not known here);
     :class:`MessageError` otherwise. The Ledger applies it before it settles a lease, the
@@ -778,7 +780,9 @@ def decode_result_payload(
         lp = Seq(Float(LOGPROB_MIN, LOGPROB_MAX), len(ids)).check(c["lp"], f"{where}.lp")
         if len(lp) != len(ids):
             raise MessageError(Why.MISMATCH, where, f"{len(ids)} ids but {len(lp)} log-probs")
-        fault = completion_fault(ids, lp, eos_id=eos_id, max_new_tokens=max_new_tokens, floor=floor)
+        fault = completion_fault(
+            ids, lp, eos_ids=eos_ids, max_new_tokens=max_new_tokens, floor=floor
+        )
         if fault is not None:
             raise MessageError(Why.IMPLAUSIBLE, where, fault)
         out.append(Completion(ids=ids, lp=lp))

@@ -246,7 +246,10 @@ class RLTrainer:
         """Token ids a result may carry are below this (a larger one would index past the
         embedding table and kill the step)."""
         self.eos_id: int | None = int(self.trainer.eos_id)
-        """The end-of-sequence id the Trainer's reward reads up to (a completion ends at it)."""
+        """The tokenizer's end-of-sequence id."""
+        self.eos_ids: tuple[int, ...] = tuple(sorted(self.trainer.eos_ids))
+        """Every id a completion ends at (the engines stop at them, the Trainer's reward reads
+        up to the first: :func:`aurora.engines.base.end_ids`)."""
 
     @property
     def version(self) -> int:
@@ -507,6 +510,7 @@ def _vllm_engine(spec: JobSpec) -> RLEngine:
 def _served_engine(spec: JobSpec, url: str) -> RLEngine:
     """An Actor's engine on a running ``vllm serve`` (:mod:`aurora.engines.vllm_server`): the
     job's model gives the tokenizer and the tensor layout, the server does the rest."""
+    from aurora.engines.vllm import generation_eos_ids
     from aurora.engines.vllm_server import VLLMServerEngine
 
     name = spec.model
@@ -515,6 +519,7 @@ def _served_engine(spec: JobSpec, url: str) -> RLEngine:
 
         config, tokenizer = TinyQwen3Config().hf_config(), arithmetic_tokenizer()
         files = tiny_manifest()
+        generation: list[int] = []
     else:
         from transformers import AutoConfig, AutoTokenizer
 
@@ -524,7 +529,12 @@ def _served_engine(spec: JobSpec, url: str) -> RLEngine:
         copy_dir, files = pinned_copy(local_dir(name))
         config = AutoConfig.from_pretrained(copy_dir)
         tokenizer = AutoTokenizer.from_pretrained(copy_dir)
-    eos = config.eos_token_id
+        generation = generation_eos_ids(copy_dir)
+    # The end ids the other engines and the Trainer use (aurora.engines.base.end_ids): the
+    # generation config's, or the model config's when the directory has none (transformers'
+    # own fallback). Before, the model config's alone: a server Actor of a model whose
+    # generation config lists more never stopped at them.
+    eos = generation or config.eos_token_id
     eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
     return RLEngine(
         spec,

@@ -40,14 +40,33 @@ import msgpack
 from aurora.delta import Segment
 from aurora.delta.announce import verify
 from aurora.jobspec import JobSpec
-from aurora.keys import DEFAULT_LIFETIME_S, LEDGER_ID, RevocationFile, SelfIssued, trainer_identity
+from aurora.keys import (
+    DEFAULT_LIFETIME_S,
+    LEDGER_ID,
+    RevocationFile,
+    SelfIssued,
+    trainer_identity,
+    verification_key,
+)
 from aurora.observe.exporter import serve as observe_serve
 from aurora.observe.node import NodeCollector
-from aurora.policy.verification import Plan, judge, measure, pick_completions
+from aurora.policy.verification import (
+    Plan,
+    judge,
+    measure,
+    payload_digest,
+    pick_completions,
+    plan,
+)
 from aurora.runtime import hopreport
 from aurora.runtime.channel import Channel, IdentityRefused, connect
 from aurora.runtime.compute import TrainerSide, make_trainer
-from aurora.runtime.job import digest_due, transport_config, verification_config
+from aurora.runtime.job import (
+    digest_due,
+    transport_config,
+    unverified_warning,
+    verification_config,
+)
 from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig, channel_limits
 from aurora.runtime.memprobe import MemoryProbe
 from aurora.runtime.messages import (
@@ -178,6 +197,12 @@ class TrainerProcess:
         """The batch's verification counts and time (``verify_s``, ``verified``, ...)."""
         self.verification = verification_config(run.spec)
         """The job's verification rule (None: results are trained unchecked)."""
+        warning = unverified_warning(run.spec)
+        if warning is not None:
+            log.warning("trainer: %s", warning)
+        self._verify_key = verification_key(run.signing_key)
+        """The key of the coin that picks which results and completions are recomputed: from
+        the signing key, so no other role can compute it (never sent, logged or printed)."""
         self.probe = MemoryProbe("trainer")
         """Opt-in tracemalloc snapshots (``AURORA_TRACEMALLOC``; off by default)."""
         self.revocations = RevocationFile(
@@ -289,6 +314,9 @@ class TrainerProcess:
             self.spec = replace(self.spec, vocab_size=int(vocab))
         if self.spec.eos_id is None and eos is not None:
             self.spec = replace(self.spec, eos_id=int(eos))
+        ends = getattr(self.compute, "eos_ids", None)
+        if self.spec.eos_ids is None and ends:
+            self.spec = replace(self.spec, eos_ids=tuple(int(e) for e in ends))
         spec = self.spec
         meta = self._resume()
         if meta is None:
@@ -530,14 +558,13 @@ class TrainerProcess:
                 self._refuse(r, checked)
                 continue
             payload, version = checked
-            plan = r.get("plan", Plan.TRAIN.value)
-            if plan == Plan.DROP.value:
+            actor, lease, body = str(r["actor"]), str(r["lease"]), bytes(r["payload"])
+            decided = self._plan(actor, lease, body, r.get("check", 1.0))
+            if decided is Plan.DROP:
                 dropped += 1  # its Actor failed verification: never trained on
                 continue
-            entry = (payload.index, bytes(r["payload"]), version)
-            kept.append(
-                (str(r["actor"]), str(r["lease"]), plan == Plan.CHECK.value, entry, payload.tokens)
-            )
+            entry = (payload.index, body, version)
+            kept.append((actor, lease, decided is Plan.CHECK, entry, payload.tokens))
         failed = await self._verify(kept) if self.verification is not None else set()
         out = []
         trained: dict[str, int] = {}
@@ -559,6 +586,19 @@ class TrainerProcess:
         self._batch_owners = [(actor, lease) for _, actor, lease in out]
         return [entry for entry, _, _ in out]
 
+    def _plan(self, actor: str, lease: str, payload: bytes, fraction: object) -> Plan:
+        """What to do with an admitted result: the Ledger says the share of its Actor's results
+        to check (None: drop them), the verification key's coin which ones
+        (:func:`aurora.policy.verification.plan`). A share that is missing or not a number in
+        [0, 1] (a Ledger bug) checks the result: never trained unchecked by mistake."""
+        if fraction is None:
+            return Plan.DROP
+        if self.verification is None:
+            return Plan.TRAIN
+        ok = isinstance(fraction, int | float) and not isinstance(fraction, bool)
+        share = float(fraction) if ok and 0.0 <= fraction <= 1.0 else 1.0  # type: ignore[operator]
+        return plan(self._verify_key, share, actor, lease, payload_digest(payload))
+
     def _refuse(self, r: object, why: str) -> None:
         """Note a refused result of the batch (one strike for its Actor, told with the step),
         when it names an Actor and a lease (a result that does not is junk no Actor sent)."""
@@ -571,7 +611,7 @@ class TrainerProcess:
     async def _verify(
         self, kept: list[tuple[str, str, bool, tuple[int, bytes, int], int]]
     ) -> set[str]:
-        """Recompute the results the Ledger's plan marked ``check`` under their claimed
+        """Recompute the results :meth:`_plan` marked ``check`` under their claimed
         version's weights (:meth:`~aurora.runtime.rlbackend.RLTrainer.recompute`), judge each
         with the job's rule (:func:`aurora.policy.verification.judge`) and tell the Ledger
         every measure (it decides, durably: ``ResultVerified``); return the Actors whose
@@ -585,7 +625,14 @@ class TrainerProcess:
         # Which completions of each checked result (the payload decoded against the job's
         # group size already; counted again here so that a job without one works too).
         picks = [
-            pick_completions(cfg, actor, lease, len(msgpack.unpackb(entry[1])["completions"]))
+            pick_completions(
+                cfg,
+                self._verify_key,
+                actor,
+                lease,
+                payload_digest(entry[1]),
+                len(msgpack.unpackb(entry[1])["completions"]),
+            )
             for actor, lease, _, entry, _ in todo
         ]
         recomputed = await asyncio.to_thread(
@@ -670,7 +717,7 @@ class TrainerProcess:
                 group_size=spec.group_size or None,
                 max_new_tokens=spec.max_new_tokens or None,
                 vocab_size=getattr(self.compute, "vocab_size", None),
-                eos_id=getattr(self.compute, "eos_id", None),
+                eos_ids=getattr(self.compute, "eos_ids", None),
             )
         except MessageError as exc:
             who = r.get("actor") if isinstance(r, dict) else None
