@@ -595,8 +595,9 @@ class TrainerProcess:
             return Plan.DROP
         if self.verification is None:
             return Plan.TRAIN
-        ok = isinstance(fraction, int | float) and not isinstance(fraction, bool)
-        share = float(fraction) if ok and 0.0 <= fraction <= 1.0 else 1.0  # type: ignore[operator]
+        share = 1.0
+        if isinstance(fraction, int | float) and not isinstance(fraction, bool):
+            share = float(fraction) if 0.0 <= fraction <= 1.0 else 1.0  # NaN fails: checked
         return plan(self._verify_key, share, actor, lease, payload_digest(payload))
 
     def _refuse(self, r: object, why: str) -> None:
