@@ -43,6 +43,7 @@ from aurora.jobspec import JobSpec
 from aurora.keys import DEFAULT_LIFETIME_S, LEDGER_ID, RevocationFile, SelfIssued, trainer_identity
 from aurora.observe.exporter import serve as observe_serve
 from aurora.observe.node import NodeCollector
+from aurora.policy.sampling import RankStats
 from aurora.policy.verification import Plan, judge, measure, pick_completions
 from aurora.runtime import hopreport
 from aurora.runtime.channel import Channel, IdentityRefused, connect
@@ -178,6 +179,8 @@ class TrainerProcess:
         """The batch's verification counts and time (``verify_s``, ``verified``, ...)."""
         self.verification = verification_config(run.spec)
         """The job's verification rule (None: results are trained unchecked)."""
+        self._ranks: dict[str, RankStats] = {}
+        """Each checked Actor's rank sums (:mod:`aurora.policy.sampling`) since this start."""
         self.probe = MemoryProbe("trainer")
         """Opt-in tracemalloc snapshots (``AURORA_TRACEMALLOC``; off by default)."""
         self.revocations = RevocationFile(
@@ -587,10 +590,14 @@ class TrainerProcess:
             pick_completions(cfg, actor, lease, len(msgpack.unpackb(entry[1])["completions"]))
             for actor, lease, _, entry, _ in todo
         ]
+        # Each checked token's rank under pi_v too (aurora.policy.sampling), its V keyed by
+        # the result: the same after a restart.
         recomputed = await asyncio.to_thread(
             self.compute.recompute,  # type: ignore[attr-defined]
             [k[3] for k in todo],
             picks,
+            keys=[f"{actor}|{lease}" for actor, lease, _, _, _ in todo],
+            secret=cfg.seed,
         )
         failed: set[str] = set()
         checked = unverifiable = 0
@@ -602,17 +609,23 @@ class TrainerProcess:
                 continue
             m = measure(*pair)
             checked += 1
-            if judge(m, cfg) is not None:
+            # The Actor's rank sums over its checks (the Ledger keeps the durable ones; these
+            # start over after a restart, and the Ledger's exclusion drops its next results).
+            before = self._ranks.get(actor, RankStats())
+            self._ranks[actor] = before.merge(m.ranks)
+            if judge(m, cfg, before) is not None:
                 failed.add(actor)
                 log.warning(
                     "trainer: %s's result for %s fails verification on v%d (max %.3g, mean "
-                    "%.3g, min log-prob %.3g nats)",
+                    "%.3g, min log-prob %.3g nats; rank z %.2f over %d tokens)",
                     actor,
                     lease,
                     entry[2],
                     m.max_delta,
                     m.mean_delta,
                     m.min_logprob,
+                    self._ranks[actor].z,
+                    self._ranks[actor].tokens,
                 )
             await self.channel.send(
                 {
@@ -624,6 +637,9 @@ class TrainerProcess:
                     "mean_delta": m.mean_delta,
                     "min_logprob": m.min_logprob,
                     "tokens": m.tokens,
+                    "rank_tokens": m.ranks.tokens,
+                    "rank_shift": m.ranks.shift,
+                    "rank_spread": m.ranks.spread,
                 }
             )
         self._batch_verify = {
