@@ -697,6 +697,26 @@ def tables(out: Path) -> str:
             f"| {r['mode']} | {r['engine']} | {r.get('versions_behind') or '-'} | {r['results']} | "
             f"{float(r['refused_share']):.0%} | {_g(r['max_delta'])} | {_g(r['max_mean_delta'])} |"
         )
+    ranks = _rows(out / "sampling.csv")
+    lines += [
+        "",
+        "| engine | mode | tokens | mean u - 1/2 (se) | z | z spread | KS x sqrt(n) | reward "
+        "(gain) | checks | caught by ranks at check (tokens) | caught by log-probs at check |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in ranks:
+        gain = f" ({float(r['reward_gain']):+.3f})" if r.get("reward_gain") else ""
+        at = (
+            f"{r['rank_caught_at_check']} ({r['rank_caught_at_tokens']}, {r['rank_verdict']})"
+            if r["rank_caught_at_check"]
+            else f"not in {r['checks']} (predicted {r.get('predicted_tokens') or '-'} tokens)"
+        )
+        lines.append(
+            f"| {r['engine']} | {r['mode']} | {r['tokens']} | {float(r['mean_u_minus_half']):+.4f} "
+            f"({float(r['mean_u_se']):.4f}) | {float(r['z']):.2f} | {float(r['z_spread']):.2f} | "
+            f"{float(r['ks_sqrt_n']):.2f} | {float(r['reward']):.3f}{gain} | {r['checks']} | {at} "
+            f"| {r['logprob_caught_at_check'] or '-'} |"
+        )
     runs = _rows(out / "runs.csv")
     lines += [
         "",

@@ -56,14 +56,17 @@ with ``bias`` 0). What that allows depends on how selection moves ranks:
   most the largest of N means of ``L`` uniforms, so ``d <= c_N / sqrt(12 L)`` (``c_N`` the mean of
   the largest of N standard normals: 1.03 for N = 4, 1.42 for N = 8; :func:`best_of_shift`); the
   bound is reached by selection on the likelihood (the strongest rank selection).
-* Selection on a binary reward alone (keep a correct sample when one of the N is correct; an
-  answer written in, which is the correct one): if it raises the result's expected reward by
-  ``g``, its expected rank sum moves by ``g * (s1 - s0)`` with ``s1``, ``s0`` the expected
-  ``sum (u - 1/2)`` of a correct and of a wrong completion, so ``d = g (s1 - s0) / L``
-  (``L`` the mean length; the class's completions are chosen as ``p`` would, only the class
-  changes). An Actor undetected over ``n`` tokens gains at most
-  ``g <= (bias + b(n)/n) L / (s1 - s0)`` per result (:func:`reward_gain_bound`); the
-  Trainer measures ``s1 - s0`` on honest rollouts (the tiny model:
+* Selection on a binary reward alone (keep a correct sample when one of the N is correct):
+  within each class the kept completion is distributed as ``p`` would, only the class changes,
+  so on a prompt where it raises the expected reward by ``g`` the expected rank sum moves by
+  ``g (s1 - s0)``, ``s1``, ``s0`` the expected ``sum (u - 1/2)`` of a correct and of a wrong
+  completion of that prompt; over prompts ``d = E[g (s1 - s0)] / L`` (``L`` the mean length).
+  Where the gap is at least ``s1 - s0`` on every prompt, an Actor undetected over ``n`` tokens
+  gains at most ``g <= (bias + b(n)/n) L / (s1 - s0)`` per result (:func:`reward_gain_bound`).
+  The gap pooled over honest rollouts weighs each prompt by how often it is answered right;
+  best of N weighs them much alike, an answer written in (``chosen``) does not: it gains most
+  on the prompts the model rarely gets right, whose answers rank low (the tiny model: pooled
+  gap 0.28, best of N moves ``u`` as that predicts, ``chosen`` six times less;
   docs/journal/verification-sampling.md).
 
 **What it cannot see.** Only the ranks' distribution is tested. Selection on anything that does
@@ -264,8 +267,8 @@ def reward_gain_bound(tokens: int, rule: SamplingRule, *, length: float, gap: fl
     """Largest expected reward gain per result (binary reward, selection on the reward alone)
     of an Actor that passes ``tokens`` checked tokens: ``max_shift * length / gap`` (module
     docstring); ``gap`` = ``s1 - s0``, the expected rank sum of a correct completion minus a
-    wrong one's, ``length`` the mean completion length (tokens). Infinite for ``gap <= 0``
-    (such selection does not move the ranks up)."""
+    wrong one's, at least this on every prompt; ``length`` the mean completion length
+    (tokens). Infinite for ``gap <= 0`` (such selection does not move the ranks up)."""
     if gap <= 0:
         return math.inf
     return max_shift(tokens, rule) * length / gap
