@@ -66,7 +66,7 @@ with ``bias`` 0). What that allows depends on how selection moves ranks:
   The gap pooled over honest rollouts weighs each prompt by how often it is answered right;
   best of N weighs them much alike, an answer written in (``chosen``) does not: it gains most
   on the prompts the model rarely gets right, whose answers rank low (the tiny model: pooled
-  gap 0.28, best of N moves ``u`` as that predicts, ``chosen`` six times less;
+  gap 0.28, best of N moves ``u`` as that predicts, ``chosen`` four times less;
   docs/journal/verification-sampling.md).
 
 **What it cannot see.** Only the ranks' distribution is tested. Selection on anything that does
