@@ -13,14 +13,21 @@ Three parts, each a list of configs (functions below) that :func:`main` runs:
   (:mod:`aurora.runtime.cheats`) under the default rule, per mode and engine: whether and when
   the cheater was excluded (batches requested, training steps published, seconds), how many of
   its results were admitted before, and how many were trained on; whether any honest Actor was.
+* ``sampling`` (offline, one process): the ranks ``u`` of sampled tokens under the Trainer's
+  distribution (:mod:`aurora.policy.sampling`) per engine: honest (mean, z, KS distance, the
+  sequential test over the checks in order; the rank gap between correct and wrong completions
+  that bounds what selection on the reward gains), and per selecting or random cheat
+  (``random``, ``greedy``, ``chosen``, ``bestof:4``, ``bestof:8``) the checks and tokens until the
+  rank test and the log-prob rule catch it, and its reward gain per completion.
 * ``cost`` (``aurora real``): the same honest run (two honest Actors) with verification off and
   on, same length, same seed: mean step time and generated tokens per second, and their ratio;
   and ``fpr``: a long honest run with verification on (no honest Actor may ever be excluded).
 
-Rows (resolved config, seed, git SHA, metrics) go to ``results/verification/{tolerance,runs}.csv``
+Rows (resolved config, seed, git SHA, metrics) go to
+``results/verification/{tolerance,sampling,runs}.csv``
 and a figure to ``results/verification/verification.png``; re-running skips rows already there.
-CLI only under ``__main__``: ``python -m experiments.verification [--part tolerance|detect|cost|
-fpr|all] [--engines transformers,vllm] [--seeds 0]``.
+CLI only under ``__main__``: ``python -m experiments.verification [--part tolerance|sampling|
+detect|cost|fpr|all] [--engines transformers,vllm] [--seeds 0]``.
 """
 
 from __future__ import annotations
@@ -401,6 +408,200 @@ def measure_tolerance(cfg: ToleranceConfig) -> list[dict[str, Any]]:
     return rows
 
 
+# ---- the offline part: ranks of sampled tokens ---------------------------------------------
+
+RANK_CHEATS = ("random", "greedy", "chosen", "bestof:4", "bestof:8")
+"""The cheats of the ``sampling`` part: random ids (which the log-prob rule catches too) and the
+selections only the ranks can see (:data:`aurora.runtime.cheats.SELECTION`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankConfig:
+    """One offline measurement of the ranks ``u`` per engine."""
+
+    engine: str
+    """The engine that samples (the Trainer recomputes in fp32 on the CPU)."""
+    batches: int = 100
+    """Honest batches of ``prompts`` x ``group_size`` sampled."""
+    cheat_batches: int = 8
+    """Batches of each cheat (``bestof:N`` and ``chosen``: ``slow_cheat_batches``)."""
+    slow_cheat_batches: int = 48
+    """Batches of the cheats the rank test catches only after hundreds of checks."""
+    prompts: int = 32
+    """Prompts per batch."""
+    group_size: int = 8
+    """Completions per prompt."""
+    seed: int = 0
+    """Sampling and task seed."""
+    secret: int = 7
+    """Seed of the V's key (a 32-byte key is derived from it: the experiment has no Trainer)."""
+
+
+def sampling_points(engines: Sequence[str], batches: int = 100) -> list[RankConfig]:
+    # vLLM's CPU build samples ~10x slower than the transformers engine here (the N samples
+    # of bestof:N each a call): fewer batches of its slow cheats.
+    return [
+        RankConfig(engine=e, batches=batches, slow_cheat_batches=48 if e == "transformers" else 16)
+        for e in engines
+    ]
+
+
+def _ks(us: Any) -> float:
+    """Kolmogorov-Smirnov distance of ``us`` to U(0, 1)."""
+    import numpy as np
+
+    x = np.sort(np.asarray(us, dtype=float))
+    n = len(x)
+    k = np.arange(1, n + 1)
+    return float(max(np.max(k / n - x), np.max(x - (k - 1) / n))) if n else 0.0
+
+
+def measure_sampling(cfg: RankConfig) -> list[dict[str, Any]]:
+    """Rows (honest, then one per cheat) of the ``sampling`` part (module docstring)."""
+    import tempfile
+
+    import msgpack
+    import numpy as np
+
+    from aurora.policy.sampling import (
+        LOCATION_VARIANCE,
+        RankStats,
+        SamplingRule,
+        boundary,
+        detection_tokens,
+        judge_ranks,
+        reward_gain_bound,
+    )
+    from aurora.policy.verification import VerificationConfig, judge, measure, pick_completions
+    from aurora.runtime.cheats import CheatingEngine
+    from aurora.runtime.compute import Sampling
+    from aurora.runtime.rlbackend import RLTrainer, make_rl_engine
+
+    tmp = tempfile.mkdtemp(prefix="aurora-ranks-")
+    spec = _spec(cfg.engine, cfg.seed, tmp, cfg.prompts, cfg.group_size)
+    trainer = RLTrainer(spec, workdir=tmp)
+    engine = make_rl_engine(spec)
+    engine.load(trainer.published(), version=0, weights_hash=trainer.weights_hash)
+    spec = dataclasses.replace(spec, eos_id=trainer.eos_id)
+    rule = VerificationConfig()
+    test = SamplingRule()
+    sampling = Sampling(
+        n=cfg.group_size, max_new_tokens=trainer.max_new_tokens, temperature=1.0, seed=cfg.seed
+    )
+
+    def run(eng: Any, first: int, batches: int) -> list[dict[str, Any]]:
+        """Per result, in order: its completions' ranks and rewards, and the check's verdict
+        by the log-prob rule (over the completions a check picks)."""
+        out = []
+        for b in range(batches):
+            prompts = [
+                (f"b{first + b}-{i}", (first + b) * cfg.prompts + i) for i in range(cfg.prompts)
+            ]
+            gens = eng.generate(prompts, sampling)
+            triples = trainer.recompute(
+                [(i, g.payload, 0) for (_, i), g in zip(prompts, gens, strict=True)],
+                keys=[pid for pid, _ in prompts],
+                secret=hashlib.blake2b(f"ranks|{cfg.secret}".encode(), digest_size=32).digest(),
+            )
+            for (pid, index), g, t in zip(prompts, gens, triples, strict=True):
+                assert t is not None
+                rep, rec, us = t
+                ids = [c["ids"] for c in msgpack.unpackb(g.payload)["completions"]]
+                prompt = trainer.task.prompt(index)
+                rewards = [
+                    trainer.task.reward(prompt, trainer.trainer.completion_text(c)) for c in ids
+                ]
+                picks = pick_completions(rule, "ranks", pid, len(us))
+                m = measure([rep[j] for j in picks], [rec[j] for j in picks])
+                out.append(
+                    {
+                        "ranks": us,
+                        "rewards": rewards,
+                        "picks": picks,
+                        "logprob_fails": judge(m, rule) is not None,
+                    }
+                )
+        return out
+
+    def sequential(results: list[dict[str, Any]]) -> dict[str, Any]:
+        """The checks in order: when the rank test and the log-prob rule first fail."""
+        stats = RankStats()
+        caught = caught_tokens = lp_caught = verdict = None
+        worst = 0.0
+        for k, r in enumerate(results, 1):
+            stats = stats.add(u for j in r["picks"] for u in r["ranks"][j])
+            worst = max(worst, abs(stats.shift) / boundary(stats.tokens, LOCATION_VARIANCE, test))
+            if caught is None and (verdict := judge_ranks(stats, test)) is not None:
+                caught, caught_tokens = k, stats.tokens
+            if lp_caught is None and r["logprob_fails"]:
+                lp_caught = k
+        return {
+            "checks": len(results),
+            "checked_tokens": stats.tokens,
+            "rank_caught_at_check": caught if caught is not None else "",
+            "rank_caught_at_tokens": caught_tokens if caught_tokens is not None else "",
+            "rank_verdict": verdict.name if verdict is not None else "",
+            "logprob_caught_at_check": lp_caught if lp_caught is not None else "",
+            "largest_location_over_boundary": worst,
+        }
+
+    def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+        us = np.array([u for r in results for c in r["ranks"] for u in c])
+        st = RankStats().add(us.tolist())
+        return {
+            "tokens": int(len(us)),
+            "mean_u_minus_half": float(us.mean() - 0.5),
+            "mean_u_se": float(np.sqrt(LOCATION_VARIANCE / len(us))),
+            "z": st.z,
+            "z_spread": st.z_spread,
+            "ks": _ks(us),
+            "ks_sqrt_n": _ks(us) * float(np.sqrt(len(us))),
+            "reward": float(np.mean([x for r in results for x in r["rewards"]])),
+            "mean_length": float(np.mean([len(c) for r in results for c in r["ranks"]])),
+        }
+
+    rows = []
+    honest = run(engine, 1, cfg.batches)
+    base = summary(honest)
+    # The rank gap of correct and wrong completions (module docstring of aurora.policy.sampling)
+    sums = [
+        (sum(u - 0.5 for u in c), x)
+        for r in honest
+        for c, x in zip(r["ranks"], r["rewards"], strict=True)
+    ]
+    s1 = [s for s, x in sums if x > 0]
+    s0 = [s for s, x in sums if x <= 0]
+    gap = float(np.mean(s1) - np.mean(s0)) if s1 and s0 else float("nan")
+    extra = {
+        "rank_gap_s1_minus_s0": gap,
+        "s1": float(np.mean(s1)) if s1 else "",
+        "s0": float(np.mean(s0)) if s0 else "",
+        "gain_bound_at_1000": reward_gain_bound(1000, test, length=base["mean_length"], gap=gap),
+        "gain_bound_at_10000": reward_gain_bound(10000, test, length=base["mean_length"], gap=gap),
+    }
+    rows.append({"engine": cfg.engine, "mode": "honest", **base, **sequential(honest), **extra})
+    for mode in RANK_CHEATS:
+        if cfg.engine != "transformers" and mode in ("greedy", "chosen"):
+            continue  # written by the cheat's own transformers copy whatever the engine
+        cheat = CheatingEngine(engine, mode, spec)
+        cheat.load(trainer.published(), version=0, weights_hash=trainer.weights_hash)
+        slow = mode.startswith("bestof") or mode == "chosen"
+        res = run(cheat, 1000, cfg.slow_cheat_batches if slow else cfg.cheat_batches)
+        s = summary(res)
+        shift = s["mean_u_minus_half"]
+        rows.append(
+            {
+                "engine": cfg.engine,
+                "mode": mode,
+                **s,
+                **sequential(res),
+                "reward_gain": s["reward"] - base["reward"],
+                "predicted_tokens": detection_tokens(shift, test) or "",
+            }
+        )
+    return rows
+
+
 # ---- rows, figure, main -------------------------------------------------------------------
 
 
@@ -509,6 +710,26 @@ def tables(out: Path) -> str:
             f"| {r['mode']} | {r['engine']} | {r.get('versions_behind') or '-'} | {r['results']} | "
             f"{float(r['refused_share']):.0%} | {_g(r['max_delta'])} | {_g(r['max_mean_delta'])} |"
         )
+    ranks = _rows(out / "sampling.csv")
+    lines += [
+        "",
+        "| engine | mode | tokens | mean u - 1/2 (se) | z | z spread | KS x sqrt(n) | reward "
+        "(gain) | checks | caught by ranks at check (tokens) | caught by log-probs at check |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in ranks:
+        gain = f" ({float(r['reward_gain']):+.3f})" if r.get("reward_gain") else ""
+        at = (
+            f"{r['rank_caught_at_check']} ({r['rank_caught_at_tokens']}, {r['rank_verdict']})"
+            if r["rank_caught_at_check"]
+            else f"not in {r['checks']} (predicted {r.get('predicted_tokens') or '-'} tokens)"
+        )
+        lines.append(
+            f"| {r['engine']} | {r['mode']} | {r['tokens']} | {float(r['mean_u_minus_half']):+.4f} "
+            f"({float(r['mean_u_se']):.4f}) | {float(r['z']):.2f} | {float(r['z_spread']):.2f} | "
+            f"{float(r['ks_sqrt_n']):.2f} | {float(r['reward']):.3f}{gain} | {r['checks']} | {at} "
+            f"| {r['logprob_caught_at_check'] or '-'} |"
+        )
     runs = _rows(out / "runs.csv")
     lines += [
         "",
@@ -562,7 +783,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--part",
         default="all",
-        choices=["tolerance", "detect", "cost", "fpr", "all", "tables", "reanalyse"],
+        choices=["tolerance", "sampling", "detect", "cost", "fpr", "all", "tables", "reanalyse"],
         help="which measurement to run (default all); tables: print them from the rows",
     )
     p.add_argument(
@@ -571,6 +792,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     p.add_argument(
         "--tolerance-batches", type=int, default=8, help="batches sampled per engine (default 8)"
+    )
+    p.add_argument(
+        "--sampling-batches", type=int, default=100, help="honest batches per engine (default 100)"
     )
     p.add_argument("--cost-steps", type=int, default=30, help="steps of each cost run (default 30)")
     p.add_argument(
@@ -594,6 +818,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             for r in measure_tolerance(tc):
                 _append(path, {**dataclasses.asdict(tc), **r, "git_sha": sha})
+                print(json.dumps(r, default=str), flush=True)
+    if args.part in ("sampling", "all"):
+        path = out / "sampling.csv"
+        done = _done(path, "engine")
+        for rc in sampling_points(engines, args.sampling_batches):
+            if rc.engine in done:
+                continue
+            for r in measure_sampling(rc):
+                _append(path, {**dataclasses.asdict(rc), **r, "git_sha": sha})
                 print(json.dumps(r, default=str), flush=True)
     configs: list[RunConfig] = []
     if args.part in ("detect", "all"):

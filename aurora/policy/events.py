@@ -172,6 +172,13 @@ class ResultVerified:
     """Smallest recomputed log-prob of a sampled token."""
     tokens: int
     """Tokens compared."""
+    rank_tokens: int = 0
+    """Tokens whose rank ``u`` under pi_v was computed (0: none; :mod:`aurora.policy.sampling`,
+    and the two sums below)."""
+    rank_shift: float = 0.0
+    """``sum (u - 1/2)`` over them."""
+    rank_spread: float = 0.0
+    """``sum ((u - 1/2)^2 - 1/12)`` over them."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -82,6 +82,7 @@ from aurora.policy.leases import LeaseBook, LeaseConfig, Refusal
 from aurora.policy.makers import maker
 from aurora.policy.membership import TRAINER, ActorLife, advance, elect_relay, source_for
 from aurora.policy.refusals import DEFAULT_MAX_REFUSALS, StrikeBook
+from aurora.policy.sampling import RankStats
 from aurora.policy.staging import ActorVersions
 from aurora.policy.verification import Measures, TrustBook, VerificationConfig
 from aurora.policy.versions import Eligibility, plan_catch_up
@@ -915,11 +916,20 @@ def _on_verified(state: LedgerState, ev: ResultVerified, now: float, out: list[A
     lease = state.book.leases.get(ev.lease)
     if lease is not None and lease.actor != ev.actor:
         raise ValueError(f"ResultVerified: lease {ev.lease!r} is not {ev.actor!r}'s")
+    if isinstance(ev.rank_tokens, bool) or not isinstance(ev.rank_tokens, int):
+        raise ValueError(f"ResultVerified.rank_tokens must be an int, got {ev.rank_tokens!r}")
+    for name in ("rank_shift", "rank_spread"):
+        if isinstance(getattr(ev, name), bool) or not isinstance(getattr(ev, name), int | float):
+            raise ValueError(f"ResultVerified.{name} must be a number, got {getattr(ev, name)!r}")
     measures = Measures(
         max_delta=float(ev.max_delta),
         mean_delta=float(ev.mean_delta),
         min_logprob=float(ev.min_logprob),
         tokens=ev.tokens,
+        # ValueError for sums that no ranks in [0, 1] give (RankStats checks them).
+        ranks=RankStats(
+            tokens=ev.rank_tokens, shift=float(ev.rank_shift), spread=float(ev.rank_spread)
+        ),
     )
     # IllegalTransition (no change) if the Actor is excluded already.
     failure = trust.observe(ev.actor, measures, ev.version)

@@ -26,6 +26,12 @@ version and reports three numbers per result (:class:`Measures`); :func:`judge` 
   honest Actor samples such a token at one position with probability at most
   ``V * exp(implausible_logprob)`` (V the vocabulary size): 1.4e-8 for V = 151,936 at -30.
 
+**Sampled, not chosen** (:mod:`aurora.policy.sampling`, per Actor): the recompute also gives each
+checked token's rank ``u`` under pi_v's sampling distribution (U(0, 1) for a sample); the
+Actor's record sums them over all its checks (:class:`~aurora.policy.sampling.RankStats`), and
+an Actor whose sums cross the always-valid boundary fails (``SAMPLING_DISTRIBUTION``): greedy,
+chosen or best-of-N tokens pass every recompute but rank too high, random ids too low.
+
 **How often** (:meth:`TrustBook.fraction`): per Actor, from its record. A ``NEW`` Actor has every
 result checked (``new_fraction``) until ``probation`` checks passed on results of at least
 ``probation_versions`` distinct versions (an Actor frozen on old weights is honest on the version
@@ -71,6 +77,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from aurora.policy._fsm import step
+from aurora.policy.sampling import RankStats, SamplingRule, judge_ranks
 
 
 class Trust(Enum):
@@ -107,6 +114,7 @@ class CheckFailure(Enum):
     TOKEN_MISMATCH = "a reported log-prob differs from the recompute under pi_v beyond the bound"
     MEAN_MISMATCH = "the mean reported-vs-recomputed log-prob difference is beyond the bound"
     IMPLAUSIBLE_TOKEN = "a sampled token has vanishing probability under pi_v"
+    SAMPLING_DISTRIBUTION = "the ranks of its checked tokens under pi_v are not those of samples"
 
 
 class Plan(Enum):
@@ -157,6 +165,9 @@ class VerificationConfig:
     suspect_ratio: float = 0.8
     """A passing check whose largest token difference is above this x ``token_tolerance``
     marks the Actor SUSPECTED (checked at ``new_fraction`` again)."""
+    sampling: SamplingRule | None = SamplingRule()
+    """The per-Actor test of the checked tokens' ranks (:mod:`aurora.policy.sampling`); None:
+    off (only the log-probs are checked)."""
 
     def __post_init__(self) -> None:
         for name in ("token_tolerance", "mean_tolerance"):
@@ -202,6 +213,8 @@ class Measures:
     """Smallest recomputed log-prob of a sampled token (nats)."""
     tokens: int
     """Tokens compared."""
+    ranks: RankStats = RankStats()
+    """Sums of the checked tokens' ranks (none counted: no ranks were computed)."""
 
 
 LOGPROB_FLOOR = -1e9
@@ -209,14 +222,24 @@ LOGPROB_FLOOR = -1e9
 measure is a finite number in the Ledger's JSON log."""
 
 
-def measure(reported: list[list[float]], recomputed: list[list[float]]) -> Measures:
+def measure(
+    reported: list[list[float]],
+    recomputed: list[list[float]],
+    ranks: list[list[float]] | None = None,
+) -> Measures:
     """:class:`Measures` of one result: ``reported[i][t]`` and ``recomputed[i][t]`` are the
-    log-probs of token ``t`` of completion ``i``. Raises ValueError if their shapes differ (a
-    payload decode makes them agree before this is called)."""
+    log-probs of token ``t`` of completion ``i``, ``ranks[i][t]`` its rank ``u`` (when
+    computed). Raises ValueError if their shapes differ (a payload decode makes them agree
+    before this is called) or a rank is outside [0, 1]."""
     if len(reported) != len(recomputed) or any(
         len(a) != len(b) for a, b in zip(reported, recomputed, strict=True)
     ):
         raise ValueError("reported and recomputed log-probs differ in shape")
+    if ranks is not None and (
+        len(ranks) != len(reported)
+        or any(len(a) != len(b) for a, b in zip(ranks, reported, strict=True))
+    ):
+        raise ValueError("ranks and log-probs differ in shape")
     deltas: list[float] = []
     low = 0.0
     for rep, rec in zip(reported, recomputed, strict=True):
@@ -231,17 +254,27 @@ def measure(reported: list[list[float]], recomputed: list[list[float]]) -> Measu
         mean_delta=sum(deltas) / len(deltas),
         min_logprob=low,
         tokens=len(deltas),
+        ranks=RankStats().add(u for r in ranks or () for u in r),
     )
 
 
-def judge(measures: Measures, config: VerificationConfig) -> CheckFailure | None:
-    """The rule (module docstring): None when the result passes."""
+def judge(
+    measures: Measures, config: VerificationConfig, ranks: RankStats | None = None
+) -> CheckFailure | None:
+    """The rule (module docstring): None when the result passes. ``ranks``: the Actor's rank
+    sums before this check (given, the sampling test runs on them with this check's added)."""
     if measures.min_logprob < config.implausible_logprob:
         return CheckFailure.IMPLAUSIBLE_TOKEN
     if not measures.max_delta <= config.token_tolerance:  # NaN fails too
         return CheckFailure.TOKEN_MISMATCH
     if not measures.mean_delta <= config.mean_tolerance:
         return CheckFailure.MEAN_MISMATCH
+    if (
+        ranks is not None
+        and config.sampling is not None
+        and judge_ranks(ranks.merge(measures.ranks), config.sampling) is not None
+    ):
+        return CheckFailure.SAMPLING_DISTRIBUTION
     return None
 
 
@@ -316,6 +349,8 @@ class TrustRecord:
     """Distinct versions of its passed probation checks (up to ``probation_versions``)."""
     failure: CheckFailure | None = None
     """Why it was excluded."""
+    ranks: RankStats = RankStats()
+    """Sums of the ranks of all its checked tokens (never reset: the test is over the job)."""
 
 
 class TrustBook:
@@ -356,7 +391,7 @@ class TrustBook:
         changing nothing."""
         cfg = self.config
         rec = self.record(actor)
-        failure = judge(measures, cfg)
+        failure = judge(measures, cfg, rec.ranks)
         versions = rec.versions
         if rec.state is not Trust.TRUSTED and version not in versions:
             versions = (*versions, version)[-cfg.probation_versions :]
@@ -376,6 +411,7 @@ class TrustBook:
         self.records[actor] = rec
         rec.state = new
         rec.checks += 1
+        rec.ranks = rec.ranks.merge(measures.ranks)
         if trigger == "suspect":
             rec.passed = 0
             rec.versions = ()

@@ -744,6 +744,55 @@ class Trainer:
             out.append(per)
         return out
 
+    @torch.no_grad()
+    def recompute_ranks(
+        self,
+        groups: Sequence[Group],
+        noise: Sequence[Sequence[Sequence[float]]],
+        *,
+        model: Any | None = None,
+    ) -> tuple[list[list[list[float]]], list[list[list[float]]]]:
+        """As :meth:`recompute_logprobs` with ``model``, and with each sampled token's rank
+        ``u`` under the sampling distribution (:func:`aurora.rl.ranks.rank_transform`;
+        ``noise[g][i][t]`` is its V): ``(logps, ranks)``, each ``out[g][i][t]``. One forward."""
+        from aurora.rl.ranks import rank_transform
+
+        if model is None:
+            model = self.model
+        was = model.training
+        model.eval()
+        try:
+            zeros = [[0.0] * len(g.completions) for g in groups]
+            batch = self._batch(groups, zeros)
+            ids = batch["ids"]
+            ctx = (
+                torch.autocast("cuda", dtype=GPU_COMPUTE_DTYPE)
+                if self.autocast
+                else contextlib.nullcontext()
+            )
+            with ctx:
+                logits = model(input_ids=ids, attention_mask=batch["attn"]).logits[:, :-1, :]
+        finally:
+            model.train(was)
+        temp = self.config.temperature
+        logps: list[list[list[float]]] = []
+        ranks: list[list[list[float]]] = []
+        row = 0
+        for g, vs in zip(groups, noise, strict=True):
+            lp_g, u_g = [], []
+            for _, v in zip(g.completions, vs, strict=True):
+                m = batch["mask"][row].bool()
+                rows = logits[row][m].float()
+                toks = ids[row, 1:][m]
+                lp = torch.log_softmax(rows / temp, dim=-1).gather(1, toks[:, None])[:, 0]
+                lp_g.append([float(x) for x in lp])
+                u = rank_transform(rows, toks, torch.tensor(v, dtype=torch.float64), temp)
+                u_g.append([float(x) for x in u])
+                row += 1
+            logps.append(lp_g)
+            ranks.append(u_g)
+        return logps, ranks
+
     # -- publishing ----------------------------------------------------------------------------
 
     def publish(self, on_segment: Callable[[Segment], None] | None = None) -> Publication:

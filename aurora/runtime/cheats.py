@@ -26,6 +26,19 @@ one finite log-prob per token). Only the completions lie:
   result it predicts checked passed), so it also knows when it is trusted. Against that coin
   it was never caught; against the keyed one its predictions are chance.
 
+Selection: tokens that pi_v could have sampled, with their true log-probs (every recompute
+passes), but not sampled from it (what :mod:`aurora.policy.sampling` tests):
+
+* ``greedy``: every completion is the greedy decode (the likeliest token at each position);
+* ``chosen``: every completion is the answer it picked (the task's correct answer, then
+  ``<eos>``), whether or not pi_v would ever sample it;
+* ``bestof:N``: each completion is the best of N honest samples for its slot by the task's
+  reward (the first sampled of the best: ties keep the honest sample).
+
+``greedy`` and ``chosen`` teacher-force their tokens through a transformers copy of the
+current weights (fp32 arithmetic on the bf16 weights, as the Trainer's recompute) for the true
+log-probs at the job's temperature; ``bestof:N`` samples N times with its own engine.
+
 ``random`` keeps each completion's end where the honest one had it (``<eos>`` last, or none at
 the length limit), so the payload passes the Ledger's check and only a recompute can tell.
 
@@ -70,7 +83,12 @@ MODES = (
     "after-eos",
     "throughput-lie",
     "coin-aware",
+    "greedy",
+    "chosen",
+    "bestof",
 )
+SELECTION = ("greedy", "chosen", "bestof")
+"""The modes that return possible tokens with their true log-probs, selected (module docstring)."""
 
 LIED_THROUGHPUT = (2**40, 1e-9)
 """What ``throughput-lie`` reports: tokens, seconds (the largest count and the shortest time a
@@ -88,6 +106,11 @@ def parse(mode: str) -> tuple[str, float]:
         if not value <= 0:
             raise ValueError(f"cheat: forge-lp:X needs a log-prob X <= 0, got {arg!r}")
         return kind, value
+    if kind == "bestof":
+        n = int(arg) if arg.isdigit() else 0
+        if n < 2:
+            raise ValueError(f"cheat: bestof:N needs an integer N >= 2, got {arg!r}")
+        return kind, float(n)
     if kind != "partial":
         if arg:
             raise ValueError(f"cheat: {kind} takes no argument")
@@ -222,6 +245,14 @@ class CheatingEngine:
             self.shadow = make_rl_engine(spec, engine="transformers")
         elif self.kind == "othermodel":
             self.shadow = _other_model(spec)
+        self.scorer: Any = None
+        """``greedy``, ``chosen`` and ``bestof:N``: a transformers engine following the weights
+        (teacher-forced log-probs, the tokenizer)."""
+        if self.kind in SELECTION:
+            from aurora.runtime.rlbackend import _task, make_rl_engine
+
+            self.scorer = make_rl_engine(spec, engine="transformers")
+            self.task = _task(spec)
 
     @property
     def version(self) -> int | None:
@@ -240,9 +271,13 @@ class CheatingEngine:
         if self.kind == "stale" and not self._shadow_loaded:
             self.shadow.load(state, version=version, weights_hash=weights_hash)
             self._shadow_loaded = True  # and never updated again
+        if self.scorer is not None:
+            self.scorer.load(state, version=version, weights_hash=weights_hash)
 
     def apply(self, delta: Delta) -> None:
         self.inner.apply(delta)
+        if self.scorer is not None:
+            self.scorer.apply(delta)
 
     def digest(self) -> str:
         return self.inner.digest()
@@ -251,6 +286,12 @@ class CheatingEngine:
         if self.shadow is not None:
             self.cheated += len(prompts)
             return list(self.shadow.generate(prompts, sampling))
+        if self.kind in ("greedy", "chosen"):
+            self.cheated += len(prompts)
+            return [self._written(pid, index, sampling) for pid, index in prompts]
+        if self.kind == "bestof":
+            self.cheated += len(prompts)
+            return self._best_of(prompts, sampling)
         out = list(self.inner.generate(prompts, sampling))
         if self.kind == "throughput-lie":
             return out
@@ -304,6 +345,64 @@ class CheatingEngine:
         """What the Actor reports as its throughput (``throughput-lie``: the largest lie a
         message carries; else the truth)."""
         return LIED_THROUGHPUT if self.kind == "throughput-lie" else (tokens, seconds)
+
+    def _eos(self) -> int:
+        return int(self.eos if self.eos is not None else self.scorer.engine.tokenizer.eos_token_id)
+
+    def _true_logprobs(self, prompt: str, ids: list[int], temperature: float) -> list[float]:
+        """Log-probs of ``ids`` after ``prompt`` under the current weights at ``temperature``
+        (teacher-forced, fp32 arithmetic on the bf16 weights: the Trainer's recompute)."""
+        import torch
+
+        eng = self.scorer.engine
+        head = eng.encode([prompt])[0]
+        x = torch.tensor([head + ids], device=eng.device)
+        with torch.no_grad():
+            logits = eng._compute(input_ids=x).logits[0, len(head) - 1 : -1].float()
+        lp = torch.log_softmax(logits / temperature, dim=-1)
+        return [float(v) for v in lp.gather(1, torch.tensor(ids, device=eng.device)[:, None])[:, 0]]
+
+    def _written(self, pid: str, index: int, sampling: Sampling) -> Generated:
+        """``greedy`` or ``chosen``: ``sampling.n`` copies of one completion it wrote."""
+        from aurora.engines.base import Sampling as EngineSampling
+        from aurora.rl.tasks import solve
+
+        prompt = self.task.prompt(index)
+        if self.kind == "greedy":
+            (group,) = self.scorer.engine.generate(
+                [prompt], 1, EngineSampling(max_new_tokens=sampling.max_new_tokens, temperature=0)
+            )
+            ids = list(group[0].token_ids)
+        else:
+            tok = self.scorer.engine.tokenizer
+            text = tok(solve(prompt), add_special_tokens=False).input_ids
+            ids = [int(t) for t in text][: sampling.max_new_tokens - 1] + [self._eos()]
+        comp = {"ids": ids, "lp": self._true_logprobs(prompt, ids, sampling.temperature)}
+        payload = msgpack.packb({"prompt": pid, "index": index, "completions": [comp] * sampling.n})
+        return Generated(prompt=pid, payload=payload, tokens=len(ids) * sampling.n)
+
+    def _best_of(self, prompts: Sequence[tuple[str, int]], sampling: Sampling) -> list[Generated]:
+        """``bestof:N``: N honest calls (the first the honest one; the others under other
+        prompt ids, so other sampling seeds); per prompt and slot the first best by reward."""
+        calls = [list(self.inner.generate(prompts, sampling))]
+        for k in range(1, int(self.share)):
+            calls.append(
+                list(self.inner.generate([(f"{pid}~{k}", i) for pid, i in prompts], sampling))
+            )
+        eng = self.scorer.engine
+        out = []
+        for j, (pid, index) in enumerate(prompts):
+            prompt = self.task.prompt(index)
+            bodies = [msgpack.unpackb(c[j].payload) for c in calls]
+            comps = []
+            for slot in range(len(bodies[0]["completions"])):
+                cands = [b["completions"][slot] for b in bodies]
+                scores = [self.task.reward(prompt, eng.decode(c["ids"])) for c in cands]
+                comps.append(cands[scores.index(max(scores))])
+            tokens = sum(len(c["ids"]) for c in comps)
+            payload = msgpack.packb({"prompt": pid, "index": index, "completions": comps})
+            out.append(Generated(prompt=pid, payload=payload, tokens=tokens))
+        return out
 
     def _rewrite(self, gen: Generated, how: Any) -> Generated:
         body = msgpack.unpackb(gen.payload)

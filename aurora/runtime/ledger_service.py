@@ -849,6 +849,9 @@ class LedgerService:
                             mean_delta=float(msg["mean_delta"]),
                             min_logprob=float(msg["min_logprob"]),
                             tokens=int(msg["tokens"]),
+                            rank_tokens=int(msg.get("rank_tokens") or 0),
+                            rank_shift=float(msg.get("rank_shift") or 0.0),
+                            rank_spread=float(msg.get("rank_spread") or 0.0),
                         )
                     )
                 elif op == "refused":

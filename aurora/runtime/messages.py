@@ -425,6 +425,12 @@ class Verified(Message):
     mean_delta: float = bound(Float(0.0, 1e12))
     min_logprob: float = bound(Float(-1e12, 1.0))
     tokens: int = bound(Int(1, MAX_TOKENS))
+    rank_tokens: int | None = bound(Int(0, MAX_TOKENS), optional=True)
+    """Tokens whose rank under pi_v was computed (:mod:`aurora.policy.sampling`)."""
+    rank_shift: float | None = bound(Float(-MAX_TOKENS, MAX_TOKENS), optional=True)
+    """Their ``sum (u - 1/2)``."""
+    rank_spread: float | None = bound(Float(-MAX_TOKENS, MAX_TOKENS), optional=True)
+    """Their ``sum ((u - 1/2)^2 - 1/12)``."""
 
 
 @_message("refused")

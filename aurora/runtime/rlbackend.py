@@ -307,17 +307,23 @@ class RLTrainer:
         self,
         results: Sequence[tuple[int, bytes, int]],
         picks: Sequence[Sequence[int]] | None = None,
-    ) -> list[tuple[list[list[float]], list[list[float]]] | None]:
+        *,
+        keys: Sequence[str] | None = None,
+        secret: bytes = bytes(32),
+    ) -> list[tuple[list[list[float]], ...] | None]:
         """For each ``(task index, payload, version)``: the (reported, recomputed) per-token
         log-probs of its completions (only those ``picks[i]`` names, when given), recomputed
         under the published bf16 weights of ``version`` (fp32 arithmetic, the sampling
         temperature); None where that version's weights are not kept (older than the lag
-        bound, or before a restart)."""
+        bound, or before a restart). With ``keys`` (one per result), a third list: each
+        token's rank ``u`` (:mod:`aurora.policy.sampling`), its V drawn from ``(secret,
+        keys[i], completion, position)`` (``secret``: the Trainer's 32-byte verification key)."""
         from aurora.models import load_state
+        from aurora.policy.sampling import noise as rank_noise
         from aurora.rl.trainer import Group
 
         self.kept.setdefault(self.version, self.trainer.published)
-        out: list[tuple[list[list[float]], list[list[float]]] | None] = [None] * len(results)
+        out: list[tuple[list[list[float]], ...] | None] = [None] * len(results)
         by_version: dict[int, list[int]] = {}
         for i, (_, _, version) in enumerate(results):
             by_version.setdefault(version, []).append(i)
@@ -330,18 +336,30 @@ class RLTrainer:
             if self._verifier_version != version:
                 load_state(self._verifier, state)
                 self._verifier_version = version
-            groups, reported = [], []
+            groups, reported, noise = [], [], []
             for i in rows:
                 index, payload, _ = results[i]
                 body = msgpack.unpackb(payload)
                 comps = [_Sample(c["ids"], c["lp"]) for c in body["completions"]]
-                if picks is not None:
-                    comps = [comps[j] for j in picks[i]]
+                which = list(picks[i]) if picks is not None else list(range(len(comps)))
+                comps = [comps[j] for j in which]
                 groups.append(Group(prompt=self.task.prompt(index), completions=comps, version=0))
                 reported.append([[float(x) for x in c.logprobs] for c in comps])
-            lps = self.trainer.recompute_logprobs(groups, model=self._verifier)
-            for i, rep, rec in zip(rows, reported, lps, strict=True):
-                out[i] = (rep, rec)
+                if keys is not None:
+                    noise.append(
+                        [
+                            rank_noise(secret, keys[i], j, len(c.token_ids))
+                            for j, c in zip(which, comps, strict=True)
+                        ]
+                    )
+            if keys is None:
+                lps = self.trainer.recompute_logprobs(groups, model=self._verifier)
+                for i, rep, rec in zip(rows, reported, lps, strict=True):
+                    out[i] = (rep, rec)
+                continue
+            lps, ranks = self.trainer.recompute_ranks(groups, noise, model=self._verifier)
+            for i, rep, rec, us in zip(rows, reported, lps, ranks, strict=True):
+                out[i] = (rep, rec, us)
         return out
 
     def verification_bytes(self) -> int:

@@ -50,6 +50,7 @@ from aurora.keys import (
 )
 from aurora.observe.exporter import serve as observe_serve
 from aurora.observe.node import NodeCollector
+from aurora.policy.sampling import RankStats
 from aurora.policy.verification import (
     Plan,
     judge,
@@ -203,6 +204,8 @@ class TrainerProcess:
         self._verify_key = verification_key(run.signing_key)
         """The key of the coin that picks which results and completions are recomputed: from
         the signing key, so no other role can compute it (never sent, logged or printed)."""
+        self._ranks: dict[str, RankStats] = {}
+        """Each checked Actor's rank sums (:mod:`aurora.policy.sampling`) since this start."""
         self.probe = MemoryProbe("trainer")
         """Opt-in tracemalloc snapshots (``AURORA_TRACEMALLOC``; off by default)."""
         self.revocations = RevocationFile(
@@ -636,10 +639,14 @@ class TrainerProcess:
             )
             for actor, lease, _, entry, _ in todo
         ]
+        # Each checked token's rank under pi_v too (aurora.policy.sampling), its V keyed by
+        # the result: the same after a restart.
         recomputed = await asyncio.to_thread(
             self.compute.recompute,  # type: ignore[attr-defined]
             [k[3] for k in todo],
             picks,
+            keys=[f"{actor}|{lease}" for actor, lease, _, _, _ in todo],
+            secret=self._verify_key,
         )
         failed: set[str] = set()
         checked = unverifiable = 0
@@ -651,17 +658,23 @@ class TrainerProcess:
                 continue
             m = measure(*pair)
             checked += 1
-            if judge(m, cfg) is not None:
+            # The Actor's rank sums over its checks (the Ledger keeps the durable ones; these
+            # start over after a restart, and the Ledger's exclusion drops its next results).
+            before = self._ranks.get(actor, RankStats())
+            self._ranks[actor] = before.merge(m.ranks)
+            if judge(m, cfg, before) is not None:
                 failed.add(actor)
                 log.warning(
                     "trainer: %s's result for %s fails verification on v%d (max %.3g, mean "
-                    "%.3g, min log-prob %.3g nats)",
+                    "%.3g, min log-prob %.3g nats; rank z %.2f over %d tokens)",
                     actor,
                     lease,
                     entry[2],
                     m.max_delta,
                     m.mean_delta,
                     m.min_logprob,
+                    self._ranks[actor].z,
+                    self._ranks[actor].tokens,
                 )
             await self.channel.send(
                 {
@@ -673,6 +686,9 @@ class TrainerProcess:
                     "mean_delta": m.mean_delta,
                     "min_logprob": m.min_logprob,
                     "tokens": m.tokens,
+                    "rank_tokens": m.ranks.tokens,
+                    "rank_shift": m.ranks.shift,
+                    "rank_spread": m.ranks.spread,
                 }
             )
         self._batch_verify = {
