@@ -4,21 +4,9 @@ Theory of operation
 -------------------
 A schedule comes from ``SimConfig.faults`` (``--fault``): ``@t=S`` faults strike at that
 simulated time, ``@step=N`` faults right after batch ``N`` is handed out (the Ledger driver calls
-:meth:`Faults.strike`). Spot Actors also get a hazard (:mod:`sim.actors`). What each kind does:
-
-* ``preempt`` / ``leave``: the Actor is lost (its leases expire) or leaves (its leases are
-  released at once); ``preempt_notice``: the Ledger is told, and the machine goes after
-  ``notice_s``;
-* ``join``: a fresh machine that must catch up from a snapshot;
-* ``region_loss``: every Actor and relay of the region; ``relay_fail``: one relay (a standalone
-  one, or a seed Actor);
-* ``trainer_crash``: the Trainer restarts after ``trainer_restart_s`` and redoes its step;
-* ``link_cut``: the WAN path between two regions carries nothing for ``duration_s``: flows on it
-  stall and resume when it is restored (TCP retransmits; nothing verified is lost), and when one
-  end is the Trainer's region, messages between the Ledger and that region's Actors (results,
-  throughput, staging reports; leases, commits, catch-up plans) wait until then, in order, and
-  are judged when they arrive (a result may then be late).
-"""
+:meth:`Faults.strike`). Spot Actors also get a hazard (:mod:`sim.actors`). A fault removes,
+adds or restarts a machine, or cuts a WAN path for a while; what each kind does is listed on
+:class:`Faults`. Nothing verified is lost to a fault: cut flows resume, lost leases expire."""
 
 from __future__ import annotations
 
@@ -34,7 +22,23 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 
 class Faults:
-    """Carries out faults."""
+    """Carries out faults.
+
+    What each kind does:
+
+    * ``preempt`` / ``leave``: the Actor is lost (its leases expire) or leaves (its leases are
+      released at once); ``preempt_notice``: the Ledger is told, and the machine goes after
+      ``notice_s``;
+    * ``join``: a fresh machine that must catch up from a snapshot;
+    * ``region_loss``: every Actor and relay of the region; ``relay_fail``: one relay (a standalone
+      one, or a seed Actor);
+    * ``trainer_crash``: the Trainer restarts after ``trainer_restart_s`` and redoes its step;
+    * ``link_cut``: the WAN path between two regions carries nothing for ``duration_s``: flows on it
+      stall and resume when it is restored (TCP retransmits; nothing verified is lost), and when one
+      end is the Trainer's region, messages between the Ledger and that region's Actors (results,
+      throughput, staging reports; leases, commits, catch-up plans) wait until then, in order, and
+      are judged when they arrive (a result may then be late).
+    """
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim

@@ -3,33 +3,16 @@
 Theory of operation
 -------------------
 A cohort of 10^4 Actors (:mod:`sim.cohorts`) starts 10^4 generations at one instant, each
-ending at its own time (every member draws its own throughput noise). As 10^4 SimPy timeouts
-they sit in SimPy's event heap, which then holds ~10^5 entries at 10^5 Actors: each push and
-pop walks ~17 levels of tuples scattered in memory (~3 us a member per step at 10^5 Actors).
+ending at its own time; as 10^4 SimPy timeouts they would swell SimPy's event heap. A
+:class:`FinishQueue` keeps the pending finishes in sorted lists and puts only the earliest one
+into SimPy's queue, with the time and the event id the member's own timeout would have had, then
+reports each following finish in the same callback while it is what SimPy would process next.
 
-A :class:`FinishQueue` keeps the cohorts' pending finishes in lists sorted latest first (one
-per cohort, merged by a heap of their first finishes), and puts only the earliest one into
-SimPy's queue, as an event with the time **and the event id**
-the member's own timeout would have had: the id is taken from SimPy's counter when the finish
-is added (``Environment.schedule`` takes it the same way, at the same moment), so SimPy orders
-it among every other event exactly as it would the timeout (by time, priority, id). When it
-fires, the finishes after it are reported in the same callback for as long as each is what
-SimPy would process next anyway (it precedes the head of SimPy's queue by (time, priority,
-id)); the clock is set to its time as ``Environment.step`` sets it. The first that does not
-precede is put into SimPy's queue and waits its turn (an event whose finish a drain reported
-first, found at the head of SimPy's queue, is taken out, as ``step`` would pop it to no
-effect: otherwise it would stop every next drain, and nine in ten finishes would wait in the
-queue after all). So the order in which finishes and all
-other events are processed, and the clock at each, are those of one timeout per finish
-(``tests/test_sim_finishes.py`` holds the two to each other, ties included), and SimPy's
-event count (``Result.events``) is unchanged. A report that raises (``StopSimulation`` too) puts
-the next finish into SimPy's queue before the exception leaves, so a run that goes on after it
-still reports every finish, as it would the timeouts (found by a review's differential tester).
-
-This reads and writes two attributes SimPy does not document (``Environment._queue``, the
-heap of ``(time, priority, id, event)``, and ``Environment._eid``, its id counter), as its own
-``schedule`` and ``step`` do; the test above fails if a SimPy release changes them.
-"""
+Invariant: the order in which finishes and all other events are processed, and the clock at
+each, are those of one timeout per finish, and SimPy's event count (``Result.events``) is
+unchanged (``tests/test_sim_finishes.py`` holds the two to each other, ties included). This reads
+and writes ``Environment._queue`` and ``Environment._eid``, as SimPy's own ``schedule`` and
+``step`` do; that test fails if a SimPy release changes them."""
 
 from __future__ import annotations
 
@@ -54,7 +37,27 @@ def _desc(finish: Finish) -> tuple[float, int]:
 class FinishQueue:
     """Pending finishes in SimPy's order (module docstring), kept in lanes: one per cohort,
     each sorted latest first, merged by a small heap of the lanes' first finishes (so a
-    cohort's 10^4 finishes are added without re-sorting those of the others)."""
+    cohort's 10^4 finishes are added without re-sorting those of the others).
+
+    How: the cohorts' pending finishes are kept in lists sorted latest first (one per cohort,
+    merged by a heap of their first finishes), and only the earliest one is put into SimPy's
+    queue, as an event with the time **and the event id** the member's own timeout would have
+    had: the id is taken from SimPy's counter when the finish is added (``Environment.schedule``
+    takes it the same way, at the same moment), so SimPy orders it among every other event
+    exactly as it would the timeout (by time, priority, id). When it fires, the finishes after
+    it are reported in the same callback for as long as each is what SimPy would process next
+    anyway (it precedes the head of SimPy's queue by (time, priority, id)); the clock is set to
+    its time as ``Environment.step`` sets it. The first that does not precede is put into
+    SimPy's queue and waits its turn (an event whose finish a drain reported first, found at the
+    head of SimPy's queue, is taken out, as ``step`` would pop it to no effect: otherwise it
+    would stop every next drain, and nine in ten finishes would wait in the queue after all). A
+    report that raises (``StopSimulation`` too) puts the next finish into SimPy's queue before
+    the exception leaves, so a run that goes on after it still reports every finish, as it would
+    the timeouts.
+
+    ``Environment._queue`` is SimPy's heap of ``(time, priority, id, event)``, and
+    ``Environment._eid`` its id counter; neither is documented.
+    """
 
     def __init__(self, env: simpy.Environment, report: Callable[[Any], None]) -> None:
         self.env = env

@@ -4,22 +4,13 @@ configuration alone: never from a run of that configuration.
 Theory of operation
 -------------------
 ``benchmarks/host_profile.py`` measures once what this host's runtime costs (per model and
-delta density: the ``shapes`` Trainer's step, its extraction, the store write, the content
-digest and the checkpoint; an Actor's decode + apply) and what the emulated WAN delivers on a
-lossless link of each rate and RTT. :func:`profile_traces` turns that and a configuration (the
-model and density, the stand-in's generation rate, batch and group size) into the simulator's
-trace, and :func:`profile_config` into a :class:`sim.config.SimConfig` with the runtime's own
-pipeline (``sequential`` publication, ``control_latency``, ``loss_recovery``, the Store on the
-host). Each number says where it came from. A profile value at a density between two measured
-ones is interpolated linearly in the density; outside the measured range it is refused.
-
-What is taken from the configuration alone: the links' rates, RTTs and loss (each link's payload
-rate is its htb rate times the share the profile measured on a lossless link at the nearest
-rate and RTT, times 1 - loss since the emulator drops after the bottleneck), the congestion
-control, streams, relays, cut-through, the Actors and regions, the generation rate and tokens.
-``sim.runtrace`` (inputs recorded from one run) stays for the older sets; this is the path for
-predictions made before any run of the configuration.
-"""
+delta density) and what the emulated WAN delivers on a lossless link of each rate and RTT.
+:func:`profile_traces` turns that and a configuration into the simulator's trace, and
+:func:`profile_config` into a :class:`sim.config.SimConfig` with the runtime's own pipeline.
+Each number says where it came from. A profile value at a density between two measured ones is
+interpolated linearly in the density; outside the measured range it is refused. This is the
+path for predictions made before any run of the configuration (``sim.runtrace`` replays the
+inputs recorded from one run)."""
 
 from __future__ import annotations
 
@@ -109,7 +100,13 @@ def profile_traces(
     max_new_tokens: int = 5,
 ) -> Traces:
     """The simulator's trace for a ``shapes`` run of ``model`` at ``density`` on the profiled
-    host (see the module docstring)."""
+    host (see the module docstring).
+
+    The profile holds, per model and delta density: the ``shapes`` Trainer's step, its
+    extraction, the store write, the content digest and the checkpoint; an Actor's decode +
+    apply. The configuration gives the model and density, the stand-in's generation rate, batch
+    and group size.
+    """
     where = profile.get("_path", "host profile")
     comp = profile["compute"].get(model)
     if comp is None:
@@ -334,7 +331,15 @@ def profile_config(
     record_trace: bool = True,
 ) -> SimConfig:
     """The simulator configuration predicting a ``shapes`` run of ``topology`` (its ``real:``
-    section: model, batch, group size, snapshot interval, lease) on the profiled host."""
+    section: model, batch, group size, snapshot interval, lease) on the profiled host.
+
+    The runtime's own pipeline: ``sequential`` publication, ``control_latency``,
+    ``loss_recovery``, the Store on the host. What is taken from the configuration alone: the
+    links' rates, RTTs and loss (each link's payload rate is its htb rate times the share the
+    profile measured on a lossless link at the nearest rate and RTT, times 1 - loss since the
+    emulator drops after the bottleneck), the congestion control, streams, relays, cut-through,
+    the Actors and regions, the generation rate and tokens.
+    """
     real = topology.real
     windows = [link_window(profile, lk.gbps * 1e3, lk.rtt_ms) for lk in topology.links]
     traces = profile_traces(

@@ -4,21 +4,15 @@ Theory of operation
 -------------------
 Simulated time is SimPy's ``env.now`` in seconds. Every scheduling decision comes from
 :func:`aurora.policy.ledger.decide` and every Actor-side choice from :mod:`aurora.policy.actor`:
-the simulator only *reports* what happened and *carries out* what the policy returns. The roles:
-
-* :mod:`sim.ledger_driver` feeds events to the policy core (``decide``, the pacer that hands
-  out batches and counts their results) and routes its actions;
-* :mod:`sim.trainer` is the Trainer's process: train, extract, publish;
-* :mod:`sim.actors` holds one process per Actor machine life: generate, activate, catch up;
-* :mod:`sim.transfers` owns the links and moves versions (cut-through relays, fallbacks) as
-  flows of :mod:`sim.network`;
-* :mod:`sim.faults` carries out scheduled faults; :mod:`sim.recorder` keeps the trace, the
-  timeline and the step rows.
+the simulator only *reports* what happened and *carries out* what the policy returns. Roles:
+:mod:`sim.ledger_driver` (feeds the policy core, routes its actions), :mod:`sim.trainer` (train,
+extract, publish), :mod:`sim.actors` (one process per Actor machine life), :mod:`sim.transfers`
+(links and versions as flows of :mod:`sim.network`), :mod:`sim.faults` and :mod:`sim.recorder`
+(trace, timeline, step rows).
 
 :class:`Simulation` builds them around one ``simpy.Environment`` and runs until the last step is
 published. Randomness (throughput noise, link fluctuation, hazards) comes from per-entity numpy
-generators seeded from ``(seed, entity)``, so a run is a deterministic function of its config.
-"""
+generators seeded from ``(seed, entity)``, so a run is a deterministic function of its config."""
 
 from __future__ import annotations
 

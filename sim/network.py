@@ -3,41 +3,15 @@
 Theory of operation
 -------------------
 A transfer is a *flow* of ``size`` bytes over a *path* of shared resources (the Trainer's
-interface, a WAN path between two regions, a relay's interface). It is not simulated packet by
-packet: at any instant each flow has a rate, and rates change only when a flow starts or ends or a
-link changes rate. Rates are max-min fair (progressive filling): every flow gets the same share of
-a saturated resource unless it is limited elsewhere, either by another resource or by its own
-*cap*. The cap is what one TCP connection bundle can reach on its path, S times one stream's
-rate under the path's congestion control (:mod:`sim.tcp`: window-limited by the socket buffer,
-and loss-limited by reno's Mathis relation or CUBIC's response function; BBR is not), and the
-receiver's interface rate. So S parallel
-streams beat one stream on a lossy long-RTT path until the link itself saturates, as in the paper
-(§5.2: 4.71 s -> 2.90 s for 202 MB).
-
-A flow may have an *upstream* flow: a relay forwards segments as they arrive (cut-through), so the
-forward can never run ahead of what the relay has received. While the upstream flow is running,
-the forward's rate is capped by the upstream's rate; it starts one segment after the upstream
-(the first segment must arrive whole, since each is verified before it is forwarded). The
-Trainer's extraction is modelled the same way: a flow from the Trainer is capped at the rate at
-which extraction produces bytes until extraction ends.
-
-Identical flows (same path, cap, size, upstream, start) form one *cohort* with a multiplicity ``m``
-(a relay forwarding to 1000 identical Actors): it takes ``m`` shares of each *shared* resource
-(a sender's interface, a WAN path) and finishes for all its members at once, which keeps 10^4
-Actors cheap. A *per-member* resource (a receiver's interface) is one member's: a flow loads it
-with its per-member rate whatever its multiplicity. A member whose situation diverges (it gets a
-second flow at the same time) is split off into a flow of its own (:meth:`Network.split`), so
-per-member resources stay exact.
-
-TCP connections belong to a sender-receiver pair, not to a version: flows started with the same
-*bundle* key (the pair) are sent one after the other, in start order, as bytes queued on one
-connection bundle are. A queued flow moves nothing until the flows ahead of it end.
-
-Each flow also has a fixed *latency* (half an RTT of propagation on a push, a full RTT more on a
-pull) added between the last byte leaving and the receiver holding it.
-
-Bytes carried are accounted per resource (``Resource.carried``), which gives per-link byte counts.
-"""
+interface, a WAN path between two regions, a relay's interface). At any instant each flow has a
+rate, and rates change only when a flow starts or ends or a link changes rate. Rates are max-min
+fair (progressive filling): every flow gets the same share of a saturated resource unless it is
+limited elsewhere, by another resource or by its own *cap* (S TCP streams' rate, :mod:`sim.tcp`,
+and the receiver's interface). A flow may be capped by an *upstream* flow (cut-through relays,
+the Trainer's extraction); identical flows form one *cohort* of multiplicity ``m``; flows of one
+*bundle* (sender-receiver pair) run one after the other; each has a fixed *latency* added at the
+end. Bytes carried are accounted per resource (``Resource.carried``). Invariant: a per-member
+resource (a receiver's interface) is loaded by one member only, whatever the multiplicity."""
 
 from __future__ import annotations
 
@@ -165,7 +139,37 @@ class Producer:
 
 
 class Network:
-    """All flows of one simulation, advanced by a SimPy environment."""
+    """All flows of one simulation, advanced by a SimPy environment.
+
+    Flows are not simulated packet by packet. A flow's *cap* is what one TCP connection bundle
+    can reach on its path, S times one stream's rate under the path's congestion control
+    (:mod:`sim.tcp`: window-limited by the socket buffer, and loss-limited by reno's Mathis
+    relation or CUBIC's response function; BBR is not), and the receiver's interface rate. So S
+    parallel streams beat one stream on a lossy long-RTT path until the link itself saturates,
+    as in the paper (§5.2: 4.71 s -> 2.90 s for 202 MB).
+
+    A flow may have an *upstream* flow: a relay forwards segments as they arrive (cut-through),
+    so the forward can never run ahead of what the relay has received. While the upstream flow
+    is running, the forward's rate is capped by the upstream's rate; it starts one segment after
+    the upstream (the first segment must arrive whole, since each is verified before it is
+    forwarded). The Trainer's extraction is modelled the same way: a flow from the Trainer is
+    capped at the rate at which extraction produces bytes until extraction ends.
+
+    Identical flows (same path, cap, size, upstream, start) form one *cohort* with a
+    multiplicity ``m`` (a relay forwarding to 1000 identical Actors): it takes ``m`` shares of
+    each *shared* resource (a sender's interface, a WAN path) and finishes for all its members
+    at once, which keeps 10^4 Actors cheap. A *per-member* resource (a receiver's interface) is
+    one member's: a flow loads it with its per-member rate whatever its multiplicity. A member
+    whose situation diverges (it gets a second flow at the same time) is split off into a flow
+    of its own (:meth:`Network.split`), so per-member resources stay exact.
+
+    TCP connections belong to a sender-receiver pair, not to a version: flows started with the
+    same *bundle* key (the pair) are sent one after the other, in start order, as bytes queued
+    on one connection bundle are. A queued flow moves nothing until the flows ahead of it end.
+
+    Each flow also has a fixed *latency* (half an RTT of propagation on a push, a full RTT more
+    on a pull) added between the last byte leaving and the receiver holding it.
+    """
 
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env

@@ -3,35 +3,15 @@
 Theory of operation
 -------------------
 After an optimizer step the new bf16 weights are on the training GPUs. Each strategy gets them
-out differently, and only part of that work holds up the next optimizer step:
+out differently, and only part of that work holds up the next optimizer step (the *blocking*
+part); the rest runs beside the next step (the *background* part): see :class:`Publication`.
+The host copy is what cannot overlap: the next optimizer step overwrites the weights being
+copied. The host keeps two buffers (v-1 and v), so the copy of v+1 also waits until the
+background work on v is done with them.
 
-============== ========================================= =========================================
-strategy       the Trainer waits for (blocking)           then, beside the next step (background)
-============== ========================================= =========================================
-delta          each GPU copies its shard of the bf16      extraction of ``D_v`` on the CPU from the
-(AuroraRL)     weights to host memory:                    host copies of v-1 and v (``extract_s``);
-               ``dense_bytes / (d2h rate x GPUs)``        segments leave as they are produced
-                                                          (cut-through), or when it ends
-dense          the same copy to host memory               writing the dense checkpoint to the store
-(PrimeRL)                                                 (``dense_bytes / serialize rate``); the
-                                                          broadcast starts when it is written
-RDMA           the broadcast itself, GPU to GPU over      nothing
-(Ideal)        the fabric: ``dense_bytes / RDMA rate``
-============== ========================================= =========================================
-
-The paper says extraction is "largely overlapped with rollout" (§6.2); the host copy is what
-cannot overlap: the next optimizer step overwrites the weights being copied. The host keeps two
-buffers (v-1 and v), so the copy of v+1 also waits until the background work on v is done
-with them (it binds only when a training step is shorter than the extraction).
-
-That is the ``overlapped`` pipeline (``SimConfig.publish_pipeline``), the paper's design. The
-runtime's Trainer (``aurora/runtime/trainer.py``, one process on CPU or one GPU) is
-``sequential``: after the optimizer step it extracts the version (a delta, or for PrimeRL a dense
-copy in the delta format) while its segments leave as they are cut, then writes it to the store,
-checkpoints itself and announces it to the Ledger (``publish_s``), and only then fetches its next
-batch. Nothing runs beside the next step; a recorded run's trace (:mod:`sim.runtrace`) is
-replayed with it.
-"""
+Two pipelines (``SimConfig.publish_pipeline``): ``overlapped``, the paper's design, and
+``sequential``, the runtime's Trainer (``aurora/runtime/trainer.py``), where nothing runs beside
+the next step; a recorded run's trace (:mod:`sim.runtrace`) is replayed with it."""
 
 from __future__ import annotations
 
@@ -47,7 +27,28 @@ GBPS = 1e9 / 8
 
 @dataclass(frozen=True, kw_only=True)
 class Publication:
-    """The Trainer-side cost of publishing one version."""
+    """The Trainer-side cost of publishing one version.
+
+    Per strategy:
+
+    * delta (AuroraRL): the Trainer waits while each GPU copies its shard of the bf16 weights
+      to host memory (``dense_bytes / (d2h rate x GPUs)``); then, beside the next step, ``D_v``
+      is extracted on the CPU from the host copies of v-1 and v (``extract_s``), its segments
+      leaving as they are produced (cut-through), or when it ends;
+    * dense (PrimeRL): the same copy to host memory; then, in the background, the dense
+      checkpoint is written to the store (``dense_bytes / serialize rate``), and the broadcast
+      starts when it is written;
+    * RDMA (Ideal): the Trainer waits for the broadcast itself, GPU to GPU over the fabric
+      (``dense_bytes / RDMA rate``); nothing runs in the background.
+
+    The paper says extraction is "largely overlapped with rollout" (§6.2). The wait for the host
+    buffers binds only when a training step is shorter than the extraction. With the
+    ``sequential`` pipeline (the runtime's Trainer, one process on CPU or one GPU), after the
+    optimizer step the Trainer extracts the version (a delta, or for PrimeRL a dense copy in the
+    delta format) while its segments leave as they are cut, then writes it to the store,
+    checkpoints itself and announces it to the Ledger (``publish_s``), and only then fetches its
+    next batch.
+    """
 
     blocking: str
     """Name of the blocking work in the timeline (``copy``, ``broadcast``)."""

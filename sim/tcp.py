@@ -4,30 +4,15 @@ Theory of operation
 -------------------
 A stream's long-run rate on a path of round-trip time RTT (s) and random packet loss p, before
 the path's capacity is shared (:mod:`sim.network` shares it), is W x MSS / RTT for an average
-window of W packets, never above the socket's window (``window_bytes`` / RTT):
+window of W packets, never above the socket's window (``window_bytes`` / RTT). W comes from
+the congestion control's published response (reno: Mathis et al. 1997; cubic: RFC 8312; bbr:
+BBRv1, loss-blind up to :data:`BBR_MAX_LOSS`), see :func:`window_packets`.
 
-* ``reno``: W = sqrt(3 / (2p)), the Mathis et al. (1997) relation for AIMD(1, 1/2).
-* ``cubic``: RFC 8312 §5.1 (Eq. 6), W = (C (3 + b) / (4 (1 - b)))^(1/4) RTT^(3/4) / p^(3/4)
-  with C = 0.4 and b = 0.7 (RTT in seconds); in its TCP-friendly region (§4.2: increase
-  3 (1 - b) / (1 + b) per RTT, decrease to b) the average is reno's, and CUBIC takes the
-  larger window of the two, so W = max(W_cubic, W_reno).
-* ``bbr`` (BBRv1, Cardwell et al. 2016, Linux's ``tcp_bbr``): it paces at its bottleneck-rate
-  estimate, the largest delivery-rate sample of the last 10 round trips, and bounds inflight
-  at 2 BDP. Loss enters neither (a lost packet is sent again and counted when delivered), so
-  a stream is limited by its window and its share of the path only. The estimate holds while
-  the probing phase (pacing gain 5/4) still delivers the bottleneck rate: 5/4 (1 - p) >= 1,
-  i.e. p < 1/5 (:data:`BBR_MAX_LOSS`); above it the estimate decays and this model refuses.
-
-Loss recovery at the end of a flight (RFC 8985 RACK-TLP with Linux's constants): a lost packet
-with at least DupThresh (3) delivered packets after it is sent again when the third one's SACK
-arrives; with one or two after it RACK also waits a reordering window of min_RTT / 4; the last
-packet is recovered by the tail-loss probe, PTO = min(2 SRTT + RTO_min, RTO) after the last
-ACK while one packet is out, with RTO = SRTT + max(4 RTTVAR, RTO_min), RTO_min = 200 ms; a lost
-probe waits an RTO, doubled after each further loss. :func:`tail_delay` is how much later than
-the fluid end a stream's last packet arrives; :func:`message_delay` the same for a message of
-one packet (a control message). Losses in one tail are recovered in parallel, so the latest
-lost packet decides; two losses among the last two packets (probability ~p^2) are not modelled.
-"""
+Loss recovery at the end of a flight follows RFC 8985 RACK-TLP with Linux's constants:
+:func:`tail_delay` is how much later than the fluid end a stream's last packet arrives;
+:func:`message_delay` the same for a message of one packet (a control message). Losses in one
+tail are recovered in parallel, so the latest lost packet decides; two losses among the last
+two packets (probability ~p^2) are not modelled."""
 
 from __future__ import annotations
 
@@ -67,7 +52,22 @@ def check(congestion: str, loss: float) -> None:
 
 def window_packets(congestion: str, *, rtt_s: float, loss: float) -> float:
     """A stream's average congestion window (packets) on a path with ``loss``; ``inf`` where
-    loss does not limit it (no loss, or ``bbr``)."""
+    loss does not limit it (no loss, or ``bbr``).
+
+    Per congestion control:
+
+    * ``reno``: W = sqrt(3 / (2p)), the Mathis et al. (1997) relation for AIMD(1, 1/2).
+    * ``cubic``: RFC 8312 §5.1 (Eq. 6), W = (C (3 + b) / (4 (1 - b)))^(1/4) RTT^(3/4) / p^(3/4)
+      with C = 0.4 and b = 0.7 (RTT in seconds); in its TCP-friendly region (§4.2: increase
+      3 (1 - b) / (1 + b) per RTT, decrease to b) the average is reno's, and CUBIC takes the
+      larger window of the two, so W = max(W_cubic, W_reno).
+    * ``bbr`` (BBRv1, Cardwell et al. 2016, Linux's ``tcp_bbr``): it paces at its bottleneck-rate
+      estimate, the largest delivery-rate sample of the last 10 round trips, and bounds inflight
+      at 2 BDP. Loss enters neither (a lost packet is sent again and counted when delivered), so
+      a stream is limited by its window and its share of the path only. The estimate holds while
+      the probing phase (pacing gain 5/4) still delivers the bottleneck rate: 5/4 (1 - p) >= 1,
+      i.e. p < 1/5 (:data:`BBR_MAX_LOSS`); above it the estimate decays and this model refuses.
+    """
     check(congestion, loss)
     if loss <= 0 or congestion == "bbr":
         return math.inf
@@ -176,7 +176,15 @@ def tail_delay(
 ) -> float:
     """A draw of how late (s) the last of ``streams`` streams finishes a flight sent at
     ``rate`` bytes/s in all: the stream whose last loss is nearest its end decides (the
-    smallest of ``streams`` geometric positions is geometric with 1 - (1 - p)^streams)."""
+    smallest of ``streams`` geometric positions is geometric with 1 - (1 - p)^streams).
+
+    RACK-TLP with Linux's constants: a lost packet with at least DupThresh (3) delivered packets
+    after it is sent again when the third one's SACK arrives; with one or two after it RACK also
+    waits a reordering window of min_RTT / 4; the last packet is recovered by the tail-loss
+    probe, PTO = min(2 SRTT + RTO_min, RTO) after the last ACK while one packet is out, with RTO
+    = SRTT + max(4 RTTVAR, RTO_min), RTO_min = 200 ms; a lost probe waits an RTO, doubled after
+    each further loss.
+    """
     if loss <= 0 or rtt_s <= 0 or rate <= 0:
         return 0.0
     gap = streams * mss / rate  # per stream

@@ -3,30 +3,14 @@ publishes version ``k``.
 
 Theory of operation
 -------------------
-The loop, for k = 1, 2, ...::
-
-    wait until batch k is complete
-    train for tokens(k) / (tokens/s per GPU x GPUs)
-    wait until the background work on version k-1 is done with the host buffers
-    get the weights out: the blocking part of the strategy's publication (sim.publication)
-    publish version k; its background work (extraction, serialization) runs beside step k+1
-
-A delta strategy extracts ``D_k`` and, cut-through, announces it when extraction starts, so
-segments leave while the scan runs (the network caps the Trainer's flows at the extraction rate
-until it ends); ``aurora-nocut`` announces it when extraction ends. A dense strategy announces
-the checkpoint once it is written. Every ``snapshot_interval`` versions a full snapshot also goes
-to the Checkpoint Store.
-
-With the ``sequential`` pipeline (the runtime's Trainer, :mod:`sim.publication`) the loop is
-instead: train, then extract version ``k`` while the data plane pushes its segments to every
-subscriber as they are cut (:meth:`sim.transfers.Transfers.push`), then ``publish_s`` (store
-write, checkpoint), then announce ``k`` to the Ledger; only then the next batch. The Ledger learns
-of ``k`` at the announcement, and an Actor that staged it before then is counted staged there
-(:meth:`sim.ledger_driver.LedgerDriver.staged`), as the runtime's Ledger does.
-
-A Trainer crash ends the process's life wherever it is (it stops when it next wakes); a new
-life starts after ``trainer_restart_s`` and redoes the step that was in progress.
-"""
+For k = 1, 2, ...: wait until batch k is complete; train for tokens(k) / (tokens/s per GPU x
+GPUs); get the weights out (the blocking part of the strategy's publication,
+:mod:`sim.publication`); publish version k, whose background work runs beside step k+1. With the
+``sequential`` pipeline (the runtime's Trainer) the version is extracted, pushed, written and
+announced before the next batch is fetched. Every ``snapshot_interval`` versions a full snapshot
+also goes to the Checkpoint Store. A Trainer crash ends the process's life wherever it is (it
+stops when it next wakes); a new life starts after ``trainer_restart_s`` and redoes the step
+that was in progress. The loop in full is on :class:`Trainer`."""
 
 from __future__ import annotations
 
@@ -55,7 +39,28 @@ def weights_hash(version: int) -> str:
 
 
 class Trainer:
-    """The Trainer's process and what it publishes."""
+    """The Trainer's process and what it publishes.
+
+    The loop, for k = 1, 2, ...::
+
+        wait until batch k is complete
+        train for tokens(k) / (tokens/s per GPU x GPUs)
+        wait until the background work on version k-1 is done with the host buffers
+        get the weights out: the blocking part of the strategy's publication (sim.publication)
+        publish version k; its background work (extraction, serialization) runs beside step k+1
+
+    A delta strategy extracts ``D_k`` and, cut-through, announces it when extraction starts, so
+    segments leave while the scan runs (the network caps the Trainer's flows at the extraction
+    rate until it ends); ``aurora-nocut`` announces it when extraction ends. A dense strategy
+    announces the checkpoint once it is written.
+
+    With the ``sequential`` pipeline (the runtime's Trainer, :mod:`sim.publication`) the loop is
+    instead: train, then extract version ``k`` while the data plane pushes its segments to every
+    subscriber as they are cut (:meth:`sim.transfers.Transfers.push`), then ``publish_s`` (store
+    write, checkpoint), then announce ``k`` to the Ledger; only then the next batch. The Ledger
+    learns of ``k`` at the announcement, and an Actor that staged it before then is counted
+    staged there (:meth:`sim.ledger_driver.LedgerDriver.staged`), as the runtime's Ledger does.
+    """
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim

@@ -3,25 +3,13 @@
 Theory of operation
 -------------------
 The network resources are the Trainer's interface, one per WAN path between two regions (whose
-rate may fluctuate) and each node's interface (sending side shared by what it forwards,
-receiving side shared by what it receives). A sender-receiver pair has one connection bundle of
-S TCP streams, whatever the version: its rate is capped by
-``S * min(W/RTT, MSS*sqrt(3/2)/(RTT*sqrt(p)))`` across a WAN path, by the region's per-pair
-``lan_gbps`` inside a region, and versions on one pair are sent one after the other
-(:class:`sim.network.Network` bundles). A transfer of version ``v`` from a source (the Trainer, a
-relay, an Actor that relays) to a set of receivers is one flow per *cohort* (receivers with the
-same path, cap and latency, so a relay forwarding to 1000 identical Actors is one flow of
-multiplicity 1000). A receiver that gets a second flow at the same time (a catch-up pull, a
-fallback) is split off into a flow of its own, so its interface is shared exactly.
-
-``Fanout`` actions from the Ledger say who sends ``v`` to whom. The Trainer's sends start when
-the first segment is extracted (cut-through) or when extraction ends; a relay's forward starts
-one segment after its own inbound copy starts (cut-through: it verifies a segment before
-forwarding it, and never runs ahead of its upstream), or when it holds ``v`` whole
-(store-and-forward). A receiver holds ``v`` when the last byte arrives; an Actor then reports it
-staged. ``FallBack`` re-routes the receivers of a lost source: what they already verified is
-kept, the rest comes from the new source.
-"""
+rate may fluctuate) and each node's interface. A sender-receiver pair has one connection bundle
+of S TCP streams, whatever the version; versions on one pair are sent one after the other
+(:class:`sim.network.Network` bundles). A transfer of version ``v`` from a source to a set of
+receivers is one flow per *cohort* (receivers with the same path, cap and latency). ``Fanout``
+actions from the Ledger say who sends ``v`` to whom; ``FallBack`` re-routes the receivers of a
+lost source. A receiver holds ``v`` when the last byte arrives; an Actor then reports it staged.
+Invariant: a relay never forwards a byte it has not received and verified."""
 
 from __future__ import annotations
 
@@ -43,7 +31,22 @@ GBPS = 1e9 / 8
 
 
 class Transfers:
-    """Every link of the deployment and every transfer in flight."""
+    """Every link of the deployment and every transfer in flight.
+
+    Each node's interface: sending side shared by what it forwards, receiving side shared by
+    what it receives. A bundle's rate is capped by ``S * min(W/RTT,
+    MSS*sqrt(3/2)/(RTT*sqrt(p)))`` across a WAN path, and by the region's per-pair ``lan_gbps``
+    inside a region. A transfer comes from the Trainer, a relay or an Actor that relays; a relay
+    forwarding to 1000 identical Actors is one flow of multiplicity 1000. A receiver that gets a
+    second flow at the same time (a catch-up pull, a fallback) is split off into a flow of its
+    own, so its interface is shared exactly.
+
+    The Trainer's sends start when the first segment is extracted (cut-through) or when
+    extraction ends; a relay's forward starts one segment after its own inbound copy starts
+    (cut-through: it verifies a segment before forwarding it, and never runs ahead of its
+    upstream), or when it holds ``v`` whole (store-and-forward). On ``FallBack``, what the
+    receivers already verified is kept, the rest comes from the new source.
+    """
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
