@@ -1,62 +1,18 @@
 """Fig. 9 / Table 5 on real processes: does the transfer strategy change what the model learns?
 
-The paper trains Qwen3-4B for 800 steps with AuroraRL and with PrimeRL and finds the reward
-curves track (~60% in the last 100 steps, Fig. 9) and the downstream scores match (Math500
-pass@1 0.906 vs 0.904, Table 5), while the lag-2/4 baselines score lower. Its explanation: an
-AuroraRL Actor generates on weights that are bit-exact (lossless deltas, checked by hash) and
-never more than one version stale, exactly as a single-datacenter job would; a larger lag bound
-feeds the Trainer older rollouts.
-
-Here every point is a real run (``aurora real``: Trainer with its Ledger, a relay, 4 Actor
-processes, ``examples/geo.yaml``'s ``real:`` section: the built-in tiny Qwen3 warm-started on
-3-digit addition, GRPO at lr 5e-4) with one strategy and one seed:
-
-* ``ideal-singledc``: AuroraRL with no WAN (runs on loopback), the reference;
-* ``aurora``, ``prime-full`` (the paper's Table 5 pair), ``prime-async2``, ``prime-async4``: over
-  the emulated US-Canada WAN, scaled so that a dense copy of the tiny model takes as many generation
-  windows to cross as Qwen3-8B's does in the paper (``aurora.runtime.regime``). Only there does a
-  lag bound become staleness: on loopback every strategy generates on the newest version and the
-  lag bound is never used. Without root (or when the emulated WAN cannot be built) the run goes
-  over loopback and its row says so (``wan``).
-
-Measured per run: the training reward of every step (the paper's Fig. 9 metric: correct-answer
-reward on the training batch), the staleness of every batch (the version the Trainer trains from
-minus the version the batch was generated on; ``steps.csv``), held-out greedy exact match on 500
-fixed problems before the first and after the last step (``summary.json``'s ``reward_first`` /
-``reward_last``: the Table 5 analog), and the bit-exactness checks (every activation's weights
-hash and content digest against the Trainer's: ``hash_mismatches`` must be 0).
-
-The comparison pairs runs by seed (every run starts from the same cached warm start and is
-evaluated on the same held-out set; a seed fixes the training prompt stream and sampling): for
-each strategy the difference to ``ideal-singledc`` per seed, its mean, a 95% percentile bootstrap
-interval over seeds (:func:`experiments.real_runs.paired_bootstrap`) and, beside it, the t
-interval (with 3 seeds the bootstrap interval is just [min, max] of the three differences).
-
-What a tiny-model result does and does not say about the paper's numbers. It does test the two
-mechanisms that carry over unchanged: bit-exact weights (the delta path reconstructs the
-Trainer's bf16 weights exactly, whatever the model) and the lag bound (how stale the rollouts
-are, enforced by the same Ledger policy), and whether a lag of 2 or 4 costs this model reward
-per step. It does not reproduce the paper's scale: 20-40 steps of a 0.5M-parameter model on
-addition, not 800 steps of Qwen3-4B on DeepScaleR scored on Math500/AIME; its deltas are dense
-(~60% of bf16 elements change per step at a learning rate that learns in minutes, against the
-paper's 1-3%), so it says nothing about sparsity; and one held-out evaluation has a standard
-error of ~2 points, so with 3-5 seeds only differences of several points are visible, against
-the paper's 0.2-point AuroraRL - PrimeRL-Full difference. docs/REPRODUCTION.md ("Accuracy")
-has the measured table and its reading.
-
-Writes ``results/accuracy/rows.csv`` (a row per run: key, metrics, the run's resolved config and
-job spec, seed, git SHA, wall time), ``curves.csv`` (reward and staleness per step),
-``comparison.csv`` (:func:`comparison`: every setting), ``accuracy.png``, and keeps each run's
-folder under ``runs/``; re-running computes only the missing runs (an interrupted run is
-started again).
+The paper finds AuroraRL's and PrimeRL's reward curves and downstream scores match while the
+lag-2/4 baselines score lower: an AuroraRL Actor generates on weights that are bit-exact and
+never more than one version stale. Here every point is a real run (``aurora real``, the tiny
+Qwen3 on 3-digit addition) of one strategy and one seed: ``ideal-singledc`` on loopback, the
+reference, and ``aurora``, ``prime-full``, ``prime-async2``, ``prime-async4`` over the emulated
+US-Canada WAN, scaled (``aurora.runtime.regime``) so that a lag bound becomes staleness. Per run:
+training reward and staleness per step, held-out exact match before and after, and the
+bit-exactness checks (``hash_mismatches`` must be 0); runs are paired by seed with the reference
+(:func:`compare`). This tests bit-exactness and the lag bound, not the paper's scale
+(:func:`comparison`).
 
     python -m experiments.accuracy [--full] [--seeds 0 1 2] [--steps N] [--strategies ...]
                                    [--loopback] [--out DIR]
-
-Quick: 5 strategies x 3 seeds x 20 steps (15 runs); ``--full``: 5 x 5 seeds x 40 steps (25 runs).
-Measured on this 2-core machine while shared with other work: a quick run 2.0-3.7 min, most of it
-start-up and the two held-out evaluations, the quick sweep 42 min; ``--full``'s measured cost is
-in docs/REPRODUCTION.md ("Accuracy").
 """
 
 from __future__ import annotations
@@ -148,7 +104,30 @@ def default_runs(
     steps: int = STEPS,
     emulate: bool = True,
 ) -> list[AccuracyRun]:
-    """Every strategy for every seed, seed-major (an interrupted sweep has whole seeds)."""
+    """Every strategy for every seed, seed-major (an interrupted sweep has whole seeds).
+
+    The paper trains Qwen3-4B for 800 steps with AuroraRL and with PrimeRL and finds the reward
+    curves track (~60% in the last 100 steps, Fig. 9) and the downstream scores match (Math500
+    pass@1 0.906 vs 0.904, Table 5), while the lag-2/4 baselines score lower. Its explanation:
+    an AuroraRL Actor generates on weights that are bit-exact (lossless deltas, checked by hash)
+    and never more than one version stale, exactly as a single-datacenter job would; a larger
+    lag bound feeds the Trainer older rollouts.
+
+    Every point is a real run (``aurora real``: Trainer with its Ledger, a relay, 4 Actor
+    processes, ``examples/geo.yaml``'s ``real:`` section: the built-in tiny Qwen3 warm-started
+    on 3-digit addition, GRPO at lr 5e-4) with one strategy and one seed:
+
+    * ``ideal-singledc``: AuroraRL with no WAN (runs on loopback), the reference;
+    * ``aurora``, ``prime-full`` (the paper's Table 5 pair), ``prime-async2``, ``prime-async4``:
+      over the emulated US-Canada WAN, scaled so that a dense copy of the tiny model takes as many
+      generation windows to cross as Qwen3-8B's does in the paper (``aurora.runtime.regime``).
+      Only there does a lag bound become staleness: on loopback every strategy generates on the
+      newest version and the lag bound is never used. Without root (or when the emulated WAN
+      cannot be built) the run goes over loopback and its row says so (``wan``).
+
+    Quick: 5 strategies x 3 seeds x 20 steps (15 runs); ``--full``: 5 x 5 seeds x 40 steps (25
+    runs).
+    """
     preset = "default" if emulate else "loopback"  # a loopback run is not an emulated one
     return [
         AccuracyRun(
@@ -194,7 +173,16 @@ def ci_runs(*, steps: int = 2, seed: int = 0) -> list[AccuracyRun]:
 
 
 def measure(run: AccuracyRun, root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run it; return its row and its per-step rows."""
+    """Run it; return its row and its per-step rows.
+
+    Measured per run: the training reward of every step (the paper's Fig. 9 metric:
+    correct-answer reward on the training batch), the staleness of every batch (the version the
+    Trainer trains from minus the version the batch was generated on; ``steps.csv``), held-out
+    greedy exact match on 500 fixed problems before the first and after the last step
+    (``summary.json``'s ``reward_first`` / ``reward_last``: the Table 5 analog), and the
+    bit-exactness checks (every activation's weights hash and content digest against the
+    Trainer's: ``hash_mismatches`` must be 0).
+    """
     from aurora.runtime.launcher import RealRun
     from aurora.topology import load_topology
 
@@ -303,7 +291,28 @@ def compare(rows: pd.DataFrame, *, reference: str = REFERENCE) -> pd.DataFrame:
 
 def comparison(rows: pd.DataFrame) -> pd.DataFrame:
     """:func:`compare` for every setting (``preset``, ``steps``) in ``rows`` that has the
-    reference: runs are paired only within a setting."""
+    reference: runs are paired only within a setting.
+
+    The comparison pairs runs by seed (every run starts from the same cached warm start and is
+    evaluated on the same held-out set; a seed fixes the training prompt stream and sampling):
+    for each strategy the difference to ``ideal-singledc`` per seed, its mean, a 95% percentile
+    bootstrap interval over seeds (:func:`experiments.real_runs.paired_bootstrap`) and, beside
+    it, the t interval (with 3 seeds the bootstrap interval is just [min, max] of the three
+    differences).
+
+    What a tiny-model result does and does not say about the paper's numbers. It does test the
+    two mechanisms that carry over unchanged: bit-exact weights (the delta path reconstructs the
+    Trainer's bf16 weights exactly, whatever the model) and the lag bound (how stale the
+    rollouts are, enforced by the same Ledger policy), and whether a lag of 2 or 4 costs this
+    model reward per step. It does not reproduce the paper's scale: 20-40 steps of a
+    0.5M-parameter model on addition, not 800 steps of Qwen3-4B on DeepScaleR scored on
+    Math500/AIME; its deltas are dense (~60% of bf16 elements change per step at a learning rate
+    that learns in minutes, against the paper's 1-3%), so it says nothing about sparsity; and
+    one held-out evaluation has a standard error of ~2 points, so with 3-5 seeds only
+    differences of several points are visible, against the paper's 0.2-point AuroraRL -
+    PrimeRL-Full difference. docs/REPRODUCTION.md ("Accuracy") has the measured table and its
+    reading.
+    """
     parts = [
         compare(g).assign(preset=preset, steps=steps)
         for (preset, steps), g in rows.groupby(["preset", "steps"], sort=False)
@@ -463,7 +472,14 @@ def figure(rows: pd.DataFrame, curves: pd.DataFrame, path: Path) -> None:
 
 
 def run_all(runs: Sequence[AccuracyRun], root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The rows and per-step rows of ``runs``, running those not yet in ``rows.csv``."""
+    """The rows and per-step rows of ``runs``, running those not yet in ``rows.csv``.
+
+    Writes ``results/accuracy/rows.csv`` (a row per run: key, metrics, the run's resolved config
+    and job spec, seed, git SHA, wall time), ``curves.csv`` (reward and staleness per step),
+    ``comparison.csv`` (:func:`comparison`: every setting), ``accuracy.png``, and keeps each
+    run's folder under ``runs/``; re-running computes only the missing runs (an interrupted run
+    is started again).
+    """
     return sweep(NAME, runs, lambda r: measure(r, root), root=root)
 
 

@@ -3,32 +3,16 @@ plausible range, one input at a time.
 
 The paper does not state the RTT and loss of its links, the Actors' interfaces, what extraction
 and the weight copy cost, how long generation takes against training, or the Trainer's MFU; our
-defaults for them (``aurora/traces/paper.yaml``, ``examples/geo.yaml``) are single points. Each
-claim is therefore reported as a band: its value at the default, and its lowest and highest values
-when one input at a time is set to either end of its range (below), with the input responsible.
-One at a time, not jointly: a band shows which input a claim hinges on, not the worst case of
-all of them together. Every variant is measured with the experiments' own warm-up rule (MSER,
-:func:`experiments.common.warmup_steps`); a band with a run that did not reach steady state says
-NOT STEADY, and an arithmetic or input claim (``Claim.kind``) says it meets or misses the paper
-by construction.
-
-==================  ====================  ==================================================
-input               range                 applied to
-==================  ====================  ==================================================
-``rtt``             x0.5 .. x2            every link's RTT (US-Canada: 20-80 ms)
-``loss``            x0.1 .. x10           every lossy link (US-Canada: 1e-7 .. 1e-5)
-``nic``             10 .. 100 Gbit/s      every Actor's interface (default 25)
-``extract``         x0.5 .. x2            extraction time (Qwen3-8B: 2.5-10 s)
-``d2h``             10 .. 50 GB/s         the Trainer's GPU-to-host copy, per GPU (default 25)
-``gen_window``      x0.5 .. x2            generation time per batch (GPU rates x2 .. x0.5)
-``mfu``             20% .. 45%            training throughput (default 30% MFU)
-==================  ====================  ==================================================
+defaults for them are single points. Each claim is therefore reported as a band: its value at the
+default, and its lowest and highest values when one input at a time is set to either end of its
+range (:func:`vary`), with the input responsible. One at a time, not jointly: a band shows which
+input a claim hinges on, not the joint worst case. A band with a run that did not reach steady
+state says NOT STEADY; an arithmetic or input claim says it meets or misses by construction.
 
     python -m experiments.bands [--out results] [--workers N] [--cluster ADDRESS]
 
-writes ``results/bands/bands.csv`` (claim, default, low, high, the inputs at each end) and
-prints it; the runs of each variant go to ``results/bands/<experiment>@<input>=<level>/``.
-"""
+writes ``results/bands/bands.csv`` and prints it; each variant's runs go to
+``results/bands/<experiment>@<input>=<level>/``."""
 
 from __future__ import annotations
 
@@ -150,6 +134,19 @@ VARIANTS: dict[str, Callable[[SimConfig], SimConfig]] = {
 
 
 def vary(points: list[Point], variant: str) -> list[Point]:
+    """The inputs and their ranges:
+
+    ==================  ====================  ==================================================
+    input               range                 applied to
+    ==================  ====================  ==================================================
+    ``rtt``             x0.5 .. x2            every link's RTT (US-Canada: 20-80 ms)
+    ``loss``            x0.1 .. x10           every lossy link (US-Canada: 1e-7 .. 1e-5)
+    ``nic``             10 .. 100 Gbit/s      every Actor's interface (default 25)
+    ``extract``         x0.5 .. x2            extraction time (Qwen3-8B: 2.5-10 s)
+    ``d2h``             10 .. 50 GB/s         the Trainer's GPU-to-host copy, per GPU (default 25)
+    ``gen_window``      x0.5 .. x2            generation time per batch (GPU rates x2 .. x0.5)
+    ``mfu``             20% .. 45%            training throughput (default 30% MFU)
+    ==================  ====================  =================================================="""
     fn = VARIANTS[variant]
     return [replace(p, config=fn(p.config)) for p in points]
 
@@ -181,7 +178,14 @@ def bands(
     variants: tuple[str, ...] = tuple(VARIANTS),
     **sweep: object,
 ) -> pd.DataFrame:
-    """One row per claim: the paper's value, ours at the default, the band and its ends."""
+    """One row per claim: the paper's value, ours at the default, the band and its ends.
+
+    The defaults are ``aurora/traces/paper.yaml`` and ``examples/geo.yaml``. Every variant is
+    measured with the experiments' own warm-up rule (MSER,
+    :func:`experiments.common.warmup_steps`); an arithmetic or input claim is told by
+    ``Claim.kind``. ``bands.csv`` has per claim: the default, the low, the high, and the inputs
+    at each end.
+    """
     out = []
     for name in experiments:
         default = claims_under(name, None, root, full, **sweep)

@@ -1,33 +1,16 @@
 """What one result can do to a step, with and without the Trainer's bounds, and what honest
 behaviour log-probs look like (docs/RL.md, "What one result can do").
 
-Three parts, each a list of configs that :func:`main` runs:
-
-* ``logprobs`` (offline): each engine (transformers: fp32 arithmetic on the bf16 weights; vLLM's
-  CPU build: bf16 arithmetic) samples ``batches`` of ``prompts`` x ``group_size`` completions of
-  the warm-started tiny Qwen3 at temperature 1; per engine the reported (behaviour) log-probs of
-  every sampled token: how many, the lowest, low quantiles, the share below -5/-10/-15 nats
-  beside the bound ``V e^L`` an honest sampler obeys, and how many fall below the plausible
-  floor (:func:`aurora.policy.refusals.logprob_floor`: none may).
-* ``attack`` (offline): one batch of 32 x 8 honest completions (transformers engine, v0), one
-  completion with a negative advantage given the forged behaviour log-prob ``X`` on every
-  token; the step's gradient with and without the bounds (``ratio_cap``, the guard): its L2 norm
-  before clipping against the honest batch's, its cosine with the forged result's own gradient
-  and with the honest batch's, and what the step did (taken, refused, groups left out, weights
-  finite after it and a publish).
-
-* ``honest`` (``aurora real``, real processes): two honest Actors per run, per engine and seed:
-  whether the bounds ever touched an honest result (results refused by reason, Actors excluded,
-  steps the guard refused or left groups out of, the largest share of capped tokens, the
-  largest pre-clip gradient norm against the run's median).
-
-Rows (resolved config, seed, git SHA, metrics) go to
-``results/bounds/{logprobs,attack,honest}.csv``;
-re-running skips rows already there. The honest cost of the bounds on learning is
-``python -m experiments.learning --bounds`` (the same seeds with and without them). CLI only
-under ``__main__``: ``python -m experiments.bounds [--part logprobs|attack|all]
-[--engines transformers,vllm] [--seeds 0,1,2] [--steps 20]``.
-"""
+Three parts, each a list of configs that :func:`main` runs: ``logprobs`` (offline: the behaviour
+log-probs each engine reports for honest samples of the warm-started tiny Qwen3, against the
+bound ``V e^L`` and the plausible floor, :func:`measure_logprobs`), ``attack`` (offline: one
+forged result's effect on a step's gradient with and without ``ratio_cap`` and the guard,
+:func:`measure_attack`) and ``honest`` (``aurora real``: whether the bounds ever touched an
+honest result, :func:`honest_run`). Rows (resolved config, seed, git SHA, metrics) go to
+``results/bounds/{logprobs,attack,honest}.csv``; re-running skips rows already there. The honest
+cost of the bounds on learning is ``python -m experiments.learning --bounds``. CLI only under
+``__main__``: ``python -m experiments.bounds [--part logprobs|attack|all] [--engines
+transformers,vllm] [--seeds 0,1,2] [--steps 20]``."""
 
 from __future__ import annotations
 
@@ -111,7 +94,13 @@ class HonestConfig:
 
 
 def honest_run(cfg: HonestConfig, out: Path) -> dict[str, Any]:
-    """What the bounds did to one honest run (module docstring)."""
+    """What the bounds did to one honest run (module docstring).
+
+    Two honest Actors per run, per engine and seed: whether the bounds ever touched an honest
+    result (results refused by reason, Actors excluded, steps the guard refused or left groups
+    out of, the largest share of capped tokens, the largest pre-clip gradient norm against the
+    run's median).
+    """
     from aurora.runtime.launcher import Launcher, RealRun
     from aurora.topology import topology_from_dict
 
@@ -195,7 +184,15 @@ def _spec(engine: str, seed: int, tmp: str, cfg: Any) -> Any:
 
 
 def measure_logprobs(cfg: LogprobConfig) -> dict[str, Any]:
-    """The honest behaviour log-probs of one engine (module docstring)."""
+    """The honest behaviour log-probs of one engine (module docstring).
+
+    Each engine (transformers: fp32 arithmetic on the bf16 weights; vLLM's CPU build: bf16
+    arithmetic) samples ``batches`` of ``prompts`` x ``group_size`` completions of the
+    warm-started tiny Qwen3 at temperature 1; per engine the reported (behaviour) log-probs of
+    every sampled token: how many, the lowest, low quantiles, the share below -5/-10/-15 nats
+    beside the bound ``V e^L`` an honest sampler obeys, and how many fall below the plausible
+    floor (:func:`aurora.policy.refusals.logprob_floor`: none may).
+    """
     import msgpack
     import numpy as np
 
@@ -241,7 +238,15 @@ def measure_logprobs(cfg: LogprobConfig) -> dict[str, Any]:
 
 
 def measure_attack(cfg: AttackConfig) -> dict[str, Any]:
-    """One forged result against one step (module docstring)."""
+    """One forged result against one step (module docstring).
+
+    One batch of 32 x 8 honest completions (transformers engine, v0), one completion with a
+    negative advantage given the forged behaviour log-prob ``X`` on every token; the step's
+    gradient with and without the bounds (``ratio_cap``, the guard): its L2 norm before clipping
+    against the honest batch's, its cosine with the forged result's own gradient and with the
+    honest batch's, and what the step did (taken, refused, groups left out, weights finite after
+    it and a publish).
+    """
     import copy
 
     import numpy as np

@@ -6,17 +6,11 @@ Theory of operation
 -------------------
 Fig. 8a's gaps between one stream (PrimeRL-Full) and four (PrimeRL-MultiStream, AuroraRL) come
 from one TCP stream being loss-limited on the US-Canada link. Whether it is depends on the
-congestion control, which the paper does not state. Every paper-trace result was made with
-reno's response (the Mathis relation; ``sim.tcp``); this runs ``experiments.throughput``'s
-points on ``examples/geo.yaml`` with the topology's ``congestion`` set to each of ``reno``,
-``cubic`` and ``bbr`` at the assumed loss (1e-6) and prints the Fig. 8a / 8b claims for each.
-
-It also prints, per algorithm, one stream's rate on that link, and the loss at which one stream
-would give the paper's own single-stream measurement (§5.2: 202 MB in 4.71 s over one stream,
-343 Mbit/s; 2.90 s over four): reno needs 1.07e-6, cubic 3.4e-6, and bbr reaches it at no loss
-(it is limited by the 4 MiB window only, 839 Mbit/s at 40 ms), so under bbr the paper's
-measurement would not have happened at any loss below bbr's threshold.
-"""
+congestion control, which the paper does not state. This runs ``experiments.throughput``'s points
+on ``examples/geo.yaml`` with the topology's ``congestion`` set to each of ``reno``, ``cubic`` and
+``bbr`` at the assumed loss (1e-6) and prints the Fig. 8a / 8b claims for each. It also prints,
+per algorithm, one stream's rate on that link, and the loss at which one stream would give the
+paper's own single-stream measurement (:func:`loss_for`)."""
 
 from __future__ import annotations
 
@@ -72,7 +66,13 @@ def single_stream(cc: str, *, rtt_s: float = 0.04, loss: float = 1e-6) -> float:
 
 def loss_for(cc: str, target_bps: float, *, rtt_s: float = 0.04) -> float | None:
     """The loss at which one stream runs at ``target_bps`` (bisection in log space); None
-    where no loss below the model's limit slows it that much (bbr)."""
+    where no loss below the model's limit slows it that much (bbr).
+
+    The paper's single-stream measurement (§5.2): 202 MB in 4.71 s over one stream, 343 Mbit/s;
+    2.90 s over four. Reno needs a loss of 1.07e-6, cubic 3.4e-6, and bbr reaches it at no loss
+    (it is limited by the 4 MiB window only, 839 Mbit/s at 40 ms), so under bbr the paper's
+    measurement would not have happened at any loss below bbr's threshold.
+    """
     import math
 
     lo, hi = 1e-9, 0.19

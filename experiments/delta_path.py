@@ -1,42 +1,17 @@
 """Where a delta's time goes on a real run: the path from the Trainer to the Actors, hop by hop,
-each role's event-loop lag, and what the emulated link did meanwhile (issue 27, the aurora gap).
+each role's event-loop lag, and what the emulated link did meanwhile.
 
     python -m experiments.delta_path RUN_DIR [RUN_DIR ...] [--warmup 2]
 
 Theory of operation
 -------------------
 ``sim_vs_real`` compares one interval per delta, a version's extraction starting to the Ledger
-counting its last Actor staged; the simulator gets it 19-22% shorter than the real run over the
-emulated WAN on the tiny Qwen3 and nothing in that number says which hop is slower than modelled.
-A run made with the hop reports (:mod:`aurora.runtime.hopreport`) holds, per version:
-
-==================  ==============================================================================
-time                source
-==================  ==============================================================================
-``extract_start``   ``trainer/steps.jsonl``: ``time - extract_s`` (the Trainer starts cutting)
-``extract_end``     ``trainer/steps.jsonl``: ``time``
-``trainer_out_*``   ``trainer/hops.jsonl``: first segment taken for sending, last one written out
-``relay_in_*``      ``ledger.spans.jsonl`` (the relay's ``delta-path`` span): bytes start arriving,
-                    the version whole and verified
-``relay_out_*``     the relay's span: first segment taken for an Actor, last one written out
-``actor_in_last``   the Actors' spans: the version whole and verified (the latest Actor)
-``actor_staged``    the Actors' spans: staged, i.e. the ``staged`` message handed to the channel
-``ledger_staged``   ``events.csv``: the Ledger's ``DeltaStaged`` for the latest Actor
-==================  ==============================================================================
-
-:func:`path_rows` gives one row per version with every time relative to ``extract_start``;
-:func:`hop_table` the median over versions past ``warmup`` of each consecutive hop (e.g.
-``trainer_out_last -> relay_in_last``: the link's crossing, the last byte's propagation and
-queueing), so a hop that is slower than the model shows as its own row. :func:`loop_lag` gives
-each role's event-loop lag (p50, p99, max of its ``loop-lag`` spans), and :func:`link_counters`
-the emulator's delay-line lateness, qdisc drops and TCP retransmissions and timeouts during the
-run (``emulation.json``). Hypotheses (a)-(e) of the issue each predict a signature here: (a) a
-late delay line: large ``late_max_us`` / drops / RTOs and a long link hop; (b) the GIL: a long
-``actor_in_last -> actor_staged`` or ``actor_staged -> ledger_staged`` and loop lag in that role;
-(c) wire overhead: a link hop longer than payload / htb rate by ~1/0.956; (d) control behind
-data: ``ledger_staged`` late although ``actor_staged`` is not; (e) cwnd restart after idle: the
-first segment's hop long, the rest not.
-"""
+counting its last Actor staged; that one number does not say which hop is slower than modelled.
+A run made with the hop reports (:mod:`aurora.runtime.hopreport`) holds a time per hop and
+version (:func:`path_rows` lists their sources); :func:`hop_table` gives the median over versions
+past ``warmup`` of each consecutive hop, so a hop slower than the model shows as its own row.
+:func:`loop_lag` gives each role's event-loop lag, and :func:`link_counters` the emulator's
+delay-line lateness, qdisc drops and TCP retransmissions and timeouts during the run."""
 
 from __future__ import annotations
 
@@ -100,7 +75,24 @@ def _role(who: str) -> str:
 
 def path_rows(run: Path) -> pd.DataFrame:
     """One row per published version: every time of :data:`HOPS` minus ``extract_start`` (s),
-    and the version's delta bytes."""
+    and the version's delta bytes.
+
+    The times and their sources:
+
+    ==================  ========================================================================
+    time                source
+    ==================  ========================================================================
+    ``extract_start``   ``trainer/steps.jsonl``: ``time - extract_s`` (the Trainer starts cutting)
+    ``extract_end``     ``trainer/steps.jsonl``: ``time``
+    ``trainer_out_*``   ``trainer/hops.jsonl``: first segment taken for sending, last written out
+    ``relay_in_*``      ``ledger.spans.jsonl`` (the relay's ``delta-path`` span): bytes start
+                        arriving, the version whole and verified
+    ``relay_out_*``     the relay's span: first segment taken for an Actor, last one written out
+    ``actor_in_last``   the Actors' spans: the version whole and verified (the latest Actor)
+    ``actor_staged``    the Actors' spans: staged, i.e. the ``staged`` message handed to the channel
+    ``ledger_staged``   ``events.csv``: the Ledger's ``DeltaStaged`` for the latest Actor
+    ==================  ========================================================================
+    """
     steps = {int(r["version"]): r["stats"] for r in _jsonl(run / "trainer" / "steps.jsonl")}
     spans = _jsonl(run / "ledger.spans.jsonl") + _jsonl(run / "trainer" / "hops.jsonl")
     latest = _latest(spans)
@@ -140,7 +132,16 @@ def path_rows(run: Path) -> pd.DataFrame:
 
 
 def hop_table(rows: pd.DataFrame, warmup: int = 2) -> pd.DataFrame:
-    """Median, min and max over versions past ``warmup`` of each hop of :data:`CHAIN` (s)."""
+    """Median, min and max over versions past ``warmup`` of each hop of :data:`CHAIN` (s).
+
+    For example ``trainer_out_last -> relay_in_last`` is the link's crossing, the last byte's
+    propagation and queueing. Each hypothesis for a gap predicts a signature here: (a) a late
+    delay line: large ``late_max_us`` / drops / RTOs and a long link hop; (b) the GIL: a long
+    ``actor_in_last -> actor_staged`` or ``actor_staged -> ledger_staged`` and loop lag in that
+    role; (c) wire overhead: a link hop longer than payload / htb rate by ~1/0.956; (d) control
+    behind data: ``ledger_staged`` late although ``actor_staged`` is not; (e) cwnd restart after
+    idle: the first segment's hop long, the rest not.
+    """
     after = rows[rows["version"] > warmup]
     out = []
     for a, b in CHAIN:
@@ -162,7 +163,10 @@ def hop_table(rows: pd.DataFrame, warmup: int = 2) -> pd.DataFrame:
 
 def loop_lag(run: Path) -> pd.DataFrame:
     """Each role's event-loop lag over the run: the median of its per-interval p50s, the
-    largest p99 and max (s), and the samples behind them."""
+    largest p99 and max (s), and the samples behind them.
+
+    p50, p99 and max of each role's ``loop-lag`` spans.
+    """
     spans = _jsonl(run / "ledger.spans.jsonl") + _jsonl(run / "trainer" / "hops.jsonl")
     by: dict[str, list[dict[str, Any]]] = {}
     for s in spans:
@@ -185,7 +189,10 @@ def loop_lag(run: Path) -> pd.DataFrame:
 def link_counters(run: Path) -> dict[str, Any]:
     """From ``emulation.json``: per delay line its packets and lateness (mean and max, us);
     per direction the drops of its qdiscs; per region the TCP retransmissions and timeouts,
-    each during the run (after the start-up probe until close)."""
+    each during the run (after the start-up probe until close).
+
+    From the run's ``emulation.json``.
+    """
     path = run / "emulation.json"
     if not path.exists():
         return {}

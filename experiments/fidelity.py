@@ -7,34 +7,11 @@ predictions from the host profile and the configuration alone, written before th
     python -m experiments.fidelity score --set campaign                 # prediction vs the mean
     python -m experiments.fidelity estimate --set campaign              # wall time, no runs
 
-Theory of operation
--------------------
-Every case is ``aurora real`` on the ``shapes`` backend (Qwen3-0.6B's tensors, a synthetic step
-changing ``density`` of the bf16 elements: 28 MB per version at 2%) over the emulated WAN at
-``scale`` 1: the Trainer in ``us``, Actors in one or two remote regions behind their own links
-(rate, RTT, loss), the congestion control named in the topology and set on every data socket,
-the strategy ``aurora`` with its streams, relays and cut-through as the case says. Generation
-is the stand-in's, timed at ``tokens_per_s`` per Actor.
-
-``predict`` draws each case's simulator inputs from the host profile (``benchmarks/
-host_profile.py``: this host's extraction, step, store, digest and apply costs per density, and
-what its emulated links deliver) and the case alone (:func:`sim.hostprofile.profile_config`),
-simulates it with ``SEEDS`` seeds (the loss-recovery draws differ), and writes the mean and
-spread to ``experiments/predictions/fidelity-<set>.json`` with the profile's digest and the
-commit. ``run`` refuses to start while that file is not committed unchanged (``--uncommitted``
-for a smoke test, which is then marked so in every row), then makes ``repeats`` runs of each
-case (job seed = repeat) and appends one row per run to ``results/fidelity/rows.csv`` (the
-machine's load before and after, the link as probed, the TCP counters of the run). ``score``
-judges each prediction against the mean of the real runs, with their spread beside it:
-
-* ``transfer_s``: a version's extraction starting to the Ledger counting its last Actor staged
-  (versions past the first), the same interval on both sides;
-* ``step_time_s``: steps past the first.
-
-A case counts where the network dominates: the predicted wire time of a version (its bytes over
-the slowest path's rate under the case's TCP model) is at least ``WIRE_OVER_EXTRACT`` times the
-profile's extraction time; ``predict`` reports the ratio of each case.
-"""
+Every case is ``aurora real`` on the ``shapes`` backend (Qwen3-0.6B's tensors) over the emulated
+WAN at ``scale`` 1 (:class:`Case`). :func:`predict` simulates each case from the host profile and
+the case alone; :func:`run` refuses to start while the predictions file is not committed
+unchanged; :func:`score` judges each prediction against the mean of the real runs, with their
+spread beside it. A case counts where the network dominates (:func:`wire_ratio`)."""
 
 from __future__ import annotations
 
@@ -101,7 +78,15 @@ class Region:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Case:
-    """One configuration of the campaign."""
+    """One configuration of the campaign.
+
+    Every case is ``aurora real`` on the ``shapes`` backend (Qwen3-0.6B's tensors, a synthetic
+    step changing ``density`` of the bf16 elements: 28 MB per version at 2%) over the emulated
+    WAN at ``scale`` 1: the Trainer in ``us``, Actors in one or two remote regions behind their
+    own links (rate, RTT, loss), the congestion control named in the topology and set on every
+    data socket, the strategy ``aurora`` with its streams, relays and cut-through as the case
+    says. Generation is the stand-in's, timed at ``tokens_per_s`` per Actor.
+    """
 
     name: str
     """Case id (rows, predictions, run folders)."""
@@ -267,7 +252,12 @@ def sim_config(case: Case, profile: dict[str, Any], seed: int) -> Any:
 
 def wire_ratio(case: Case, profile: dict[str, Any]) -> dict[str, float]:
     """A version's wire time on the slowest path under the case's TCP model, and that over
-    the profile's extraction time (the network-dominated criterion)."""
+    the profile's extraction time (the network-dominated criterion).
+
+    A case counts where the network dominates: the predicted wire time of a version (its bytes
+    over the slowest path's rate under the case's TCP model) is at least ``WIRE_OVER_EXTRACT``
+    times the profile's extraction time.
+    """
     from sim.tcp import tcp_cap
 
     cfg = sim_config(case, profile, 0)
@@ -290,6 +280,12 @@ def wire_ratio(case: Case, profile: dict[str, Any]) -> dict[str, float]:
 
 
 def predict(cases: Sequence[Case], profile_file: Path, *, seeds: int = SEEDS) -> dict[str, Any]:
+    """Each case's simulator inputs come from the host profile (``benchmarks/host_profile.py``:
+    this host's extraction, step, store, digest and apply costs per density, and what its
+    emulated links deliver) and the case alone (:func:`sim.hostprofile.profile_config`); it is
+    simulated with ``SEEDS`` seeds (the loss-recovery draws differ), and the mean and spread go
+    to ``experiments/predictions/fidelity-<set>.json`` with the profile's digest and the commit;
+    the wire ratio of each case is reported."""
     from experiments.transfer_real import sim_metrics
     from sim.hostprofile import load_profile
     from sim.model import simulate
@@ -467,6 +463,10 @@ def run_row(case: Case, repeat: int, folder: Path, meta: dict[str, Any]) -> dict
 def run(
     cases: Sequence[Case], *, repeats: int, root: Path, set_name: str, uncommitted: bool
 ) -> pd.DataFrame:
+    """``--uncommitted`` lets a smoke test run with an uncommitted predictions file, and every row
+    is then marked so. It makes ``repeats`` runs of each case (job seed = repeat) and appends
+    one row per run to ``results/fidelity/rows.csv`` (the machine's load before and after, the
+    link as probed, the TCP counters of the run)."""
     path = predictions_file(set_name)
     if not path.exists():
         raise SystemExit(f"{path}: no predictions; run `predict --set {set_name}` first")
@@ -513,7 +513,14 @@ METRICS = ("transfer_s", "step_time_s", "extract_s")
 def score(rows: pd.DataFrame, pred: dict[str, Any], set_name: str) -> pd.DataFrame:
     """Per case and metric: the real runs' mean, sd, min, max and count; the prediction and
     its error against the mean; whether it is within the tolerance and within the runs'
-    range."""
+    range.
+
+    Judged:
+
+    * ``transfer_s``: a version's extraction starting to the Ledger counting its last Actor staged
+      (versions past the first), the same interval on both sides;
+    * ``step_time_s``: steps past the first.
+    """
     out = []
     rows = rows[rows["set"] == set_name] if "set" in rows else rows
     for name, p in pred["cases"].items():
