@@ -94,7 +94,7 @@ class HonestConfig:
 
 
 def honest_run(cfg: HonestConfig, out: Path) -> dict[str, Any]:
-    """What the bounds did to one honest run (module docstring).
+    """What the bounds did to one honest run.
 
     Two honest Actors per run, per engine and seed: whether the bounds ever touched an honest
     result (results refused by reason, Actors excluded, steps the guard refused or left groups
@@ -184,7 +184,7 @@ def _spec(engine: str, seed: int, tmp: str, cfg: Any) -> Any:
 
 
 def measure_logprobs(cfg: LogprobConfig) -> dict[str, Any]:
-    """The honest behaviour log-probs of one engine (module docstring).
+    """The honest behaviour log-probs of one engine.
 
     Each engine (transformers: fp32 arithmetic on the bf16 weights; vLLM's CPU build: bf16
     arithmetic) samples ``batches`` of ``prompts`` x ``group_size`` completions of the
@@ -238,7 +238,7 @@ def measure_logprobs(cfg: LogprobConfig) -> dict[str, Any]:
 
 
 def measure_attack(cfg: AttackConfig) -> dict[str, Any]:
-    """One forged result against one step (module docstring).
+    """One forged result against one step.
 
     One batch of 32 x 8 honest completions (transformers engine, v0), one completion with a
     negative advantage given the forged behaviour log-prob ``X`` on every token; the step's

@@ -1,5 +1,5 @@
 """A held-out validation of the simulator against real runs: predictions written first, the real
-runs made afterwards (issue 27).
+runs made afterwards.
 
     python -m experiments.heldout predict [--set S]           # writes the set's predictions
     python -m experiments.heldout run --seeds 0,1,2 [--set S] # root, an idle machine: real runs
@@ -7,54 +7,12 @@ runs made afterwards (issue 27).
 
 Theory of operation
 -------------------
-``sim_vs_real`` replays each run from inputs recorded in that same run, on configurations that
-were also used while the replay options were developed: a match there is partly circular. Here
-the simulator predicts configurations it has not been compared on, from inputs recorded in
-*other* runs (a set's base traces), each changed only where the held-out case differs, by the
-case's own configuration. There are two sets, each predicted and committed before its runs:
-
-``standin`` (predicted at 0f646bd): the base is the stand-in runs over the emulated US-Canada
-link (``evidence/sim_vs_real/traces/``: 2 Actors, 12 prompts x 4 a step, 1 Gbit/s x 0.00143,
-40 ms; generation paced at a fixed rate, so the inputs are the same in the base and held-out
-runs).
-
-``rl`` (predicted after the per-version delta sizes, ``aurora.traces.ModelTrace``, were
-added on seeing the aurora gap in ``sim_vs_real``'s rl runs): the base is the idle-machine rl
-runs of seed 0 (``evidence/heldout/base-rl/``: the tiny Qwen3 trained by GRPO, 2 Actors,
-12 prompts x 4, 1 Gbit/s x 0.00571, 40 ms). Its cases are configurations the rl runs were never
-compared on. What a prediction cannot know: the held-out run's own delta sizes (its training
-differs where its batch does) and generation rate (the cores are shared by the Actors).
-
-``standin2`` and ``rl2`` (the third set, predicted after the simulator stopped charging an
-Actor's ``DeltaStaged`` report the control delay twice, found while locating the stand-in set's
-transfer miss): the same bases, new configurations.
-
-==================  ========  =================================================================
-case                set       what differs from the base (aurora and prime-full unless said)
-==================  ========  =================================================================
-``link``            standin,  the emulated rate x 2.5 and the RTT 80 ms
-                    rl
-``actors``          standin   4 Actors and 24 prompts a step (the same 24 rollouts per Actor)
-``actors3``         rl,       3 Actors and 18 prompts a step (the same 24 rollouts per Actor)
-                    standin2
-``norelay``         standin,  aurora without the relay in ca (every Actor pulls across the
-                    rl        link); standin also reruns aurora with it, as the pair to compare
-``slow``            standin2  the emulated rate x 0.5 and the RTT 20 ms
-``slow``            rl2       the emulated rate x 0.5
-``rtt120``          rl2       the RTT 120 ms
-==================  ========  =================================================================
-
-A set whose predictions were made before a later simulator change is marked ``superseded``: its
-predictions stand as written (at the commit the file records) and its table still compares
-them with its runs, but this tree no longer recomputes them.
-
-The replay options in force are those of ``sim_vs_real`` at the commit that wrote the
-predictions (including the measured wire efficiency, ``evidence/wire_overhead.json``); each file
-records that commit. ``predict`` must run, and be committed, before ``run``: no option may be
-added after a held-out miss without a new held-out set. ``run`` makes the real runs through
-``sim_vs_real`` (each also replayed from its own recording, as there), and ``table`` reports the
-prediction, the replay and the real value side by side, with every miss.
-"""
+``sim_vs_real`` replays each run from inputs recorded in that same run: a match there is partly
+circular. Here the simulator predicts configurations it has not been compared on, from inputs
+recorded in *other* runs (a set's base traces), each changed only where the held-out case differs
+(:data:`SETS`). ``predict`` must run, and be committed, before ``run``: no option may be added
+after a held-out miss without a new held-out set. ``table`` reports the prediction, the replay and
+the real value side by side, with every miss."""
 
 from __future__ import annotations
 
@@ -174,7 +132,38 @@ SETS: dict[str, HeldOutSet] = {
         },
     ),
 }
-"""The held-out sets (see the module docstring)."""
+"""The held-out sets, each predicted and committed before its runs.
+
+``standin``: the base is the stand-in runs over the emulated US-Canada link
+(``evidence/sim_vs_real/traces/``: 2 Actors, 12 prompts x 4 a step, 1 Gbit/s x 0.00143, 40 ms;
+generation paced at a fixed rate, so the inputs are the same in the base and held-out runs).
+
+``rl``: the base is the idle-machine rl runs of seed 0 (``evidence/heldout/base-rl/``: the tiny
+Qwen3 trained by GRPO, 2 Actors, 12 prompts x 4, 1 Gbit/s x 0.00571, 40 ms). Its cases are
+configurations the rl runs were never compared on. What a prediction cannot know: the held-out
+run's own delta sizes (its training differs where its batch does) and generation rate (the cores
+are shared by the Actors).
+
+``standin2`` and ``rl2``: the same bases, new configurations.
+
+==================  ========  =================================================================
+case                set       what differs from the base (aurora and prime-full unless said)
+==================  ========  =================================================================
+``link``            standin,  the emulated rate x 2.5 and the RTT 80 ms
+                    rl
+``actors``          standin   4 Actors and 24 prompts a step (the same 24 rollouts per Actor)
+``actors3``         rl,       3 Actors and 18 prompts a step (the same 24 rollouts per Actor)
+                    standin2
+``norelay``         standin,  aurora without the relay in ca (every Actor pulls across the
+                    rl        link); standin also reruns aurora with it, as the pair to compare
+``slow``            standin2  the emulated rate x 0.5 and the RTT 20 ms
+``slow``            rl2       the emulated rate x 0.5
+``rtt120``          rl2       the RTT 120 ms
+==================  ========  =================================================================
+
+A set whose predictions were made before a later simulator change is marked ``superseded``: its
+predictions stand as written (at the commit the file records) and its table still compares
+them with its runs, but this tree no longer recomputes them."""
 CASES = SETS["standin"].cases
 """The stand-in set's cases."""
 
@@ -213,7 +202,12 @@ def predicted_config(case: str, strategy: str, hset: HeldOutSet = SETS["standin"
 
 def predict(hset: HeldOutSet = SETS["standin"]) -> pd.DataFrame:
     """One row per (case, strategy): the predicted step time, tokens/s and transfer per delta
-    (the same definitions and warm-up as ``sim_vs_real``)."""
+    (the same definitions and warm-up as ``sim_vs_real``).
+
+    The replay options in force are those of ``sim_vs_real`` at the commit that wrote the
+    predictions (including the measured wire efficiency, ``evidence/wire_overhead.json``); each
+    file records that commit.
+    """
     from sim.model import simulate
 
     rows = []
@@ -242,7 +236,11 @@ def predict(hset: HeldOutSet = SETS["standin"]) -> pd.DataFrame:
 
 
 def points(seeds: Sequence[int], hset: HeldOutSet = SETS["standin"]) -> list[sim_vs_real.Point]:
-    """The real held-out runs of ``hset`` (emulated link)."""
+    """The real held-out runs of ``hset`` (emulated link).
+
+    ``run`` makes the real runs through ``sim_vs_real`` (each also replayed from its own
+    recording, as there).
+    """
     extra = (
         {"standin_tokens_per_s": sim_vs_real.STANDIN_TOKENS_PER_S}
         if hset.backend == "standin"

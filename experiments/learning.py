@@ -1,36 +1,17 @@
 """Learning check: does the real Trainer + engine improve held-out reward, and at what density?
 
 Each point runs the project's own pieces end to end on the default task (``aurora.rl.loop.
-train_local``): the warm-started tiny Qwen3 (the v0 snapshot, cached), a
-``TransformersEngine`` sampling G completions per prompt, the GRPO ``Trainer`` taking one step
-per batch and publishing ``D_{v+1}`` through the delta format, the engine applying it in place.
-Held-out exact match (500 fixed problems, greedy and sampled) is measured before the first step,
-every ``eval_every`` steps and after the last; every published delta's density (changed bf16
-elements / all) is recorded.
+train_local``): the warm-started tiny Qwen3, a ``TransformersEngine`` sampling G completions per
+prompt, the GRPO ``Trainer`` taking one step per batch and publishing ``D_{v+1}`` through the
+delta format, the engine applying it in place. Held-out exact match is measured before, during
+and after; every published delta's density is recorded. The points are listed on :func:`points`.
 
-Points (config-returning functions below), each over three RL seeds unless said: the default
-learning rate (:data:`DEFAULT_LR`, the one ``examples/geo.yaml`` runs ``aurora real`` at), the
-``learn`` regime's learning rate when a topology sets none
-(:data:`aurora.runtime.rlbackend.LEARN_LR`), the same with lr = 0 (a control that must not
-improve), with ``--full`` a learning-rate sweep (one seed) and the ``transfer`` regime (one seed):
-an RL-scale learning rate whose deltas are sparse like the paper's, where learning within the
-run is *not* expected (it shows what the data plane carries at the paper's density, not a
-learning result). Runs are kept short (60 steps of 32 prompts x 8, held-out every 10 steps) so
-the whole set fits a shared 2-core machine in minutes.
-
-The claim and its margin (justified in docs/RL.md from the measured noise): over the seeds of
-the default point, the mean greedy held-out exact match improves by at least
-:data:`MARGIN_POINTS` points and every seed improves; the lr = 0 control does not improve.
-``--bounds`` measures what the Trainer's bounds on one result cost an honest run: the default
-and ``learn``-regime points again, same seeds, without them (``UNBOUNDED``: no ratio cap, no
-outlier rule), beside the points with them (:func:`bounds_cost`).
-
-Writes ``results/learning/rows.csv`` (one row per run: config, seed, git SHA, before/after,
-densities, log-prob agreement), ``results/learning/curves.csv`` (held-out reward by step; delta
-density, training reward and log-prob gap per step) and ``results/learning/learning.png``;
-re-running computes only missing runs. CLI only under ``__main__``:
-``python -m experiments.learning [--full] [--seeds 0 1 2] [--out DIR]``.
-"""
+The claim and its margin (justified in docs/RL.md from the measured noise): over the seeds of the
+default point, the mean greedy held-out exact match improves by at least :data:`MARGIN_POINTS`
+points and every seed improves; the lr = 0 control does not improve (:func:`verdict`).
+``--bounds`` measures what the Trainer's bounds on one result cost an honest run
+(:func:`bounds_cost`). Rows go to ``results/learning/`` (:func:`run_points`). CLI only under
+``__main__``: ``python -m experiments.learning [--full] [--seeds 0 1 2] [--out DIR]``."""
 
 from __future__ import annotations
 
@@ -162,6 +143,18 @@ def points(
     smoke: bool = False,
     bounds: bool = False,
 ) -> list[LearningConfig]:
+    """Each over three RL seeds unless said: the default learning rate (:data:`DEFAULT_LR`, the one
+    ``examples/geo.yaml`` runs ``aurora real`` at), the ``learn`` regime's learning rate when a
+    topology sets none (:data:`aurora.runtime.rlbackend.LEARN_LR`), the same with lr = 0 (a
+    control that must not improve), with ``--full`` a learning-rate sweep (one seed) and the
+    ``transfer`` regime (one seed): an RL-scale learning rate whose deltas are sparse like the
+    paper's, where learning within the run is *not* expected (it shows what the data plane
+    carries at the paper's density, not a learning result). Runs are kept short (60 steps of 32
+    prompts x 8, held-out every 10 steps) so the whole set fits a shared 2-core machine in
+    minutes.
+
+    ``bounds``: the default and ``learn``-regime points again, same seeds, without the bounds
+    (``UNBOUNDED``: no ratio cap, no outlier rule), beside the points with them."""
     if smoke:
         return [smoke_config(seeds[0]), smoke_config(seeds[0], lr=0.0)]
     if bounds:
@@ -182,7 +175,12 @@ def points(
 
 
 def run(cfg: LearningConfig, *, cache_dir: str | Path | None = None) -> dict[str, Any]:
-    """Warm start (cached), then ``cfg.steps`` GRPO steps; returns the row and the curve."""
+    """Warm start (cached), then ``cfg.steps`` GRPO steps; returns the row and the curve.
+
+    The warm start is the v0 snapshot, cached. Held-out exact match (500 fixed problems, greedy
+    and sampled) is measured before the first step, every ``eval_every`` steps and after the
+    last; every published delta's density (changed bf16 elements / all) is recorded.
+    """
     import copy
 
     import torch
@@ -308,7 +306,13 @@ def run_points(
     configs: Sequence[LearningConfig], root: Path, *, cache_dir: str | Path | None = None
 ) -> pd.DataFrame:
     """Run the configs not yet in ``rows.csv`` (one at a time, appending after each, so an
-    interrupted sweep resumes); return the rows of ``configs``."""
+    interrupted sweep resumes); return the rows of ``configs``.
+
+    Writes ``results/learning/rows.csv`` (one row per run: config, seed, git SHA, before/after,
+    densities, log-prob agreement) and ``results/learning/curves.csv`` (held-out reward by step;
+    delta density, training reward and log-prob gap per step); :func:`figure` draws
+    ``results/learning/learning.png``. Re-running computes only missing runs.
+    """
     from aurora.provenance import git_sha
 
     out = root / NAME

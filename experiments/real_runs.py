@@ -5,37 +5,14 @@ Theory of operation
 A real-mode experiment describes each run by a frozen config whose ``key()`` names it (strategy,
 seed, steps, preset) and a ``measure`` that starts the run and reads its files. :func:`sweep`
 runs the configs whose key is not yet in ``<root>/<name>/rows.csv``, one at a time (a real run
-already uses every core), and appends each row, and the run's per-step rows to ``curves.csv``,
-as soon as the run ends: an interrupted sweep resumes at the first missing run, and re-running
-a finished one computes nothing.
+already uses every core), and appends each row as soon as the run ends: an interrupted sweep
+resumes at the first missing run. :func:`launch` starts one run through the runtime's own
+launcher, exactly what ``aurora real`` does, over the emulated WAN or a stated fallback, and
+raises on failure so a sweep never records a row for a run that did not complete.
+:func:`paired_bootstrap` and :func:`t_interval` give intervals of a mean paired difference.
 
-:func:`launch` starts one run through the runtime's own launcher
-(:class:`aurora.runtime.launcher.Launcher`), exactly what ``aurora real`` does, with what an
-experiment adds:
-
-* **The emulated WAN, or a stated fallback.** With ``emulate`` set, the run goes over the
-  emulated WAN (network namespaces behind a shaping router, ``docs/EMULATION.md``). Where that is
-  impossible (not root, no ``ip``/``tc``, the build failed) the run goes over loopback instead
-  and the reason is returned, so every row says which network it crossed (``wan`` column).
-* **Its failure as an exception** naming the run's folder and the launcher's last message, so a
-  sweep never records a row for a run that did not complete.
-
-:func:`paired_bootstrap` gives the percentile interval of a mean paired difference (resampling
-seeds), with ``scipy.stats.bootstrap``; :func:`t_interval` the t interval of the same mean, to
-read beside it when there are few seeds.
-
-API other experiments rely on (``experiments.accuracy``; ``experiments.sim_vs_real`` may use
-it): keep these signatures stable.
-
-* ``launch(run: RealRun) -> Outcome``: one run; ``Outcome.dir``, ``.wan``, ``.summary`` (the
-  run's ``summary.json``), ``.steps`` (its ``steps.csv``); raises :class:`RunFailed`.
-* ``sweep(name, configs, measure, *, root) -> (rows, curves)``: each config has ``key() ->
-  dict`` (the same keys for all), ``measure(config) -> (row, per_step_rows)``; the row should
-  carry the key's columns, and each per-step row too (an interrupted run's curve is replaced by
-  matching them).
-* ``paired_bootstrap(diffs, *, level, resamples, seed) -> (mean, low, high)``;
-  ``t_interval(diffs, *, level) -> (low, high)``.
-"""
+Other experiments (``experiments.accuracy``; ``experiments.sim_vs_real`` may use it) rely on
+these functions' signatures: keep them stable."""
 
 from __future__ import annotations
 
@@ -109,7 +86,22 @@ def emulation_unavailable() -> str | None:
 
 def launch(run: RealRun) -> Outcome:
     """Start ``run`` (its ``emulate``, if set, falls back to loopback with the reason) and wait
-    for it; raise :class:`RunFailed` unless it completed."""
+    for it; raise :class:`RunFailed` unless it completed.
+
+    What an experiment adds to the runtime's launcher
+    (:class:`aurora.runtime.launcher.Launcher`):
+
+    * **The emulated WAN, or a stated fallback.** With ``emulate`` set, the run goes over the
+      emulated WAN (network namespaces behind a shaping router, ``docs/EMULATION.md``). Where that
+      is impossible (not root, no ``ip``/``tc``, the build failed) the run goes over loopback
+      instead and the reason is returned, so every row says which network it crossed (``wan``
+      column).
+    * **Its failure as an exception** naming the run's folder and the launcher's last message, so
+      a sweep never records a row for a run that did not complete.
+
+    Stable API: ``launch(run: RealRun) -> Outcome``; ``Outcome.dir``, ``.wan``, ``.summary``
+    (the run's ``summary.json``), ``.steps`` (its ``steps.csv``); raises :class:`RunFailed`.
+    """
     wan = "emulated" if run.emulate else "loopback"
     if run.emulate:
         why = emulation_unavailable()
@@ -169,7 +161,14 @@ def sweep(
     root: Path,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run the configs missing from ``<root>/<name>/rows.csv`` (``measure(config)`` returns the
-    row and the per-step rows); return the rows and the per-step rows of ``configs``."""
+    row and the per-step rows); return the rows and the per-step rows of ``configs``.
+
+    The run's per-step rows are appended to ``curves.csv``; re-running a finished sweep computes
+    nothing. Stable API: ``sweep(name, configs, measure, *, root) -> (rows, curves)``: each
+    config has ``key() -> dict`` (the same keys for all), ``measure(config) -> (row,
+    per_step_rows)``; the row should carry the key's columns, and each per-step row too (an
+    interrupted run's curve is replaced by matching them).
+    """
     out = root / name
     out.mkdir(parents=True, exist_ok=True)
     rows_path, curves_path = out / "rows.csv", out / "curves.csv"
@@ -210,7 +209,11 @@ def paired_bootstrap(
     is coarse and, for small n, narrower than a t interval: for n = 3 the 95% interval is
     exactly [min, max] of the differences (each all-equal resample has probability 1/27, above
     2.5%). Read it with n and :func:`t_interval` beside it. One pair: the mean, no interval
-    (NaN); no pair: NaN."""
+    (NaN); no pair: NaN.
+
+    Computed with ``scipy.stats.bootstrap``. Stable API: ``paired_bootstrap(diffs, *, level,
+    resamples, seed) -> (mean, low, high)``.
+    """
     x = np.asarray([d for d in diffs if np.isfinite(d)], dtype=float)
     if x.size == 0:
         return (float("nan"),) * 3
@@ -234,7 +237,10 @@ def paired_bootstrap(
 
 def t_interval(diffs: Sequence[float], *, level: float = 0.95) -> tuple[float, float]:
     """The t interval of the mean of ``diffs`` (NaN with fewer than two; the mean itself when
-    they are all equal)."""
+    they are all equal).
+
+    Stable API: ``t_interval(diffs, *, level) -> (low, high)``.
+    """
     x = np.asarray([d for d in diffs if np.isfinite(d)], dtype=float)
     if x.size < 2:
         return float("nan"), float("nan")

@@ -1,21 +1,14 @@
-"""Regime map: where multi-stream transfer, relays and compact delta encoding each change
-end-to-end throughput by more than 2%, over generation window x WAN bandwidth x loss.
+"""Regime map: where multi-stream transfer, relays and compact delta encoding each change end-to-end
+throughput by more than 2%, over generation window x WAN bandwidth x loss.
 
-The deployment is the paper's default (``examples/geo.yaml``: Qwen3-8B, 4 x H100 Trainer in the
-US, 8 A100 Actors in Canada, 40 ms RTT) with a constant-rate link of the given bandwidth and loss.
-The *generation window* is how long one Actor takes to generate its share of a batch (512
-rollouts x 308 tokens at the GPU's rate; 45 s with the traces' A100), set by the GPU rate; the
-Trainer's step stays 69.6 s, so windows above that make the job generation-bound. In each cell
-AuroraRL as the paper runs it (LEB128, 4 streams, relay) is compared with one mechanism removed:
-one stream (``aurora-1stream``), no relay (every Actor pulls across the WAN), naive int32
-indices instead of LEB128 (2.05x the bytes). A mechanism matters where removing it costs more
-than 2% of tokens/s.
-
-The arithmetic behind the map: with one-step asynchrony a version's transfer is hidden while
-extraction plus transfer fits in the slack between the Actors' generation and the next batch
-request; it costs throughput only once it does not, i.e. on slow or lossy links, or when the
-generation window is short against the transfer.
-"""
+The deployment is the paper's default (``examples/geo.yaml``) with a constant-rate link of the
+given bandwidth and loss (:func:`topology_for`); the *generation window* is how long one Actor
+takes to generate its share of a batch (:func:`traces_for`). In each cell AuroraRL as the paper
+runs it is compared with one mechanism removed (:func:`points`); a mechanism matters where
+removing it costs more than 2% of tokens/s. The arithmetic behind the map: with one-step
+asynchrony a version's transfer is hidden while extraction plus transfer fits in the slack
+between the Actors' generation and the next batch request; it costs throughput only once it does
+not, i.e. on slow or lossy links, or when the generation window is short against the transfer."""
 
 from __future__ import annotations
 
@@ -57,7 +50,12 @@ ROLLOUTS, TOKENS = 512, 308
 
 
 def traces_for(window_s: float, base: Traces) -> Traces:
-    """The traces with the A100's Qwen3-8B rate set for a generation window of ``window_s``."""
+    """The traces with the A100's Qwen3-8B rate set for a generation window of ``window_s``.
+
+    The generation window is how long one Actor takes to generate its share of a batch (512
+    rollouts x 308 tokens at the GPU's rate; 45 s with the traces' A100), set by the GPU rate;
+    the Trainer's step stays 69.6 s, so windows above that make the job generation-bound.
+    """
     rate = ROLLOUTS * TOKENS / window_s
     a100 = base.gpus["A100"]
     tokens = dict(a100.tokens_per_s)
@@ -68,6 +66,8 @@ def traces_for(window_s: float, base: Traces) -> Traces:
 
 
 def topology_for(gbps: float, loss: float):  # type: ignore[no-untyped-def]
+    """The paper's default deployment: Qwen3-8B, 4 x H100 Trainer in the US, 8 A100 Actors in
+    Canada, 40 ms RTT."""
     data = yaml.safe_load(GEO.read_text())
     data["name"] = f"regime-{gbps:g}g-{loss:g}"
     data["links"] = [{"a": "us", "b": "ca", "gbps": gbps, "rtt_ms": 40, "loss": loss}]
@@ -75,6 +75,9 @@ def topology_for(gbps: float, loss: float):  # type: ignore[no-untyped-def]
 
 
 def points(full: bool = False, steps: int | None = None) -> list[Point]:
+    """AuroraRL as the paper runs it (LEB128, 4 streams, relay) against one mechanism removed: one
+    stream (``aurora-1stream``), no relay (every Actor pulls across the WAN), naive int32
+    indices instead of LEB128 (2.05x the bytes)."""
     grid = FULL_GRID if full else QUICK_GRID
     steps = steps or (30 if full else 12)
     base = load_traces()
