@@ -1,36 +1,17 @@
-"""The simulator against real runs: record each run's trace, replay it, compare (issue 19).
+"""The simulator against real runs: record each run's trace, replay it, compare.
 
 Theory of operation
 -------------------
 Each point is one real run of the runtime (``aurora real``, started here through
 :class:`aurora.runtime.launcher.Launcher`), on this host's loopback or over the emulated WAN
 (``--emulate``, root only). When it has finished, :func:`sim.runtrace.record.record_run` turns its
-folder into the simulator's inputs (per-rollout generation rate and tokens, the Trainer's step,
-extraction and publication seconds, delta sizes, the links as the emulator set them or the
-loopback as probed, the faults as they struck) and :func:`sim.runtrace.record.replay_config` into a
+folder into the simulator's inputs and :func:`sim.runtrace.record.replay_config` into a
 :class:`sim.config.SimConfig`, which is simulated. Nothing the run *output* (``steps.csv``) is an
-input: the comparison is a prediction.
-
-Part 1 (``part=compare``): ``aurora`` and ``prime-full`` on 2 Actors in a remote region, per
-network and seed: mean step time, tokens/s, the time from a version's extraction starting until
-the Ledger counts its last Actor staged ("transfer per delta", the same definition on both
-sides: both are read from the Ledger's events), and the ``aurora``/``prime-full`` throughput
-ratio. Target: within +-10%.
-
-Part 2 (``part=timeline``, the Fig. 13 analog on real processes): 4 spot Actors, one preempted
-without notice after 30% of the steps (step 6 of 20), a replacement joining after 70% (step 14):
-tokens/s per step and per Actor, the dip, the survivors' throughput, the joiner's catch-up and
-the recovery, beside the simulator's replay of the same run.
-
-Quick (the default, ~5 min on 2 cores) uses the labelled stand-in compute (``--backend
-standin``: real Ledger, leases, data plane, deltas and applies; generation is ``tokens /
-standin_tokens_per_s``); ``--full`` uses the real model backend (``rl``, the tiny Qwen3: ~2 min a
-run, ~30 min for its 3 seeds and the timeline) and more seeds. The measured agreement and each
-miss are in ``docs/REPRODUCTION.md`` ("Simulator vs real runs"). Rows go to
-``results/sim_vs_real/{rows,steps,timeline}.csv`` (config, seed, git SHA each), the runs to
-``results/sim_vs_real/runs/``; a point whose row exists is not run again, a run whose folder is
-complete is not launched again (resumable).
-"""
+input: the comparison is a prediction. Part 1 (``compare``) compares step time, tokens/s and
+transfer per delta (target: within +-10%); part 2 (``timeline``, the Fig. 13 analog) a preemption
+and a join (:func:`points`). The measured agreement and each miss are in ``docs/REPRODUCTION.md``
+("Simulator vs real runs"). Rows go to ``results/sim_vs_real/`` (:func:`run_points`); a point
+whose row exists is not run again (resumable)."""
 
 from __future__ import annotations
 
@@ -136,6 +117,20 @@ def points(
     parts: Sequence[str] = ("compare", "timeline"),
     seeds: Sequence[int] | None = None,
 ) -> list[Point]:
+    """Part 1 (``part=compare``): ``aurora`` and ``prime-full`` on 2 Actors in a remote region, per
+    network and seed: mean step time, tokens/s, the time from a version's extraction starting
+    until the Ledger counts its last Actor staged ("transfer per delta", the same definition on
+    both sides: both are read from the Ledger's events), and the ``aurora``/``prime-full``
+    throughput ratio. Target: within +-10%.
+
+    Part 2 (``part=timeline``, the Fig. 13 analog on real processes): 4 spot Actors, one
+    preempted without notice after 30% of the steps (step 6 of 20), a replacement joining after
+    70% (step 14): tokens/s per step and per Actor, the dip, the survivors' throughput, the
+    joiner's catch-up and the recovery, beside the simulator's replay of the same run.
+
+    Quick (the default) uses the labelled stand-in compute (``--backend standin``: real Ledger,
+    leases, data plane, deltas and applies; generation is ``tokens / standin_tokens_per_s``);
+    ``--full`` uses the real model backend (``rl``, the tiny Qwen3) and more seeds."""
     backend = "rl" if full else "standin"
     extra = {} if full else {"standin_tokens_per_s": STANDIN_TOKENS_PER_S}
     seeds = tuple(seeds) if seeds else ((0, 1, 2) if full else (0,))
@@ -389,7 +384,12 @@ def measure(
     """Run, record, replay and compare one point: its row and its per-step rows. An emulated
     run's replay carries payload at ``wire_efficiency`` of each link's htb rate when given.
     ``log``: the real run and its replay write their step series under the same tags
-    (``RUN/tb`` and ``RUN/sim/tb``: one TensorBoard overlays them)."""
+    (``RUN/tb`` and ``RUN/sim/tb``: one TensorBoard overlays them).
+
+    The recorded inputs: per-rollout generation rate and tokens, the Trainer's step, extraction
+    and publication seconds, delta sizes, the links as the emulator set them or the loopback as
+    probed, the faults as they struck.
+    """
     from sim.model import simulate
     from sim.runtrace.record import replay_config
 
@@ -501,7 +501,12 @@ def run_points(
     log: str | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Measure the points missing from ``root/sim_vs_real/rows.csv``; return every row of
-    ``pts`` and their per-step rows (``wire_efficiency``: see :func:`measure`)."""
+    ``pts`` and their per-step rows (``wire_efficiency``: see :func:`measure`).
+
+    Rows go to ``results/sim_vs_real/{rows,steps,timeline}.csv`` (config, seed, git SHA each),
+    the runs to ``results/sim_vs_real/runs/``; a point whose row exists is not run again, a run
+    whose folder is complete is not launched again (resumable).
+    """
     out = root / NAME
     out.mkdir(parents=True, exist_ok=True)
     rows_path, steps_path = out / "rows.csv", out / "steps.csv"

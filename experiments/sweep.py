@@ -4,23 +4,12 @@ Theory of operation
 -------------------
 A sweep is a list of :class:`experiments.common.Point` (identifying columns and a
 :class:`sim.config.SimConfig`) and a *measure* (a module-level function ``SimConfig -> dict``).
-:func:`run` hands each point to an executor and yields ``(point, metrics)`` as each finishes, in
-completion order; the caller writes rows as they come, so a sweep stopped halfway keeps what it
-computed and the next run computes only the rest.
-
-Executors:
-
-* ``workers == 1``: in this process (tests, debugging, profiles);
-* default: a ``concurrent.futures.ProcessPoolExecutor`` over every local core;
-* ``cluster="tcp://HOST:PORT"``: the Dask ``distributed`` scheduler at that address (start one
-  with ``dask scheduler`` and ``dask worker tcp://HOST:PORT`` on each host, with this package
-  installed); ``cluster="local"`` starts a ``LocalCluster`` on this machine. Dask is the optional
-  extra ``pip install -e .[cluster]``: a well-kept engine (scheduling, retries of lost workers,
-  a dashboard) instead of a hand-written one, and light enough to install in seconds.
-
-Each simulation is a deterministic function of its config, so where it runs changes nothing:
-the rows are the same as the serial run's (a test checks it on a local cluster).
-"""
+:func:`run` hands each point to an executor (this process, a local process pool, or a Dask
+cluster) and yields ``(point, metrics)`` as each finishes, in completion order; the caller writes
+rows as they come, so a sweep stopped halfway keeps what it computed and the next run computes
+only the rest. Each simulation is a deterministic function of its config, so where it runs
+changes nothing: the rows are the same as the serial run's (a test checks it on a local
+cluster)."""
 
 from __future__ import annotations
 
@@ -55,7 +44,19 @@ def run(
     workers: int | None = None,
     cluster: str | None = None,
 ) -> Iterator[tuple[Point, dict[str, Any]]]:
-    """Measure every point; yield ``(point, metrics)`` as each finishes."""
+    """Measure every point; yield ``(point, metrics)`` as each finishes.
+
+    Executors:
+
+    * ``workers == 1``: in this process (tests, debugging, profiles);
+    * default: a ``concurrent.futures.ProcessPoolExecutor`` over every local core;
+    * ``cluster="tcp://HOST:PORT"``: the Dask ``distributed`` scheduler at that address (start one
+      with ``dask scheduler`` and ``dask worker tcp://HOST:PORT`` on each host, with this package
+      installed); ``cluster="local"`` starts a ``LocalCluster`` on this machine. Dask is the
+      optional extra ``pip install -e .[cluster]``: a well-kept engine (scheduling, retries of lost
+      workers, a dashboard) instead of a hand-written one, and light enough to install in
+      seconds.
+    """
     if not points:
         return
     if cluster is not None:

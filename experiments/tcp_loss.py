@@ -1,30 +1,18 @@
-"""TCP goodput against loss, RTT and streams on the emulated WAN, per congestion control, beside
-the simulator's model of it (:mod:`sim.tcp`).
+"""TCP goodput against loss, RTT and streams on the emulated WAN, per congestion control, beside the
+simulator's model of it (:mod:`sim.tcp`).
 
-    python -m experiments.tcp_loss            # root: the quick grid (24 points, ~12 min)
-    python -m experiments.tcp_loss --full     # root: the whole grid (192 points, ~80 min)
+    python -m experiments.tcp_loss            # root: the quick grid (24 points)
+    python -m experiments.tcp_loss --full     # root: the whole grid (192 points)
     python -m experiments.tcp_loss --figures  # redraw from the rows on file
 
 Theory of operation
 -------------------
-For each (RTT, loss) one emulated link (two regions, ``RATE_MBIT``, a bottleneck queue of one
-BDP, the loss as random drops at the receiver's ingress, i.e. after the bottleneck) is built;
-on it, for each congestion control and number of streams, ``streams`` bulk TCP streams with
-``TCP_CONGESTION`` set per socket and the data plane's socket buffers (``--buffer``, 8 MiB asked:
-no autotuning) run for ``seconds`` (at least 200 RTTs: a loss-based stream needs many loss
-events to forget its slow-start overshoot) and the goodput is counted at the receiver over the
-second half (:func:`emulation.measure.tcp`). The model's value for the same point is
-:func:`sim.tcp.bulk_goodput`: the streams' rates under that algorithm, shared on a link whose
-payload capacity is the htb rate times the measured payload share of a frame
-(``evidence/wire_overhead.json``), less what is sent twice; one stream's window is the host
-profile's (measured on a lossless link at the nearest rate and RTT, :mod:`sim.hostprofile`),
-else the regions' 4 MiB ceiling. Nothing measured here is an input of the model: the
-comparison is the model's test. Every row records the machine's load before and
-after its point and the sender's TCP counters (retransmissions, tail-loss probes, timeouts).
-
-One figure per algorithm (``tcp_loss_<cc>.png``): goodput against loss, one panel per RTT, a
-line per stream count for the model and markers for the measurements.
-"""
+For each (RTT, loss) one emulated link is built; on it, for each congestion control and number
+of streams, bulk TCP streams run and the goodput is counted at the receiver (:func:`measure`).
+The model's value for the same point is :func:`sim.tcp.bulk_goodput` (:func:`model_mbit`).
+Nothing measured here is an input of the model: the comparison is the model's test. Every row
+records the machine's load before and after its point and the sender's TCP counters. One figure
+per algorithm (:func:`figures`)."""
 
 from __future__ import annotations
 
@@ -91,7 +79,13 @@ def window_bytes(profile: dict[str, Any] | None, rtt_ms: float, buffer: int) -> 
 def model_mbit(
     cc: str, *, rtt_ms: float, loss: float, streams: int, eff: float, window: float = WINDOW
 ) -> float:
-    """The simulator's goodput for a point (Mbit/s)."""
+    """The simulator's goodput for a point (Mbit/s).
+
+    The streams' rates under that algorithm, shared on a link whose payload capacity is the htb
+    rate times the measured payload share of a frame (``evidence/wire_overhead.json``), less
+    what is sent twice; one stream's window is the host profile's (measured on a lossless link
+    at the nearest rate and RTT, :mod:`sim.hostprofile`), else the regions' 4 MiB ceiling.
+    """
     from sim.tcp import bulk_goodput
 
     got = bulk_goodput(
@@ -139,7 +133,16 @@ def measure(
     repeats: int = 1,
 ) -> pd.DataFrame:
     """Every point of ``grid`` measured ``repeats`` times in ``out`` (resumable: only what is
-    missing), appended as it is measured."""
+    missing), appended as it is measured.
+
+    The link: two regions, ``RATE_MBIT``, a bottleneck queue of one BDP, the loss as random
+    drops at the receiver's ingress, i.e. after the bottleneck. ``streams`` bulk TCP streams
+    with ``TCP_CONGESTION`` set per socket and the data plane's socket buffers (``--buffer``, 8
+    MiB asked: no autotuning) run for ``seconds`` (at least 200 RTTs: a loss-based stream needs
+    many loss events to forget its slow-start overshoot) and the goodput is counted at the
+    receiver over the second half (:func:`emulation.measure.tcp`). The sender's TCP counters:
+    retransmissions, tail-loss probes, timeouts.
+    """
     from emulation.network import build_network
 
     path = out / "rows.csv"
@@ -237,7 +240,11 @@ def host_profile(path: str | None) -> dict[str, Any] | None:
 
 
 def figures(rows: pd.DataFrame, out: Path) -> list[Path]:
-    """One figure per algorithm: goodput against loss, a panel per RTT."""
+    """One figure per algorithm: goodput against loss, a panel per RTT.
+
+    ``tcp_loss_<cc>.png``: goodput against loss, one panel per RTT, a line per stream count for
+    the model and markers for the measurements.
+    """
     files_only()
     import matplotlib.pyplot as plt
     import numpy as np

@@ -1,54 +1,18 @@
-"""The paper's transfer figures on real processes at a real model's size (issue 28, part 2).
+"""The paper's transfer figures on real processes at a real model's size.
 
 Theory of operation
 -------------------
 Every run is ``aurora real`` (the launcher, in this process) on the ``shapes`` backend
-(:mod:`aurora.runtime.shapes`): the Trainer holds Qwen3-0.6B's exact tensors (596M bf16
-weights, 1.19 GB) and takes a synthetic AdamW-like step changing 2% of them; extraction, the
-codecs, the Checkpoint Store, the signed announcements, the data plane (S streams, the relay,
-cut-through) and the Actors' in-place apply are the real ones; generation is the stand-in's,
-timed at :data:`TOKENS_PER_S` tokens/s per Actor (every row says so). Two Actors sit in ``ca``
-behind one relay, the Trainer in ``us``.
+(:mod:`aurora.runtime.shapes`): the Trainer holds Qwen3-0.6B's exact tensors and takes a
+synthetic step changing 2% of them; everything but generation is the real runtime; generation is
+the stand-in's, timed at :data:`TOKENS_PER_S` tokens/s per Actor (every row says so). Two Actors
+sit in ``ca`` behind one relay, the Trainer in ``us``. It is a held-out validation of the
+simulator: the first run of a network calibrates, and the simulator's predictions for the other
+configurations are committed before they run (:func:`predict`). Metrics (:func:`real_metrics`)
+stand beside the paper's values scaled to this model (:func:`paper_scaled`).
 
-**A held-out validation of the simulator.** The first run of a network (``s4-relay``: the
-``aurora`` strategy as shipped, 4 streams, relay, cut-through) is the *calibration*: its folder is
-recorded into simulator inputs (:func:`sim.runtrace.record.record_run`: generation rate, the
-Trainer's step and extraction seconds, delta sizes, the links as probed or emulated). From those
-inputs alone, the simulator predicts the other configurations (1 stream, no relay,
-store-and-forward) and writes the predictions to
-``experiments/predictions/transfer_real-<network>.json`` (committed) *before* any of those runs
-starts (the file records when); the runs are then made and compared with it. The calibration
-run's own replay is reported too, as a fit, not a prediction.
-
-Metrics, each defined the same way on both sides where the simulator has it:
-
-* ``extract_s``: the Trainer's extraction time per version (steps.csv; the simulator's
-  ``extract`` span);
-* ``delta_mb``: bytes per version as shipped (``aurora``), and the same changes re-encoded as
-  the paper's LEB128 and as naive int32 + bf16 (:func:`codec_bytes`);
-* ``transfer_s``: from a version's extraction starting to the Ledger counting its last Actor
-  staged (``experiments.sim_vs_real.real_transfers``/``sim_transfers``); behind the relay vs
-  direct, it is the last Actor's arrival;
-* ``tail_s``: what the transfer adds after extraction ends (``transfer_s - extract_s``):
-  cut-through hides the rest behind extraction; the overlap it buys is the store-and-forward
-  run's ``tail_s`` less this one's;
-* ``pause_ms``: the Actors' activation pause per delta (the ``Activation`` events; the
-  simulator's ``apply`` spans);
-* ``peak_rss_gb``: each process's peak resident memory (``VmHWM``, read from ``/proc`` while
-  the run lasts).
-
-Beside each, the paper's value scaled to this model: the paper's Qwen3-8B (8.19B weights)
-figures times 596M / 8.19B = 0.0728 (bytes and extraction are linear in the weights at the same
-density): 202 MB per step in LEB128 (§6.3) -> 14.7 MB, ~5 s of extraction (§5.1) -> 0.36 s, and
-that delta over the paper's 1 Gbit/s link -> 0.12 s. The paper's 202 MB is ~0.75% changed; this
-backend changes 2%, so its bytes are ~2.5x the scaled figure by design (the transfer regime's
-1-3%).
-
-``python -m experiments.transfer_real`` (quick: loopback, 4 steps per run, ~10-15 min here on 2
-busy cores); ``--network emulated`` (root) runs over the emulated WAN at the paper's unscaled
-link (1 Gbit/s, 40 ms, ``scale`` 1). Rows: ``results/transfer_real/rows.csv``; figure:
-``transfer_real.png``; every timing was taken on a machine shared with other jobs.
-"""
+``python -m experiments.transfer_real`` (quick: loopback, 4 steps per run); ``--network
+emulated`` (root): the emulated WAN at the paper's unscaled link (1 Gbit/s, 40 ms, ``scale`` 1)."""
 
 from __future__ import annotations
 
@@ -115,6 +79,11 @@ def params_of(model: str) -> int:
 
 
 def paper_scaled(model: str) -> dict[str, float]:
+    """The paper's Qwen3-8B (8.19B weights) figures times 596M / 8.19B = 0.0728 (bytes and
+    extraction are linear in the weights at the same density): 202 MB per step in LEB128 (§6.3)
+    -> 14.7 MB, ~5 s of extraction (§5.1) -> 0.36 s, and that delta over the paper's 1 Gbit/s
+    link -> 0.12 s. The paper's 202 MB is ~0.75% changed; this backend changes 2%, so its bytes
+    are ~2.5x the scaled figure by design (the transfer regime's 1-3%)."""
     r = params_of(model) / PAPER_PARAMS
     mb = PAPER["delta_mb_leb128"] * r
     return {
@@ -312,6 +281,25 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 def real_metrics(folder: Path) -> dict[str, Any]:
+    """The ``shapes`` Trainer holds 596M bf16 weights, 1.19 GB; extraction, the codecs, the
+    Checkpoint Store, the signed announcements, the data plane (S streams, the relay,
+    cut-through) and the Actors' in-place apply are the real ones. Metrics, each defined the
+    same way on both sides where the simulator has it:
+
+    * ``extract_s``: the Trainer's extraction time per version (steps.csv; the simulator's
+      ``extract`` span);
+    * ``delta_mb``: bytes per version as shipped (``aurora``), and the same changes re-encoded as
+      the paper's LEB128 and as naive int32 + bf16 (:func:`codec_bytes`);
+    * ``transfer_s``: from a version's extraction starting to the Ledger counting its last Actor
+      staged (``experiments.sim_vs_real.real_transfers``/``sim_transfers``); behind the relay vs
+      direct, it is the last Actor's arrival;
+    * ``tail_s``: what the transfer adds after extraction ends (``transfer_s - extract_s``):
+      cut-through hides the rest behind extraction; the overlap it buys is the store-and-forward
+      run's ``tail_s`` less this one's;
+    * ``pause_ms``: the Actors' activation pause per delta (the ``Activation`` events; the
+      simulator's ``apply`` spans);
+    * ``peak_rss_gb``: each process's peak resident memory (``VmHWM``, read from ``/proc`` while
+      the run lasts)."""
     steps = pd.read_csv(folder / "steps.csv")
     later = steps[steps["version"] > WARMUP]
     transfers = {v: t for v, t in real_transfers(folder).items() if v > WARMUP}
@@ -360,7 +348,18 @@ def sim_metrics(result: Any) -> dict[str, Any]:
 def predict(calibration: Path, network: str, root: Path) -> dict[str, Any]:
     """The simulator's prediction of every configuration from the calibration run's recorded
     inputs; written to ``experiments/predictions/transfer_real-<network>.json`` (committed)
-    before the other runs start."""
+    before the other runs start.
+
+    The first run of a network (``s4-relay``: the ``aurora`` strategy as shipped, 4 streams,
+    relay, cut-through) is the *calibration*: its folder is recorded into simulator inputs
+    (:func:`sim.runtrace.record.record_run`: generation rate, the Trainer's step and extraction
+    seconds, delta sizes, the links as probed or emulated). From those inputs alone, the
+    simulator predicts the other configurations (1 stream, no relay, store-and-forward) and
+    writes the predictions to ``experiments/predictions/transfer_real-<network>.json``
+    (committed) *before* any of those runs starts (the file records when); the runs are then
+    made and compared with it. The calibration run's own replay is reported too, as a fit, not a
+    prediction.
+    """
     from sim.model import simulate
     from sim.runtrace.record import record_run, replay_config
 
@@ -392,6 +391,10 @@ METRICS = ("extract_s", "transfer_s", "tail_s", "pause_ms", "step_time_s")
 def rows_for(
     network: str, real: dict[str, dict[str, Any]], pred: dict[str, Any], paper: dict[str, float]
 ) -> list[dict[str, Any]]:
+    """One network's rows, one per config and metric: real, simulated (fit or prediction), paper.
+
+    Rows go to ``results/transfer_real/rows.csv``; :func:`figure` draws ``transfer_real.png``.
+    """
     out = []
     ours = {"extract_s": paper["extract_s"]}
     if network == "emulated":  # extraction, then the scaled delta over the paper's link

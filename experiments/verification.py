@@ -1,34 +1,18 @@
-"""Verified rollouts (issue 31): the honest tolerance, what each dishonest Actor gets in before it
-is excluded, and what verification costs an honest run.
+"""Verified rollouts: the honest tolerance, what each dishonest Actor gets in before it is excluded,
+and what verification costs an honest run.
 
-Three parts, each a list of configs (functions below) that :func:`main` runs:
-
-* ``tolerance`` (offline, one process): the largest and mean |reported - recomputed| log-prob of
-  honest results of the tiny Qwen3 per engine (transformers: fp32 arithmetic on the bf16
-  weights, as the Trainer's recompute; vLLM's CPU build: bf16 arithmetic), and per dishonest
-  mode the share of its results the rule refuses (``stale``: samples of v0 judged under v_k, k
-  = 1, 2, 5, 10 steps of real GRPO training at the ``learn`` rate). This is what the default
-  bounds of :class:`aurora.policy.verification.VerificationConfig` rest on.
-* ``detect`` (``aurora real``, real processes): one honest and one dishonest Actor
-  (:mod:`aurora.runtime.cheats`) under the default rule, per mode and engine: whether and when
-  the cheater was excluded (batches requested, training steps published, seconds), how many of
-  its results were admitted before, and how many were trained on; whether any honest Actor was.
-* ``sampling`` (offline, one process): the ranks ``u`` of sampled tokens under the Trainer's
-  distribution (:mod:`aurora.policy.sampling`) per engine: honest (mean, z, KS distance, the
-  sequential test over the checks in order; the rank gap between correct and wrong completions
-  that bounds what selection on the reward gains), and per selecting or random cheat
-  (``random``, ``greedy``, ``chosen``, ``bestof:4``, ``bestof:8``) the checks and tokens until the
-  rank test and the log-prob rule catch it, and its reward gain per completion.
-* ``cost`` (``aurora real``): the same honest run (two honest Actors) with verification off and
-  on, same length, same seed: mean step time and generated tokens per second, and their ratio;
-  and ``fpr``: a long honest run with verification on (no honest Actor may ever be excluded).
-
-Rows (resolved config, seed, git SHA, metrics) go to
-``results/verification/{tolerance,sampling,runs}.csv``
-and a figure to ``results/verification/verification.png``; re-running skips rows already there.
-CLI only under ``__main__``: ``python -m experiments.verification [--part tolerance|sampling|
-detect|cost|fpr|all] [--engines transformers,vllm] [--seeds 0]``.
-"""
+Parts, each a list of configs (functions below) that :func:`main` runs: ``tolerance`` (offline:
+honest log-prob error per engine and the share of each dishonest mode's results the rule refuses,
+:func:`measure_tolerance`; the default bounds of
+:class:`aurora.policy.verification.VerificationConfig` rest on it), ``detect`` (``aurora real``:
+whether and when a cheater is excluded, :func:`detect_runs`), ``sampling`` (offline: the rank
+test against selecting and random cheats, :func:`measure_sampling`), ``cost`` and ``fpr``
+(``aurora real``: verification off and on, and a long honest run, :func:`cost_runs`,
+:func:`fpr_runs`). Rows (resolved config, seed, git SHA, metrics) go to
+``results/verification/{tolerance,sampling,runs}.csv`` and a figure to
+``results/verification/verification.png``; re-running skips rows already there. CLI only under
+``__main__``: ``python -m experiments.verification [--part tolerance|sampling|
+detect|cost|fpr|all] [--engines transformers,vllm] [--seeds 0]``."""
 
 from __future__ import annotations
 
@@ -80,7 +64,13 @@ class RunConfig:
 
 
 def detect_runs(engines: Sequence[str], seeds: Sequence[int]) -> list[RunConfig]:
-    """Each dishonest mode beside one honest Actor, default rule."""
+    """Each dishonest mode beside one honest Actor, default rule.
+
+    One honest and one dishonest Actor (:mod:`aurora.runtime.cheats`) under the default rule,
+    per mode and engine: whether and when the cheater was excluded (batches requested, training
+    steps published, seconds), how many of its results were admitted before, and how many were
+    trained on; whether any honest Actor was.
+    """
     return [
         RunConfig(
             part="detect",
@@ -98,7 +88,10 @@ def detect_runs(engines: Sequence[str], seeds: Sequence[int]) -> list[RunConfig]
 
 
 def cost_runs(engines: Sequence[str], seeds: Sequence[int], steps: int = 30) -> list[RunConfig]:
-    """Two honest Actors, verification off and on, same length and seed."""
+    """Two honest Actors, verification off and on, same length and seed.
+
+    Measured: mean step time and generated tokens per second, and their ratio.
+    """
     return [
         RunConfig(part="cost", engine=e, cheat=None, verify=v, steps=steps, seed=s, honest=2)
         for e in engines
@@ -108,7 +101,10 @@ def cost_runs(engines: Sequence[str], seeds: Sequence[int], steps: int = 30) -> 
 
 
 def fpr_runs(engines: Sequence[str], steps: int = 150) -> list[RunConfig]:
-    """A long honest run with verification on (the false-positive count over it)."""
+    """A long honest run with verification on (the false-positive count over it).
+
+    No honest Actor may ever be excluded.
+    """
     return [
         RunConfig(part="fpr", engine=e, cheat=None, verify=True, steps=steps, seed=1, honest=2)
         for e in engines
@@ -297,7 +293,15 @@ def _spec(engine: str, seed: int, tmp: str, prompts: int, group: int) -> Any:
 
 
 def measure_tolerance(cfg: ToleranceConfig) -> list[dict[str, Any]]:
-    """Rows (one per mode) of the offline measurement (module docstring)."""
+    """Rows (one per mode) of the offline measurement.
+
+    The largest and mean |reported - recomputed| log-prob of honest results of the tiny Qwen3
+    per engine (transformers: fp32 arithmetic on the bf16 weights, as the Trainer's recompute;
+    vLLM's CPU build: bf16 arithmetic), and per dishonest mode the share of its results the rule
+    refuses (``stale``: samples of v0 judged under v_k, k = 1, 2, 5, 10 steps of real GRPO
+    training at the ``learn`` rate). This is what the default bounds of
+    :class:`aurora.policy.verification.VerificationConfig` rest on.
+    """
     import tempfile
 
     from aurora.policy.verification import (
@@ -457,7 +461,15 @@ def _ks(us: Any) -> float:
 
 
 def measure_sampling(cfg: RankConfig) -> list[dict[str, Any]]:
-    """Rows (honest, then one per cheat) of the ``sampling`` part (module docstring)."""
+    """Rows (honest, then one per cheat) of the ``sampling`` part.
+
+    The ranks ``u`` of sampled tokens under the Trainer's distribution
+    (:mod:`aurora.policy.sampling`) per engine: honest (mean, z, KS distance, the sequential
+    test over the checks in order; the rank gap between correct and wrong completions that
+    bounds what selection on the reward gains), and per selecting or random cheat (``random``,
+    ``greedy``, ``chosen``, ``bestof:4``, ``bestof:8``) the checks and tokens until the rank
+    test and the log-prob rule catch it, and its reward gain per completion.
+    """
     import tempfile
 
     import msgpack

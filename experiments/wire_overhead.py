@@ -1,22 +1,17 @@
-"""How much of an emulated link's configured rate is payload: the measured input behind the
-replay's link rate (issue 27, hypothesis (c) of the aurora gap).
+"""How much of an emulated link's configured rate is payload: the measured input behind the replay's
+link rate.
 
     python -m experiments.wire_overhead [--out evidence/wire_overhead.json]   # root, ip, tc
 
 Theory of operation
 -------------------
 The emulator shapes each direction with an htb class at the configured rate, and htb counts
-every byte of every packet it sends: the Ethernet, IP and TCP headers (with TCP's timestamp
-option) as well as the payload. The simulator's links carry payload at their configured rate.
-So a replay that takes the htb rate as the payload rate is too fast by the header share, which
-first principles put at 1448 / 1514 = 0.956 for full-size packets on a 1500-byte MTU. This
-measures it rather than assuming it: a bulk TCP transfer across the emulated US-Canada link of
-``sim_vs_real`` at the two link scales its runs use (stand-in and the tiny Qwen3), with 1 and 4
-streams, the payload received divided by the bytes the htb class counted
-(:func:`emulation.measure.payload_efficiency`). ``sim_vs_real`` multiplies the emulated links'
-rates by the median (``--wire-efficiency``). The input comes from a transfer that is not a run
-of the comparison, so nothing in it is fitted to the comparison's output.
-"""
+every byte of every packet it sends, headers included; the simulator's links carry payload at
+their configured rate. So a replay that takes the htb rate as the payload rate is too fast by
+the header share (1448 / 1514 = 0.956 for full-size packets on a 1500-byte MTU from first
+principles). This measures it (:func:`measure`); ``sim_vs_real`` multiplies the emulated links'
+rates by the median (``--wire-efficiency``). The input comes from a transfer that is not a run of
+the comparison, so nothing in it is fitted to the comparison's output."""
 
 from __future__ import annotations
 
@@ -48,7 +43,13 @@ TOPOLOGY = {
 
 
 def measure(seconds: float = 4.0) -> dict[str, Any]:
-    """Every (scale, streams) measurement and their median efficiency."""
+    """Every (scale, streams) measurement and their median efficiency.
+
+    Headers counted by htb: Ethernet, IP and TCP (with TCP's timestamp option). A bulk TCP
+    transfer across the emulated US-Canada link of ``sim_vs_real`` at the two link scales its
+    runs use (stand-in and the tiny Qwen3), with 1 and 4 streams: the payload received divided
+    by the bytes the htb class counted (:func:`emulation.measure.payload_efficiency`).
+    """
     from aurora.topology import topology_from_dict
     from emulation.measure import payload_efficiency
     from emulation.network import build_network
