@@ -1,55 +1,16 @@
-"""The GPU check of issue 20, in one run: vLLM applies the Trainer's real deltas in place, and
-the device apply and extraction throughput against the device's own memcpy.
+"""The GPU check, in one run: vLLM applies real deltas in place; apply and extraction vs memcpy.
 
-Three modes (``benchmarks/gpu_check.sh`` wraps it; docs/GPU.md):
-
-* default: on a CUDA GPU with vLLM installed. vLLM runs the chain once, with torch.compile and
-  CUDA graphs on as production runs it (``--eager`` turns them off). If vLLM cannot be imported
-  the check fails at once: it never passes without the thing it was asked to check
-  (``summary["vllm_ran"]``).
-* ``--no-vllm``: the torch parts on the device, for a host without vLLM (the project's H200
-  image): the device apply, the device extraction and the Trainer on CUDA, with the chain's
-  Actor being vLLM's worker-side apply (below).
-* ``--dry-run``: all of ``--no-vllm`` on the CPU at small sizes (the test suite runs it).
-
-``--device cpu`` without ``--dry-run`` runs the chain on vLLM's CPU build when that is
-installed (``--eager`` then; compile on CPU is not what production runs).
-
-What it does:
-
-1. **memcpy reference**: a device-to-device copy of ``--memcpy-mb`` MB, best of 5; every
-   throughput below is also printed as a ratio to it (GB/s of payload over GB/s of memcpy,
-   counting bytes copied once, not read + written).
-2. **chain**: a tiny Qwen3 (built from its config, ``save_pretrained`` to a temporary directory:
-   no download) trained by the GRPO Trainer on the device (bf16 autocast over the fp32 master,
-   extraction on the device) and an Actor that runs it: ``vllm.LLM`` with the ``aurora_delta``
-   weight-transfer backend when vLLM and a GPU are present, otherwise (``--dry-run``) the same
-   worker-side apply (:class:`aurora.engines.vllm_receiver.DeltaReceiver`, what the backend
-   wraps) on parameters laid out as vLLM's (fused q/k/v and gate/up, padded vocabulary) on the
-   device, sampling with the transformers engine. For each of ``--deltas`` steps: the Actor samples
-   groups, the Trainer steps on them and publishes D_{v+1}, the Actor applies it in place; the
-   check is that the Actor's h(v) equals the Trainer's, the bits it holds (read back from
-   every rank) hash as the Trainer's published weights, and the Actor's per-token log-probs
-   match a transformers model on the same weights (the Trainer's ``recompute_logprobs`` of its
-   published bf16 weights: fp32 on the CPU, bf16 autocast on a GPU) within the bf16 tolerance
-   (0.15 nats per token, ``tests/test_rl_trainer.py``).
-3. **apply**: a Qwen3-8B-sized delta in the paper's format (LEB128 indices, raw values): one
-   synthetic Qwen3-8B decoder layer stepped to ``--density`` (:mod:`aurora.delta.synthetic`),
-   its records repeated under the names of as many layers as make ``--delta-mb`` MB (202: the
-   paper's Qwen3-8B delta), applied by index into bf16 parameters on the device
-   (:func:`aurora.delta.apply_delta_torch`: decode on the CPU, indices and values moved once per
-   tensor, ``index_copy_`` into the parameter viewed as int16). Reported: seconds, payload GB/s,
-   and the bf16 bytes written per second against memcpy.
-4. **extraction**: :class:`aurora.rl.device.DeviceDeltaEncoder` on the same layer's old and new
-   bf16 weights on the device: seconds on the device (compare, nonzero, gather, sparse copy to
-   the host) as GB/s of weights compared (2 bytes per element) against memcpy, and the whole
-   publish of the layer (with encoding on the host).
-
-Exit status 0 when every check passed; the summary is printed and written as JSON
-(``--json``). Nothing outside the standard library and numpy is imported at module level, and
-on the ``--no-vllm`` path nothing the GPU host lacks beyond the three wheels
-``benchmarks/gpu_host_wheels.sh`` carries there (zstandard, blake3, cryptography).
-"""
+Three modes (``benchmarks/gpu_check.sh`` wraps it; docs/GPU.md): the default needs a CUDA GPU and
+vLLM, and fails at once if vLLM cannot be imported (``summary["vllm_ran"]``): it never passes
+without the thing it was asked to check; ``--no-vllm`` runs the torch parts on the device;
+``--dry-run`` runs all of ``--no-vllm`` on the CPU at small sizes (the test suite runs it). Four
+parts: a memcpy reference (:func:`memcpy_gbs`), the Trainer-to-Actor chain checked bit for bit
+(:func:`run_chain`), a paper-sized delta's apply (:func:`run_apply`) and the device extraction
+(:func:`run_extract`), each throughput also as a ratio to memcpy. Exit status 0 when every check
+passed; the summary is printed and written as JSON (``--json``). Nothing outside the standard
+library and numpy is imported at module level, and on the ``--no-vllm`` path nothing the GPU host
+lacks beyond the three wheels ``benchmarks/gpu_host_wheels.sh`` carries there (zstandard, blake3,
+cryptography)."""
 
 from __future__ import annotations
 
@@ -90,7 +51,12 @@ def _best(fn: Any, device: Any, repeat: int = 5) -> float:
 
 
 def memcpy_gbs(device: str, mb: int) -> float:
-    """Device-to-device copy rate (GB/s of bytes copied), best of 5."""
+    """Device-to-device copy rate (GB/s of bytes copied), best of 5.
+
+    The memcpy reference: a device-to-device copy of ``--memcpy-mb`` MB, best of 5; every
+    throughput is also printed as a ratio to it (GB/s of payload over GB/s of memcpy, counting
+    bytes copied once, not read + written).
+    """
     import torch
 
     n = mb * 1_000_000 // 2
@@ -186,6 +152,19 @@ def run_chain(
     n: int = 4,
     eager: bool = False,
 ) -> dict[str, Any]:
+    """A tiny Qwen3 (built from its config, ``save_pretrained`` to a temporary directory: no
+    download) trained by the GRPO Trainer on the device (bf16 autocast over the fp32 master,
+    extraction on the device) and an Actor that runs it: ``vllm.LLM`` with the ``aurora_delta``
+    weight-transfer backend when vLLM and a GPU are present, otherwise (``--dry-run``) the same
+    worker-side apply (:class:`aurora.engines.vllm_receiver.DeltaReceiver`, what the backend
+    wraps) on parameters laid out as vLLM's (fused q/k/v and gate/up, padded vocabulary) on the
+    device, sampling with the transformers engine. For each of ``--deltas`` steps: the Actor
+    samples groups, the Trainer steps on them and publishes D_{v+1}, the Actor applies it in
+    place; the check is that the Actor's h(v) equals the Trainer's, the bits it holds (read back
+    from every rank) hash as the Trainer's published weights, and the Actor's per-token
+    log-probs match a transformers model on the same weights (the Trainer's
+    ``recompute_logprobs`` of its published bf16 weights: fp32 on the CPU, bf16 autocast on a
+    GPU) within the bf16 tolerance (0.15 nats per token, ``tests/test_rl_trainer.py``)."""
     from aurora.delta import read_delta
     from aurora.engines import Sampling
     from aurora.models import build_default, save_pretrained
@@ -294,7 +273,16 @@ def run_apply(
     memcpy: float,
 ) -> dict[str, Any]:
     """A delta of ``delta_mb`` MB (the layer's LEB128 records under as many layer names as it
-    takes, at most ``max_layers``) applied by index into bf16 parameters on the device."""
+    takes, at most ``max_layers``) applied by index into bf16 parameters on the device.
+
+    A Qwen3-8B-sized delta in the paper's format (LEB128 indices, raw values): one synthetic
+    Qwen3-8B decoder layer stepped to ``--density`` (:mod:`aurora.delta.synthetic`), its records
+    repeated under the names of as many layers as make ``--delta-mb`` MB (202: the paper's
+    Qwen3-8B delta), applied by index into bf16 parameters on the device
+    (:func:`aurora.delta.apply_delta_torch`: decode on the CPU, indices and values moved once
+    per tensor, ``index_copy_`` into the parameter viewed as int16). Reported: seconds, payload
+    GB/s, and the bf16 bytes written per second against memcpy.
+    """
     import dataclasses
 
     import torch
@@ -349,7 +337,13 @@ def run_extract(
     device: str, old: dict[str, np.ndarray], new: dict[str, np.ndarray], memcpy: float
 ) -> dict[str, Any]:
     """:class:`DeviceDeltaEncoder` on one layer whose old and new bf16 weights are on the
-    device; its bytes must equal the host encoder's."""
+    device; its bytes must equal the host encoder's.
+
+    :class:`aurora.rl.device.DeviceDeltaEncoder` on the same layer's old and new bf16 weights on
+    the device: seconds on the device (compare, nonzero, gather, sparse copy to the host) as
+    GB/s of weights compared (2 bytes per element) against memcpy, and the whole publish of the
+    layer (with encoding on the host).
+    """
     import torch
 
     from aurora.delta import DeltaEncoder
@@ -393,6 +387,19 @@ def run_extract(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Modes:
+
+    * default: on a CUDA GPU with vLLM installed. vLLM runs the chain once, with torch.compile and
+      CUDA graphs on as production runs it (``--eager`` turns them off). If vLLM cannot be
+      imported the check fails at once: it never passes without the thing it was asked to check
+      (``summary["vllm_ran"]``).
+    * ``--no-vllm``: the torch parts on the device, for a host without vLLM (the project's H200
+      image): the device apply, the device extraction and the Trainer on CUDA, with the chain's
+      Actor being vLLM's worker-side apply (:func:`run_chain`).
+    * ``--dry-run``: all of ``--no-vllm`` on the CPU at small sizes (the test suite runs it).
+
+    ``--device cpu`` without ``--dry-run`` runs the chain on vLLM's CPU build when that is
+    installed (``--eager`` then; compile on CPU is not what production runs)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--dry-run", action="store_true", help="CPU, small sizes, no vLLM")
     p.add_argument(

@@ -1,27 +1,16 @@
 """This host's profile: the rates the simulator needs to predict a real run here, measured once,
 apart from any run they predict.
 
-    python benchmarks/host_profile.py                     # compute: ~2-3 min (0.6B shapes)
-    python benchmarks/host_profile.py --emulator          # root: also the emulated links (~3 min)
+    python benchmarks/host_profile.py                     # compute (0.6B shapes)
+    python benchmarks/host_profile.py --emulator          # root: also the emulated links
     python benchmarks/host_profile.py --models qwen3-0.6b-shapes,qwen3-1.7b-shapes
 
 Writes ``evidence/host_profile/<host>.json`` (``--out``), which ``sim.hostprofile`` turns into
 the simulator's inputs for a configuration. Everything runs in this process, one thread (the
-runtime's roles run one torch thread each), on the code the runtime runs:
-
-* per model and density: the ``shapes`` Trainer's synthetic step (``train``), its extraction
-  and encoding of the delta (``publish``, segments as the data plane gets them), the store write
-  of the delta with its signed announcement (``CheckpointStore.publish_delta``), the content
-  digest of the weights, the Trainer's checkpoint, and an Actor's decode + in-place apply of the
-  delta (the activation pause); ``--repeats`` steps each, so each number has its spread;
-* the pieces separately, per byte: scanning two bf16 copies for changes, the codec's encode,
-  BLAKE3, decode + apply;
-* with ``--emulator`` (root): what the emulated WAN delivers on a lossless link at each rate and
-  RTT the fidelity experiment uses (4 streams, cubic and bbr), the payload share of the htb rate,
-  one stream's window with the transport's socket buffers, and the loopback inside a region.
-
-The machine's load average before and after each part is recorded beside it.
-"""
+runtime's roles run one torch thread each), on the code the runtime runs: per model and density
+the runtime's costs (:func:`compute`), the pieces separately per byte (:func:`pieces`), and with
+``--emulator`` what the emulated WAN delivers (:func:`emulator`). The machine's load average
+before and after each part is recorded beside it."""
 
 from __future__ import annotations
 
@@ -109,7 +98,15 @@ def _stats(xs: list[float]) -> dict[str, Any]:
 
 
 def compute(model: str, densities: tuple[float, ...], repeats: int) -> dict[str, Any]:
-    """The runtime's own steps at ``model``'s size (see the module docstring)."""
+    """The runtime's own steps at ``model``'s size (see the module docstring).
+
+    Per model and density: the ``shapes`` Trainer's synthetic step (``train``), its extraction
+    and encoding of the delta (``publish``, segments as the data plane gets them), the store
+    write of the delta with its signed announcement (``CheckpointStore.publish_delta``), the
+    content digest of the weights, the Trainer's checkpoint, and an Actor's decode + in-place
+    apply of the delta (the activation pause); ``--repeats`` steps each, so each number has its
+    spread.
+    """
     import torch
 
     torch.set_num_threads(1)
@@ -220,7 +217,10 @@ def compute(model: str, densities: tuple[float, ...], repeats: int) -> dict[str,
 
 def pieces(weights: Any, delta_bytes: bytes, weights_hash: Any) -> dict[str, Any]:
     """Bytes per second of each piece on its own, one core: the scan of two bf16 copies for
-    changed elements, the codec's encode of one tensor's changes, BLAKE3, decode + apply."""
+    changed elements, the codec's encode of one tensor's changes, BLAKE3, decode + apply.
+
+    Per byte: scanning two bf16 copies for changes, the codec's encode, BLAKE3, decode + apply.
+    """
     from aurora.delta import H, apply_delta, read_delta
     from aurora.delta.writer import encode_delta
 
@@ -264,7 +264,12 @@ def pieces(weights: Any, delta_bytes: bytes, weights_hash: Any) -> dict[str, Any
 
 
 def emulator(seconds: float) -> dict[str, Any]:
-    """What the emulated WAN delivers on lossless links (see the module docstring)."""
+    """What the emulated WAN delivers on lossless links (see the module docstring).
+
+    Root only: what the emulated WAN delivers on a lossless link at each rate and RTT the
+    fidelity experiment uses (4 streams, cubic and bbr), the payload share of the htb rate, one
+    stream's window with the transport's socket buffers, and the loopback inside a region.
+    """
     from aurora.topology import topology_from_dict
     from emulation.measure import payload_efficiency
     from emulation.network import build_network

@@ -1,21 +1,15 @@
-"""The memory-traffic ceiling of applying a sparse delta on one CPU core, and every codec against
-it (docs/DELTA.md, "Measured").
+"""The memory-traffic ceiling of applying a sparse delta on one CPU core, and every codec against it
+(docs/DELTA.md, "Measured").
 
 At density d, a 64-byte line of bf16 weights holds a change with probability 1 - (1 - d)^32;
 every such line is read and written whatever the codec. The *cache-line bound* is the time that
-line traffic (read + write) takes at the core's memcpy rate (read + write). The *store loop
-alone* is the fastest a loop that only stores can go: the change's indices and values already
-decoded in memory, no decompression, no checks (best of a bare loop and the same with the
-prefetch hint of :mod:`aurora.delta.kernels`). Against both, in the same interleaved rounds:
-each codec's whole decode + apply (``apply_delta`` on a parsed file of one Qwen3-8B layer at 2%
-changed: zstd, every check, the fused store with its undo log), and its parse (zstd, structure)
-and store parts. Target (issue 28): decode + apply >= 0.85 of the store loop alone.
+line traffic takes at the core's memcpy rate; the *store loop alone* is the fastest a loop that
+only stores can go. Each codec's whole decode + apply, parse and store parts are timed against
+both in the same interleaved rounds (best of ``ROUNDS``), so the ratios hold on a shared machine
+where absolute rates do not. Target: decode + apply >= 0.85 of the store loop alone.
 
     taskset -c 0 python -m pytest benchmarks/test_apply_bound.py --benchmark-enable -s
     AURORA_BENCH_PARAMS=50e6 ...   # a smaller layer (default 193M weights)
-
-The machine is shared: absolute rates vary ~2x between runs; the ratios are measured within one
-run, best of ``ROUNDS`` interleaved rounds each.
 """
 
 from __future__ import annotations
@@ -83,6 +77,12 @@ def step():
 
 @pytest.mark.benchmark(group="apply-bound")
 def test_every_codec_against_the_store_loop_alone_and_the_cache_line_bound(benchmark, step):
+    """The cache-line bound counts read + write traffic at the core's memcpy rate (read + write).
+    The store loop alone has the change's indices and values already decoded in memory, no
+    decompression, no checks (best of a bare loop and the same with the prefetch hint of
+    :mod:`aurora.delta.kernels`). Each codec's whole decode + apply is ``apply_delta`` on a
+    parsed file of one Qwen3-8B layer at 2% changed: zstd, every check, the fused store with its
+    undo log; its parse is zstd and structure."""
     old, new = step
     h0 = weights_hash(old)
     deltas = {

@@ -3,27 +3,12 @@ memory and scrape time at 10^4 Actors.
 
 Theory of operation
 -------------------
-**Step time.** The same ``aurora real`` job (the rl backend: the tiny Qwen3 on the arithmetic
-task, one Actor, the overhead benchmark's job) runs with metrics off and with ``--metrics`` and
-every role scraped once a second (15x Prometheus's default rate; by a real Prometheus server
-where one is installed, else by this process), alternating off, on, off, on... so drift in the
-machine's load falls on both. Reported: the mean step time of each run after its first two
-steps, and the ratio of the medians (on / off). Target: at most 1.02.
-
-**The hooks and a scrape, alone.** On a machine shared with other work the end-to-end ratio
-is only as good as the spread of step times, so the metrics' own work is also timed where it
-runs: a Ledger in this process (log in memory) driven through 400 versions with two Actors
-(:func:`tests.test_memory_bounds._run_versions`), with the metrics' hooks and with them stubbed
-each call of the hooks timed (the median call, times the calls a version makes, is their cost
-per step), and one
-scrape of that Ledger (what each scrape adds to its loop).
-
-**Memory and scrape at 10^4 Actors.** A Ledger in this process (log in memory) with 10^4
-Actors in 10 regions, three versions staged and activated by most of them
-(:func:`tests.test_observe.ten_thousand_actors`), built twice: with the metrics' hooks, and with
-them stubbed out; the difference of traced memory is what the metrics keep. Then one scrape:
-its time, its peak of temporary memory and its size, with the per-Actor series bounded (the
-default) and, for comparison, unbounded (every Actor's series).
+Three measurements, each on its test: the same ``aurora real`` job with metrics off and on,
+alternated so that drift in the machine's load falls on both (target: the ratio of median step
+times at most 1.02); the metrics' hooks and one scrape timed alone in a Ledger in this process,
+since on a shared machine the end-to-end ratio is only as good as the spread of step times; and
+a Ledger with 10^4 Actors built with the hooks and with them stubbed out, whose difference of
+traced memory is what the metrics keep, then one scrape with per-Actor series bounded and not.
 
     python -m pytest benchmarks/test_observe_cost.py --benchmark-enable -s
 """
@@ -120,6 +105,12 @@ def _run(tmp: Path, name: str, metrics: bool) -> list[float]:
 
 @pytest.mark.benchmark
 def test_metrics_cost_at_most_two_percent_of_step_time(tmp_path):
+    """The same ``aurora real`` job (the rl backend: the tiny Qwen3 on the arithmetic task, one
+    Actor, the overhead benchmark's job) runs with metrics off and with ``--metrics`` and every
+    role scraped once a second (15x Prometheus's default rate; by a real Prometheus server where
+    one is installed, else by this process), alternating off, on, off, on... so drift in the
+    machine's load falls on both. Reported: the mean step time of each run after its first two
+    steps, and the ratio of the medians (on / off). Target: at most 1.02."""
     pytest.importorskip("torch")
     off, on = [], []
     for i in range(PAIRS):
@@ -135,6 +126,10 @@ def test_metrics_cost_at_most_two_percent_of_step_time(tmp_path):
 
 @pytest.mark.benchmark
 def test_the_ledgers_metric_hooks_and_a_scrape_cost_microseconds_a_step(monkeypatch):
+    """A Ledger in this process (log in memory) driven through 400 versions with two Actors
+    (:func:`tests.test_memory_bounds._run_versions`), with the metrics' hooks and with them
+    stubbed; each call of the hooks timed (the median call, times the calls a version makes, is
+    their cost per step), and one scrape of that Ledger (what each scrape adds to its loop)."""
     import asyncio
 
     from prometheus_client.exposition import generate_latest
@@ -216,6 +211,12 @@ def _traced(build) -> tuple[object, int]:  # type: ignore[no-untyped-def]
 
 @pytest.mark.benchmark
 def test_ledger_memory_and_scrape_at_ten_thousand_actors(monkeypatch):
+    """A Ledger in this process (log in memory) with 10^4 Actors in 10 regions, three versions
+    staged and activated by most of them (:func:`tests.test_observe.ten_thousand_actors`), built
+    twice: with the metrics' hooks, and with them stubbed out; the difference of traced memory
+    is what the metrics keep. Then one scrape: its time, its peak of temporary memory and its
+    size, with the per-Actor series bounded (the default) and, for comparison, unbounded (every
+    Actor's series)."""
     from prometheus_client.exposition import generate_latest
 
     from aurora.observe.exporter import registry

@@ -4,30 +4,11 @@ Theory of operation
 -------------------
 The same job (the rl backend: the tiny Qwen3, the arithmetic task, one Actor so that one engine
 and one Trainer share the two cores exactly as in the bare loop) is run twice in one benchmark:
-
-* **bare**: in this process, no runtime at all: the Trainer's compute (:class:`RLTrainer`) and
-  the Actor's engine (:func:`make_rl_engine`) built from the run's own ``job.json`` spec, and a
-  plain loop ``generate -> train -> publish`` for the same number of steps and prompts;
-* **real**: ``aurora real`` on loopback (Trainer and Ledger, one Actor, every byte through the
-  data plane, every result through the Ledger's SQLite log).
-
-Three ratios (real / bare, 1.0 = no overhead):
-
-* ``generate``: the Actor's tokens per second *inside its generate spans* against the engine
-  generating alone: what the runtime's own threads (data plane, control plane) take from the
-  engine while it generates;
-* ``train``: the Trainer's ``train_s`` per step against the bare ``RLTrainer.train``;
-* ``step``: the run's steps per second against the bare sequential loop's. Above 1.0 is
-  possible: the runtime overlaps the Actor's generation of batch v+1 with the Trainer's step v
-  (one-step-off asynchrony), which the bare loop cannot. On a machine with fewer cores than
-  the processes that then compute at once, the overlap instead slows both (they share cores),
-  so the benchmark also reports the share of each step inside ``aurora real`` that is the
-  Trainer's own compute: the rest is the runtime's work on the critical path (store write,
-  checkpoint before the announcement) and the wait for the batch.
-
-The bare loop is measured before and after the real run and averaged, so drift in the machine's
-load (other work on the same cores) falls on both sides. The first step of each side is warm-up
-and not counted.
+**bare**, in this process with no runtime at all (:func:`bare`), and **real**, ``aurora real`` on
+loopback (:func:`real`). Three ratios, real / bare (1.0 = no overhead): ``generate``, ``train``
+and ``step`` (:func:`real_numbers`). The bare loop is measured before and after the real run and
+averaged, so drift in the machine's load falls on both sides. The first step of each side is
+warm-up and not counted.
 
     python -m pytest benchmarks/test_runtime_overhead.py --benchmark-enable -s
 """
@@ -61,7 +42,12 @@ real: {{steps: {STEPS}, prompts_per_step: {PROMPTS}, group_size: {GROUP}, actors
 
 
 def bare(spec: JobSpec, workdir: Path) -> dict[str, list[float]]:
-    """The job's compute in one plain loop; per step: tokens, generate, train, publish (s)."""
+    """The job's compute in one plain loop; per step: tokens, generate, train, publish (s).
+
+    No runtime at all: the Trainer's compute (:class:`RLTrainer`) and the Actor's engine
+    (:func:`make_rl_engine`) built from the run's own ``job.json`` spec, and a plain loop
+    ``generate -> train -> publish`` for the same number of steps and prompts.
+    """
     from aurora.runtime.compute import Sampling
     from aurora.runtime.rlbackend import RLTrainer, make_rl_engine
 
@@ -99,6 +85,8 @@ def bare(spec: JobSpec, workdir: Path) -> dict[str, list[float]]:
 
 
 def real(tmp: Path) -> Path:
+    """Trainer and Ledger, one Actor, every byte through the data plane, every result through the
+    Ledger's SQLite log."""
     topo = tmp / "overhead.yaml"
     topo.write_text(TOPOLOGY)
     out = tmp / "real"
@@ -114,6 +102,19 @@ def real(tmp: Path) -> Path:
 
 
 def real_numbers(run_dir: Path) -> dict[str, float]:
+    """The three ratios (real / bare):
+
+    * ``generate``: the Actor's tokens per second *inside its generate spans* against the engine
+      generating alone: what the runtime's own threads (data plane, control plane) take from the
+      engine while it generates;
+    * ``train``: the Trainer's ``train_s`` per step against the bare ``RLTrainer.train``;
+    * ``step``: the run's steps per second against the bare sequential loop's. Above 1.0 is
+      possible: the runtime overlaps the Actor's generation of batch v+1 with the Trainer's step v
+      (one-step-off asynchrony), which the bare loop cannot. On a machine with fewer cores than
+      the processes that then compute at once, the overlap instead slows both (they share cores),
+      so the benchmark also reports the share of each step inside ``aurora real`` that is the
+      Trainer's own compute: the rest is the runtime's work on the critical path (store write,
+      checkpoint before the announcement) and the wait for the batch."""
     import pandas as pd
 
     lines = (run_dir / "ledger.spans.jsonl").read_text().splitlines()

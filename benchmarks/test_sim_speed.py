@@ -1,17 +1,11 @@
 """Simulator speed: wall time and events per second against bare SimPy in the same run.
 
 Each size runs in a fresh process (so its peak resident memory is its own) and is reported as
-ratios against references measured in the same run:
-
-* events/s against bare SimPy's event rate (200,000 timeouts of one process; an upper bound no
-  SimPy model reaches);
-* wall time in units of the time bare SimPy takes for 10^6 events, so a number can be compared
-  across machines and loads.
-
-Targets (issue 17): 800 steps x 12 Actors at >= 0.03x bare SimPy (about 1.5 s on 2 quiet cores);
-10^5 Actors x 50 steps in <= 120 s with its memory reported. At 800 x 12 most of a run's time
-is the policy core's (``decide`` per assignment, per result, per staged version); with many
-Actors, the simulator's per-Actor events: the profiles in docs/journal/simulator-speed.md.
+ratios against references measured in the same run: events/s against bare SimPy's event rate
+(:func:`simpy_events_per_s`, an upper bound no SimPy model reaches), and wall time in units of
+the time bare SimPy takes for 10^6 events, so a number can be compared across machines and loads.
+Targets: 800 steps x 12 Actors at >= 0.03x bare SimPy; 10^5 Actors x 50 steps in <= 120 s with
+its memory reported. Profiles are in docs/journal/simulator-speed.md.
 
     python -m pytest benchmarks/test_sim_speed.py --benchmark-enable -s
     python benchmarks/test_sim_speed.py 100000 50      # one size alone
@@ -34,6 +28,7 @@ pytestmark = pytest.mark.benchmark(group="sim")
 
 
 def simpy_events_per_s(n: int = 200_000) -> float:
+    """The reference: 200,000 timeouts of one process."""
     env = simpy.Environment()
 
     def ticker(env: simpy.Environment):

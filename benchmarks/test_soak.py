@@ -3,26 +3,13 @@
 Theory of operation
 -------------------
 One deployment (Trainer in ``us`` with 2 on-demand Actors; 4 spot Actors in ``ca`` behind a
-standalone relay) runs ``SOAK_STEPS`` steps twice on loopback, on the labelled stand-in compute
-(:mod:`aurora.runtime.standin`: real processes, leases, deltas, store, relays; random tokens at
-a fixed rate instead of a model, so each step takes about a second and hundreds of steps fit in
-minutes):
-
-* **fault-free**, the reference for throughput;
-* **soak**: ``--spot-hazard`` preempts each spot Actor as a Poisson process (with a short notice,
-  SIGKILL when it is not gone by then) and brings it back as a fresh process after
-  ``RETURN_S``; on top, a relay loss and two joins of new Actors at steps drawn from a seeded
-  generator (the same draws every run).
-
-While each run goes, this process samples every role process it started (the launcher's
-descendants, by ``/proc``) every 0.5 s: resident memory (``VmRSS``), its peak (``VmHWM``) and
-open file descriptors. After the run, samples are matched to the wall time each version was
-published (the Ledger's ``Published`` events) and reported at 1/4, 1/2 and 10 steps before the
-end of the run (steps 50/100/190 of a 200-step soak; at the last step the roles are closing).
-The test asserts the run's invariants (no prompt lost or settled twice, nothing admitted on a
-wrong version or hash, every activation on h(v)) and that the long-lived roles do not grow
-between the middle and the end of the run (FDs within a few, RSS within 15%: a leak of one
-object per step would show as a slope).
+standalone relay) runs ``SOAK_STEPS`` steps twice on loopback on the labelled stand-in compute
+(:mod:`aurora.runtime.standin`, about a second a step): **fault-free**, the reference for
+throughput, and **soak**, under ``--spot-hazard``, a relay loss and two joins (:func:`run`).
+While each run goes, every role process is sampled for memory and open descriptors
+(:func:`sample`). The test asserts the invariants (no prompt lost or settled twice, nothing
+admitted on a wrong version or hash, every activation on h(v)) and that the long-lived roles
+do not grow between the middle and the end (a leak of one object per step is a slope).
 
     python -m pytest benchmarks/test_soak.py --benchmark-enable -s
     AURORA_SOAK_STEPS=400 python -m pytest benchmarks/test_soak.py --benchmark-enable -s
@@ -96,7 +83,14 @@ def role_of(pid: int) -> str | None:
 
 
 def sample(pid: int) -> tuple[int, int, int] | None:
-    """(VmRSS KiB, VmHWM KiB, open FDs) of a process, or None if it is gone."""
+    """(VmRSS KiB, VmHWM KiB, open FDs) of a process, or None if it is gone.
+
+    Every role process the run started (the launcher's descendants, by ``/proc``) every 0.5 s:
+    resident memory (``VmRSS``), its peak (``VmHWM``) and open file descriptors. After the run,
+    samples are matched to the wall time each version was published (the Ledger's ``Published``
+    events) and reported at 1/4, 1/2 and 10 steps before the end of the run (steps 50/100/190 of
+    a 200-step soak; at the last step the roles are closing).
+    """
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         fds = len(os.listdir(f"/proc/{pid}/fd"))
@@ -107,6 +101,12 @@ def sample(pid: int) -> tuple[int, int, int] | None:
 
 
 def run(tmp: Path, name: str, args: list[str]) -> tuple[Path, list[tuple[float, str, tuple]]]:
+    """The stand-in compute: real processes, leases, deltas, store, relays; random tokens at a
+    fixed rate instead of a model, so each step takes about a second and hundreds of steps fit
+    in minutes. **soak**: ``--spot-hazard`` preempts each spot Actor as a Poisson process (with
+    a short notice, SIGKILL when it is not gone by then) and brings it back as a fresh process
+    after ``RETURN_S``; on top, a relay loss and two joins of new Actors at steps drawn from a
+    seeded generator (the same draws every run)."""
     topo = tmp / "soak.yaml"
     topo.write_text(TOPOLOGY)
     out = tmp / name
@@ -154,6 +154,7 @@ def at_step(samples: list, when: float, *, within_s: float = 1.0) -> dict[str, t
 
 @pytest.mark.benchmark(group="soak")
 def test_soak_under_spot_hazard_keeps_invariants_and_flat_memory(benchmark, tmp_path):
+    """Flat: between the middle and the end of the run, FDs within a few, RSS within 15%."""
     rng = random.Random(7)
     relay_step = rng.randint(STEPS // 5, STEPS // 2)
     joins = sorted(rng.sample(range(STEPS // 4, 3 * STEPS // 4), 2))
