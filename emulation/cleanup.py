@@ -3,31 +3,14 @@
 Theory of operation
 -------------------
 Every emulated network has a *tag*: six characters ``[a-z0-9]``. Everything it creates carries
-the tag: namespaces are ``aurem-<tag>-<name>``, interfaces ``au<tag>h<i>`` (region side) and
-``au<tag>r<i>`` (router side), iptables rules have the comment ``aurem-<tag> ...``, and the
-qdiscs, ip rules and delay-line processes live inside the tagged namespaces. Nothing is created
-in the host's own namespace except the registry file ``/run/aurora-emulation/<tag>.json`` (the
-builder's pid and start time, the helper processes it started), written *before* anything else.
-
-Removing a network (:func:`remove_network`) is: SIGKILL every process inside its namespaces
-(delay lines, probes, the roles the runtime started there) and its helpers, wait for them to
-die, delete the namespaces (which takes their interfaces, qdiscs, rules and iptables rules with
-them), delete any interface of the tag left in the host namespace (only a crash half-way
-through a Mininet build can leave one), and remove the registry file.
-
-Three layers make sure that happens:
-
-1. ``Network.close()`` (and the ``with`` block) removes its own network.
-2. A *reaper* process per network (``python cleanup.py --reap TAG``, in its own session so a
-   signal to the builder's process group does not reach it) holds the read end of a pipe whose
-   write end only the builder holds. When the builder dies, even by SIGKILL, the pipe reaches
-   end of file and the reaper removes the network if its registry file is still there.
-3. :func:`cleanup_leftovers` (``aurora real --emulate --cleanup``) removes every network whose
-   builder is no longer alive (pid gone, or reused by another process: the start time differs),
-   for when the reaper was killed too.
-
-Standard library only, so the reaper runs by path under any Python.
-"""
+the tag (namespaces ``aurem-<tag>-<name>``, interfaces ``au<tag>h<i>`` / ``au<tag>r<i>``,
+iptables comments ``aurem-<tag> ...``; qdiscs, ip rules and delay lines live inside the tagged
+namespaces). Nothing is created in the host's own namespace except the registry file
+``/run/aurora-emulation/<tag>.json``, written *before* anything else. Three layers remove a
+network (:func:`remove_network`): ``Network.close()`` (and the ``with`` block); a *reaper*
+process per network that removes it when the builder dies, even by SIGKILL (:func:`_reap`); and
+:func:`cleanup_leftovers` for when the reaper was killed too. Standard library only, so the
+reaper runs by path under any Python."""
 
 from __future__ import annotations
 
@@ -87,7 +70,11 @@ def registry_path(tag: str) -> Path:
 
 
 def register(tag: str, **info: object) -> None:
-    """Write the registry file of ``tag`` (the calling process is its owner)."""
+    """Write the registry file of ``tag`` (the calling process is its owner).
+
+    The registry file holds the builder's pid and start time and the helper processes it
+    started.
+    """
     REGISTRY.mkdir(parents=True, exist_ok=True)
     data = {"tag": tag, "owner_pid": os.getpid(), "owner_start": start_time(os.getpid())}
     data.update(info)
@@ -183,7 +170,14 @@ def _kill_and_wait(pids: list[int], timeout_s: float = 10.0) -> list[int]:
 
 
 def remove_network(tag: str) -> dict:
-    """Remove everything of the network ``tag``; return what was removed."""
+    """Remove everything of the network ``tag``; return what was removed.
+
+    SIGKILL every process inside its namespaces (delay lines, probes, the roles the runtime
+    started there) and its helpers, wait for them to die, delete the namespaces (which takes
+    their interfaces, qdiscs, rules and iptables rules with them), delete any interface of the
+    tag left in the host namespace (only a crash half-way through a Mininet build can leave
+    one), and remove the registry file.
+    """
     if not TAG_RE.match(tag):
         raise ValueError(f"not an emulation tag: {tag!r} (six characters a-z, 0-9)")
     reg = _read_registry(tag) or {}
@@ -225,6 +219,9 @@ def cleanup_leftovers(*, include_live: bool = False) -> list[dict]:
     """Remove every emulated network whose builder is gone (all of them with ``include_live``).
 
     Returns one report per network removed (see :func:`remove_network`).
+
+    ``aurora real --emulate --cleanup``: every network whose builder is no longer alive (pid
+    gone, or reused by another process: the start time differs).
     """
     if os.geteuid() != 0:
         raise PermissionError("removing network namespaces needs root")
@@ -246,6 +243,10 @@ def leftovers(tag: str) -> dict:
 
 def _reap(tag: str) -> int:
     # Ignore the signals a terminal or a process-group kill of the builder would send.
+    """The reaper (``python cleanup.py --reap TAG``) runs in its own session so a signal to the
+    builder's process group does not reach it, and holds the read end of a pipe whose write end
+    only the builder holds. When the builder dies, even by SIGKILL, the pipe reaches end of file
+    and the reaper removes the network if its registry file is still there."""
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     while sys.stdin.buffer.read(65536):

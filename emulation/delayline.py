@@ -3,45 +3,16 @@
 Theory of operation
 -------------------
 An iptables rule in the router namespace sends every packet of one link direction to an
-NFQUEUE (``-j NFQUEUE --queue-num Q``). The kernel keeps the packet and sends this process a
-*metadata-only* notification (copy mode ``NFQNL_COPY_META``: the packet id, no payload) over a
-netlink socket. The process holds each id in a FIFO with its due time (the kernel's receive
-stamp + the delay, see below); when the head is due it releases every due packet at once with
-one ``NFQNL_MSG_VERDICT_BATCH`` (accept all ids up to N). Under load it wakes at most once per
-*quantum* (500 us by default) and releases what is due within half a quantum either side, so a
-wake-up serves many packets. The packets never leave the kernel, so
-their bytes are never copied to user space, and since the delay is the same for every packet of
-a queue they leave in the order they came. ``NFQA_CFG_F_GSO`` lets the kernel hand over GSO
-super-packets whole instead of segmenting them for us.
+NFQUEUE. The kernel keeps the packet and sends this process a *metadata-only* notification (the
+packet id, no payload) over netlink; the process holds each id in a FIFO with its due time (the
+kernel's receive stamp + the delay) and releases every due packet at once with one batch
+verdict. The packets never leave the kernel, and since the delay is the same for every packet
+of a queue they leave in the order they came. Failure is closed, not open: the rule has no
+``--queue-bypass``, so when this process is gone the direction drops everything rather than
+running undelayed while the run claims a delay. Standalone, standard library only, run by path
+under any Python 3.9+ inside ``ip netns exec``::
 
-Failure is closed, not open: the iptables rule has no ``--queue-bypass``, so when this process
-is gone the direction drops everything rather than running undelayed while the run claims a
-delay. The process exits when its standard input reaches end of file (the builder that started
-it died or closed it), on SIGTERM, or on SIGINT, and prints one JSON line of statistics.
-
-Accuracy: a packet's delay starts when the router received it. The process holds a socket
-with ``SO_TIMESTAMPNS`` set, which makes the kernel stamp every packet it receives, and the
-notification then carries that stamp (``NFQA_TIMESTAMP``); without one, the delay starts when
-this process reads the notification (measured 80-110 us later on average here, under load).
-It ends when the verdict is sent: timers fire late on this VM (~70-120 us), so the process
-learns that lateness (an EWMA of its own timer wake-ups) and sends each verdict that much
-early. The remaining error is a few tens of microseconds per direction plus whatever the
-scheduler adds; the process asks for SCHED_FIFO (``--rt-priority``; else ``nice``) because
-the roles' compute shares the cores. Measured numbers are in ``docs/EMULATION.md``. A lost
-notification (``ENOBUFS``: the socket's receive buffer overflowed) does not strand its packet:
-the next batch verdict covers every lower id. Counted.
-
-Standalone, standard library only, so it runs by path under any Python 3.9+ inside
-``ip netns exec``::
-
-    python delayline.py --queue 1:20.0 --queue 2:20.0 --maxlen 8192
-
-Why raw netlink rather than NetfilterQueue (libnetfilter_queue): that binding gives one Python
-callback and one verdict system call per packet and needs a C toolchain and
-``libnetfilter-queue-dev`` to install; batch verdicts, metadata-only copies and the quantum
-are what keep this process at about a quarter of a core at 100 Mbit/s of MTU-sized packets
-(``docs/EMULATION.md``).
-"""
+    python delayline.py --queue 1:20.0 --queue 2:20.0 --maxlen 8192"""
 
 from __future__ import annotations
 
@@ -110,7 +81,32 @@ def _message(msg_type: int, queue: int, attrs: list[bytes], flags: int, seq: int
 
 
 class DelayLine:
-    """Holds the packets of one or more NFQUEUE queues for a fixed delay each."""
+    """Holds the packets of one or more NFQUEUE queues for a fixed delay each.
+
+    Copy mode ``NFQNL_COPY_META``; rule ``-j NFQUEUE --queue-num Q``; the batch verdict is
+    ``NFQNL_MSG_VERDICT_BATCH`` (accept all ids up to N). Under load it wakes at most once per
+    *quantum* (500 us by default) and releases what is due within half a quantum either side, so
+    a wake-up serves many packets; the packets' bytes are never copied to user space.
+    ``NFQA_CFG_F_GSO`` lets the kernel hand over GSO super-packets whole instead of segmenting
+    them for us. The process exits when its standard input reaches end of file (the builder that
+    started it died or closed it), on SIGTERM, or on SIGINT, and prints one JSON line of
+    statistics.
+
+    Accuracy: a packet's delay starts when the router received it. The process holds a socket
+    with ``SO_TIMESTAMPNS`` set, which makes the kernel stamp every packet it receives, and the
+    notification then carries that stamp (``NFQA_TIMESTAMP``); without one, the delay starts
+    when this process reads the notification. It ends when the verdict is sent: timers fire
+    late, so the process learns that lateness (an EWMA of its own timer wake-ups) and sends each
+    verdict that much early. The process asks for SCHED_FIFO (``--rt-priority``; else ``nice``)
+    because the roles' compute shares the cores. Measured numbers are in ``docs/EMULATION.md``.
+    A lost notification (``ENOBUFS``: the socket's receive buffer overflowed) does not strand
+    its packet: the next batch verdict covers every lower id. Counted.
+
+    Why raw netlink rather than NetfilterQueue (libnetfilter_queue): that binding gives one
+    Python callback and one verdict system call per packet and needs a C toolchain and
+    ``libnetfilter-queue-dev`` to install; batch verdicts, metadata-only copies and the quantum
+    are what keep this process cheap (``docs/EMULATION.md``).
+    """
 
     def __init__(self, delays_s: dict[int, float], maxlen: int, quantum_s: float = 5e-4) -> None:
         self.delays = delays_s

@@ -4,19 +4,10 @@ Theory of operation
 -------------------
 Each measurement runs real endpoints inside the namespaces (``ip netns exec``): a server from
 :mod:`emulation.probe` (or the kernel itself, for ICMP echo) in the destination region and a
-client in the source region, and reads what they print.
-
-* RTT (:func:`ping`): ICMP ``ping`` where installed (the far end's kernel answers, so no
-  user-space scheduling there; ``ping`` stamps replies in the kernel), else the probe's UDP
-  echo. One echo at a time, idle link: the configured RTT plus the delay line's wake-ups.
-* Goodput (:func:`tcp`): ``streams`` TCP streams for ``seconds`` with congestion control ``cc``
-  set per socket, counted at the receiver. The rate is taken over the window from
-  ``skip_fraction`` of the time to the first stream's end: the ramp-up is skipped, and once a
-  stream ends the rest are no longer S streams (and the senders' socket buffers, up to 4 MiB a
-  stream, keep draining after they stop writing).
-* Loss (:func:`blast`): ``packets`` UDP datagrams at ``pps``, counted by sequence number at the
-  receiver; keep ``pps x size`` under the link's rate, or queue drops add to the loss.
-"""
+client in the source region, and reads what they print. :func:`ping` measures the idle RTT one
+echo at a time, :func:`tcp` the goodput of ``streams`` TCP streams counted at the receiver over
+a window that skips the ramp-up and stops at the first stream's end, and :func:`blast` the UDP
+loss by sequence number at the receiver."""
 
 from __future__ import annotations
 
@@ -106,7 +97,12 @@ def ping(
     interval_s: float = 0.01,
     timeout_s: float = 2.0,
 ) -> dict:
-    """RTTs (ms) from ``src`` to ``dst``: ``{"rtt_ms": [...], "lost", "method"}``."""
+    """RTTs (ms) from ``src`` to ``dst``: ``{"rtt_ms": [...], "lost", "method"}``.
+
+    ICMP ``ping`` where installed (the far end's kernel answers, so no user-space scheduling
+    there; ``ping`` stamps replies in the kernel), else the probe's UDP echo. One echo at a
+    time, idle link: the configured RTT plus the delay line's wake-ups.
+    """
     exe = shutil.which("ping")
     limit = count * (interval_s + timeout_s) + 10
     if exe is None:
@@ -223,7 +219,14 @@ def tcp(
     Returns ``gbps`` (the measured window), ``bytes`` (all received), ``cc`` (as the socket
     reports it), ``first_close_s``, the receiver's cumulative ``samples`` (seconds from the
     first byte, bytes) and ``first_monotonic`` (the first byte on ``time.monotonic``'s clock,
-    which is the same in every process of the machine)."""
+    which is the same in every process of the machine).
+
+    ``streams`` TCP streams for ``seconds`` with congestion control ``cc`` set per socket,
+    counted at the receiver. The rate is taken over the window from ``skip_fraction`` of the
+    time to the first stream's end: the ramp-up is skipped, and once a stream ends the rest are
+    no longer S streams (and the senders' socket buffers, up to 4 MiB a stream, keep draining
+    after they stop writing).
+    """
     with probe_server(net, dst, buffer_bytes=buffer_bytes) as (proc, ports):
         sent = client(
             net,
@@ -263,7 +266,11 @@ def tcp(
 
 
 def blast(net: Network, src: str, dst: str, *, packets: int, pps: float, size: int = 200) -> dict:
-    """Send ``packets`` UDP datagrams ``src -> dst``; ``{"sent", "received", "loss"}``."""
+    """Send ``packets`` UDP datagrams ``src -> dst``; ``{"sent", "received", "loss"}``.
+
+    ``packets`` UDP datagrams at ``pps``, counted by sequence number at the receiver; keep ``pps
+    x size`` under the link's rate, or queue drops add to the loss.
+    """
     with probe_server(net, dst) as (proc, ports):
         client(
             net,

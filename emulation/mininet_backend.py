@@ -4,30 +4,32 @@ Theory of operation
 -------------------
 Run by :func:`emulation.network.build_network` (``backend="mininet"``) under the system Python
 (``/usr/bin/python3``: the apt package ``mininet`` installs its modules there only), with a
-JSON spec of the hosts (one per region), the router host and the interface names and
-addresses. It builds a :class:`mininet.net.Mininet` with no controller and no switch: each
-region host is joined to the router host by a direct :class:`mininet.link.Link` (a veth pair;
-Mininet creates it from inside the hosts' namespaces, so nothing appears in the host's own),
-the router forwards IPv4, and every host routes through it. It prints one line
-``AUREM {"pids": {node: pid}}`` and then waits; on ``stop`` or end of file on stdin it stops
-the network and exits.
-
-The builder then names each node's namespace (``ip netns attach aurem-<tag>-<name> <pid>``)
-and shapes Mininet's interfaces exactly as in the netns backend (htb classes, bfifo queues, the
-NFQUEUE delay line or netem, iptables loss): ``TCLink`` is not used because it cannot give a
-region reached by several links one rate per link (it shapes a whole interface), it silently
-ignores rates above 1000 Mbit/s (``TCIntf.bwParamMax``), and on a kernel without netem its
-``delay``/``loss`` print "Error: Specified qdisc kind is unknown." and carry on unshaped -- the
-silent failure this project must not repeat. The probe at the start verifies what took effect.
-
-Standalone: imports only the standard library and Mininet.
-"""
+JSON spec of the hosts, the router host and the interface names and addresses. It builds a
+Mininet with no controller and no switch: each region host joined to the router by a veth pair,
+created inside the hosts' namespaces (:func:`main`). The builder then names each node's
+namespace and shapes Mininet's interfaces exactly as in the netns backend; ``TCLink`` is not
+used, since it fails silently where this project must not (:func:`main`). The probe at the
+start verifies what took effect. Standalone: imports only the standard library and Mininet."""
 
 import json
 import sys
 
 
 def main() -> int:
+    """It builds a :class:`mininet.net.Mininet` with no controller and no switch: each region host
+    is joined to the router host by a direct :class:`mininet.link.Link` (a veth pair; Mininet
+    creates it from inside the hosts' namespaces, so nothing appears in the host's own), the
+    router forwards IPv4, and every host routes through it. It prints one line ``AUREM {"pids":
+    {node: pid}}`` and then waits; on ``stop`` or end of file on stdin it stops the network and
+    exits.
+
+    The builder then names each node's namespace (``ip netns attach aurem-<tag>-<name> <pid>``)
+    and shapes Mininet's interfaces exactly as in the netns backend (htb classes, bfifo queues,
+    the NFQUEUE delay line or netem, iptables loss): ``TCLink`` is not used because it cannot
+    give a region reached by several links one rate per link (it shapes a whole interface), it
+    silently ignores rates above 1000 Mbit/s (``TCIntf.bwParamMax``), and on a kernel without
+    netem its ``delay``/``loss`` print "Error: Specified qdisc kind is unknown." and carry on
+    unshaped -- the silent failure this project must not repeat."""
     from mininet.link import Link
     from mininet.log import setLogLevel
     from mininet.net import Mininet

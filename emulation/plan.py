@@ -3,51 +3,14 @@
 Theory of operation
 -------------------
 Pure: a plan is computed from the topology's links, the scale and what this kernel can do
-(:class:`Capabilities`), with no I/O, so every choice below is unit-tested without root.
-:mod:`emulation.network` carries a plan out.
-
-Shape. Region ``i`` (1-based, in the topology's order) gets the namespace
-``aurem-<tag>-<region>`` with address ``10.201.i.1/24`` and a veth to the router namespace
-``aurem-<tag>-rt`` (``10.201.i.254``). Every WAN link ``a-b`` becomes two *directions*. The
-direction ``a -> b`` is shaped on the router, on its egress toward ``b``:
-
-* **rate**: an htb class at ``gbps x scale`` (u32 filter on the source subnet of ``a``, so a
-  region reached by several links has one class per link);
-* **queue**: a bfifo under that class of ``queue_bdp`` bandwidth-delay products (rate x RTT),
-  at least :data:`MIN_QUEUE_MTU_BYTES` (or :data:`MIN_QUEUE_GSO_BYTES` when super-packets pass);
-  the queue bounds the RTT under load to ``rtt + queue_bytes / rate``;
-* **delay** of ``rtt_ms / 2`` each way: a netem leaf where the kernel has netem, otherwise an
-  NFQUEUE delay line (:mod:`emulation.delayline`) in the router's FORWARD chain, before the htb
-  class, so a packet is delayed and then queued at the bottleneck, as on a path whose
-  propagation precedes its bottleneck;
-* **loss**: netem's where netem delays and packets are MTU-sized; otherwise an iptables
-  ``statistic`` drop at ``b``'s ingress (raw PREROUTING, matching ``a``'s subnet). That is the
-  first hook where packets are MTU-sized in both segmentation modes (the router segments
-  super-packets only when it sends them toward ``b``), so the loss rate is per packet, as in
-  the Mathis model; and a drop there is invisible to the sender's stack, unlike a drop on its
-  own egress (which TCP is told about and does not count as loss).
-
-Pairs of regions with no link get an ``ip rule ... prohibit`` on the router: a connection
-between them fails at once instead of crossing an unshaped path.
-
-Segmentation. With every link at most ``gso_above_mbit`` (150 Mbit/s, after scaling),
-senders send MTU-sized packets (``gso_max_segs 1`` on the region side), so the delay line and
-the queue see each packet. Above it, senders keep GSO (super-packets of up to 64 KB: a
-fraction of the notifications; measured at 200 Mbit/s: 29k notifications instead of 98k for
-the same transfer, and the delay line kept up where it fell 0.5 ms behind with MTU packets),
-the bottleneck queue's floor is then 128 KB so one super-packet fits, and the router's egress
-toward a region with a lossy link segments them after the bottleneck queue (``gso_max_segs
-1``), so the loss at that region's ingress is still per MTU packet.
-
-Fluctuation follows the simulator (``sim/model.py``): at the start and every ``period_s`` the
-link's rate is redrawn uniformly in ``[low_gbps, high_gbps]``, piecewise constant in between;
-the draws come from ``numpy.random.default_rng([seed, 1, link_index])``, the simulator's own
-generator for that link, so with the same seed both modes see the same sequence of rates
-(times ``scale`` here). One difference: the simulator's link is one resource shared by both
-directions; here each direction has its own class at the drawn rate (a full-duplex path).
-
-Scale multiplies every rate (``gbps``, ``low_gbps``, ``high_gbps``); RTT and loss are kept.
-"""
+(:class:`Capabilities`), with no I/O, so every choice is unit-tested without root.
+:mod:`emulation.network` carries a plan out. Each region gets a namespace behind one router
+namespace; every WAN link ``a-b`` becomes two *directions*, each shaped on the router's egress
+with a rate, a queue, a delay and a loss (:func:`make_plan`); pairs of regions with no link are
+prohibited, so a connection between them fails at once instead of crossing an unshaped path.
+Fluctuation follows the simulator: the same seeded draws give both modes the same sequence of
+rates (:func:`rate_draws`). Scale multiplies every rate (``gbps``, ``low_gbps``,
+``high_gbps``); RTT and loss are kept."""
 
 from __future__ import annotations
 
@@ -266,7 +229,39 @@ def make_plan(
     queue_bytes: int | None = None,
     gso_above_mbit: float = 150.0,
 ) -> NetworkPlan:
-    """Plan the network; raise :class:`EmulationError` naming what this machine lacks."""
+    """Plan the network; raise :class:`EmulationError` naming what this machine lacks.
+
+    Shape. Region ``i`` (1-based, in the topology's order) gets the namespace
+    ``aurem-<tag>-<region>`` with address ``10.201.i.1/24`` and a veth to the router namespace
+    ``aurem-<tag>-rt`` (``10.201.i.254``). Every WAN link ``a-b`` becomes two *directions*. The
+    direction ``a -> b`` is shaped on the router, on its egress toward ``b``:
+
+    * **rate**: an htb class at ``gbps x scale`` (u32 filter on the source subnet of ``a``, so a
+      region reached by several links has one class per link);
+    * **queue**: a bfifo under that class of ``queue_bdp`` bandwidth-delay products (rate x RTT),
+      at least :data:`MIN_QUEUE_MTU_BYTES` (or :data:`MIN_QUEUE_GSO_BYTES` when super-packets
+      pass); the queue bounds the RTT under load to ``rtt + queue_bytes / rate``;
+    * **delay** of ``rtt_ms / 2`` each way: a netem leaf where the kernel has netem, otherwise an
+      NFQUEUE delay line (:mod:`emulation.delayline`) in the router's FORWARD chain, before the htb
+      class, so a packet is delayed and then queued at the bottleneck, as on a path whose
+      propagation precedes its bottleneck;
+    * **loss**: netem's where netem delays and packets are MTU-sized; otherwise an iptables
+      ``statistic`` drop at ``b``'s ingress (raw PREROUTING, matching ``a``'s subnet). That is the
+      first hook where packets are MTU-sized in both segmentation modes (the router segments
+      super-packets only when it sends them toward ``b``), so the loss rate is per packet, as in
+      the Mathis model; and a drop there is invisible to the sender's stack, unlike a drop on its
+      own egress (which TCP is told about and does not count as loss).
+
+    Pairs of regions with no link get an ``ip rule ... prohibit`` on the router.
+
+    Segmentation. With every link at most ``gso_above_mbit`` (150 Mbit/s, after scaling),
+    senders send MTU-sized packets (``gso_max_segs 1`` on the region side), so the delay line
+    and the queue see each packet. Above it, senders keep GSO (super-packets of up to 64 KB: a
+    fraction of the notifications), the bottleneck queue's floor is then 128 KB so one
+    super-packet fits, and the router's egress toward a region with a lossy link segments them
+    after the bottleneck queue (``gso_max_segs 1``), so the loss at that region's ingress is
+    still per MTU packet.
+    """
     from emulation.cleanup import TAG_RE, interface_name, namespace_name
 
     if not TAG_RE.match(tag):
@@ -398,6 +393,14 @@ def rate_draws(seed: int, link_index: int, low_gbps: float, high_gbps: float):  
 
     Same generator and same draws as ``sim/model.py``'s ``_fluctuate``: draw ``k`` holds from
     ``k x period_s`` to ``(k + 1) x period_s`` after the start.
+
+    Fluctuation follows the simulator (``sim/model.py``): at the start and every ``period_s``
+    the link's rate is redrawn uniformly in ``[low_gbps, high_gbps]``, piecewise constant in
+    between; the draws come from ``numpy.random.default_rng([seed, 1, link_index])``, the
+    simulator's own generator for that link, so with the same seed both modes see the same
+    sequence of rates (times ``scale`` here). One difference: the simulator's link is one
+    resource shared by both directions; here each direction has its own class at the drawn rate
+    (a full-duplex path).
     """
     import numpy as np
 

@@ -3,30 +3,14 @@
 Theory of operation
 -------------------
 A *server* runs in the destination namespace and a *client* in the source namespace, both
-started by path (standard library only) with ``ip netns exec``. The server binds a UDP socket
-and a TCP listener on ephemeral ports, prints them as one JSON line, and then answers until its
-standard input reaches end of file:
-
-* UDP ``E...``: echoed back unchanged (RTT probes);
-* UDP ``D<seq>``: counted (loss probes); the first ``F`` after data prints the count;
-* TCP: a run of S streams, each opened with an 8-byte header (streams in the run, run id); when
-  every stream of the run has closed, the server prints the bytes received, cumulative
-  samples (every 20 ms) measured at the receiver, which is where goodput is defined, and when
-  the first stream closed: the sender stops writing after ``seconds`` but its socket buffers
-  (up to 4 MiB a stream) drain for a while after, and once streams start finishing the rest
-  are no longer S streams, so goodput is measured before the first close.
-
-The client runs one measurement and prints one JSON line:
-
-* ``rtt``: ``count`` echoes, one at a time, spaced ``interval`` seconds; per-echo RTT in ms (a
-  lost echo times out after ``timeout`` seconds and is counted as lost);
-* ``tcp``: S streams for ``seconds`` with congestion control ``cc`` set per socket
-  (``TCP_CONGESTION``; a netns cannot change its default away from the host's);
-* ``blast``: ``packets`` UDP datagrams of ``size`` bytes at ``pps``, then end markers.
-
-Loss probes must stay below the link's rate (or queue drops add to the loss); RTT probes are
-tiny and one at a time, so they measure the idle RTT.
-"""
+started by path (standard library only) with ``ip netns exec``. The server (:func:`serve`) binds
+a UDP socket and a TCP listener on ephemeral ports, prints them as one JSON line, and then
+answers (echoes, counts datagrams, receives TCP runs) until its standard input reaches end of
+file. The client runs one measurement (``rtt``, ``tcp`` or ``blast``: :func:`client_rtt`,
+:func:`client_tcp`, :func:`client_blast`) and prints one JSON line. Goodput is measured at the
+receiver and before the first stream closes. Loss probes must stay below the link's rate (or
+queue drops add to the loss); RTT probes are tiny and one at a time, so they measure the idle
+RTT."""
 
 from __future__ import annotations
 
@@ -83,6 +67,16 @@ class _Run:
 
 
 def serve(bind: str, buffer: int = 0) -> int:
+    """What it answers:
+
+    * UDP ``E...``: echoed back unchanged (RTT probes);
+    * UDP ``D<seq>``: counted (loss probes); the first ``F`` after data prints the count;
+    * TCP: a run of S streams, each opened with an 8-byte header (streams in the run, run id); when
+      every stream of the run has closed, the server prints the bytes received, cumulative
+      samples (every 20 ms) measured at the receiver, which is where goodput is defined, and when
+      the first stream closed: the sender stops writing after ``seconds`` but its socket buffers
+      (up to 4 MiB a stream) drain for a while after, and once streams start finishing the rest
+      are no longer S streams, so goodput is measured before the first close."""
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     udp.bind((bind, 0))
@@ -179,6 +173,8 @@ def serve(bind: str, buffer: int = 0) -> int:
 
 
 def client_rtt(host: str, port: int, count: int, interval: float, timeout: float) -> dict:
+    """``count`` echoes, one at a time, spaced ``interval`` seconds; per-echo RTT in ms (a lost
+    echo times out after ``timeout`` seconds and is counted as lost)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.connect((host, port))
     rtts: list[float] = []
@@ -217,6 +213,8 @@ def client_tcp(
     buffer: int = 0,
     abort: bool = False,
 ) -> dict:
+    """S streams for ``seconds`` with congestion control ``cc`` set per socket (``TCP_CONGESTION``;
+    a netns cannot change its default away from the host's)."""
     socks = []
     for _ in range(streams):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -258,6 +256,7 @@ def client_tcp(
 
 
 def client_blast(host: str, port: int, packets: int, pps: float, size: int) -> dict:
+    """``packets`` UDP datagrams of ``size`` bytes at ``pps``, then end markers."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
     s.connect((host, port))
