@@ -8,8 +8,8 @@ decode+apply rate in GB/s of payload against the cache-line bound (``_bound.py``
 traffic of the changed elements at the memcpy rate, measured interleaved with the applies),
 for the compiled CPU path (``apply_delta``, numba) and the torch path (``apply_delta_torch``
 into CPU tensors sharing the same memory), and where the compiled path's time goes: parsing
-(zstd and the index checks, every record before the first write) and the store. Target (issue
-13): >= 0.6 of the bound.
+(zstd and the index checks, every record before the first write) and the store. Target:
+>= 0.6 of the bound.
 """
 
 import os

@@ -1,5 +1,5 @@
 """Memory under attack: peak resident memory of a process hosting a Trainer and a relay, honest
-against attacked, in one run (issue 12: at most 1.5x).
+against attacked, in one run (target: at most 1.5x).
 
 Each side runs in a fresh process (``_attack_peer.py``). The attack: the relay's first source
 floods it with self-consistent segments of deltas nobody announced (``GARBAGE_MB``), four

@@ -29,7 +29,7 @@ from aurora.provenance import git_sha
 
 NAME = "bounds"
 FORGED = (-20.0, -25.0, -60.0, -math.inf)
-"""The forged behaviour log-probs of the issue (-25, -60, -inf) and one above the tiny model's
+"""The forged behaviour log-probs to test (-25, -60, -inf) and one above the tiny model's
 plausible floor (-20: admitted by the payload check, so only the objective's cap stands)."""
 
 

@@ -42,7 +42,7 @@ NAME = "sim_vs_real"
 WARMUP = 2
 """Steps left out of the means (the first batch waits for every Actor to load)."""
 TOLERANCE = 0.10
-"""The issue's target: prediction within +-10% of the run."""
+"""The target: prediction within +-10% of the run."""
 STANDIN_TOKENS_PER_S = 300.0
 """Generation rate of a stand-in Actor (tokens/s): steps of ~0.4 s, dominated by generation
 as in the paper, not by process overheads."""

@@ -48,7 +48,7 @@ FULL = {
     "rtt_ms": (20.0, 40.0, 80.0, 150.0),
     "streams": (1, 2, 4, 8),
 }
-"""The issue's range: loss 0.1-2%, RTT 20-150 ms, 1-8 streams (x 3 algorithms: 192 points)."""
+"""The range measured: loss 0.1-2%, RTT 20-150 ms, 1-8 streams (x 3 algorithms: 192 points)."""
 QUICK = {"loss": (0.001, 0.01), "rtt_ms": (40.0, 150.0), "streams": (1, 4)}
 """Corners of the range (x 3 algorithms: 24 points)."""
 

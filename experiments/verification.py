@@ -31,7 +31,7 @@ from aurora.provenance import git_sha
 
 NAME = "verification"
 CHEATS = ("random", "stale", "othermodel", "forged-lp", "partial:0.1")
-"""The dishonest Actors of the issue (:mod:`aurora.runtime.cheats`)."""
+"""The dishonest Actors tested (:mod:`aurora.runtime.cheats`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -148,9 +148,9 @@ class Simulation:
 
     def run(self) -> Result:
         # The cyclic garbage collector would rescan the Ledger's whole lease history (10^5-10^6
-        # long-lived objects) again and again: measured at 60% of a 10^4-Actor run. The model
+        # long-lived objects) again and again (journal: code-notes-simulator.md). The model
         # makes few reference cycles (a flow and its transfer), so it runs without it, from
-        # the set-up on (10^5 Actors joining, with it on: ~2 s of its full collections).
+        # the set-up on.
         was_enabled = gc.isenabled()
         gc.disable()
         try:
