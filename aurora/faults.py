@@ -1,38 +1,15 @@
 """Fault schedules: one spelling of a membership or network event for every mode.
 
-Theory of operation
--------------------
-A :class:`Fault` says *what* happens (``kind``), *to whom* (``target``) and *when* (``at_step``:
-right after batch ``at_step`` is handed out, so a lost Actor loses the leases it just got; or
-``at_s``: seconds after the run starts, simulated or wall clock). The simulator (``sim/``) and
-the real-process injector (``emulation/injector.py``) read the same :class:`Fault` objects, so a
-schedule written once, on the command line (``--fault``) or in code, runs in both modes.
+A :class:`Fault` says *what* happens (``kind``, one of :data:`FAULT_KINDS`), *to whom*
+(``target``) and *when* (``at_step``: right after batch ``at_step`` is handed out, so a lost Actor
+loses the leases it just got; or ``at_s``: seconds after the run starts, simulated or wall
+clock). The simulator (``sim/``) and the real-process injector (``emulation/injector.py``) read
+the same :class:`Fault` objects, so a schedule written once, on the command line (``--fault``) or
+in code, runs in both modes.
 
 :func:`parse_fault` reads the command-line spelling; :func:`check_faults` checks a schedule
 against the deployment before anything runs (an unknown Actor, region, relay or link, a step past
 the end of the run) and names the offending spec, so a typo never silently does nothing.
-
-Kinds
------
-========================  ================================  ======================================
-kind                      target                            meaning
-========================  ================================  ======================================
-``preempt``               Actor id                          lost without notice (SIGKILL)
-``preempt_notice``        Actor id                          notice, ``notice_s`` to drain, then
-                                                            lost (SIGTERM, then SIGKILL)
-``leave``                 Actor id                          graceful departure
-``join``                  new Actor id                      a fresh Actor in ``region`` on
-                                                            ``gpu``; catches up from a snapshot
-``region_loss``           region                            every Actor and relay of the region
-``relay_fail``            relay id (or seed Actor id)       the relay is lost (SIGKILL)
-``trainer_crash``         (none)                            the Trainer is lost and restarts from
-                                                            its checkpoint
-``link_cut``              link ``A-B`` (regions)            the link drops everything for
-                                                            ``duration_s``, then is restored
-``ledger_crash``          (none)                            the Job Ledger process is lost and
-                                                            restarts from its log (real mode only:
-                                                            the simulator has no Ledger process)
-========================  ================================  ======================================
 """
 
 from __future__ import annotations
@@ -55,7 +32,28 @@ FAULT_KINDS = (
     "link_cut",
     "ledger_crash",
 )
-"""Every fault kind, in the order of the table in the module docstring."""
+"""Every fault kind, in this order:
+
+========================  ================================  ======================================
+kind                      target                            meaning
+========================  ================================  ======================================
+``preempt``               Actor id                          lost without notice (SIGKILL)
+``preempt_notice``        Actor id                          notice, ``notice_s`` to drain, then
+                                                            lost (SIGTERM, then SIGKILL)
+``leave``                 Actor id                          graceful departure
+``join``                  new Actor id                      a fresh Actor in ``region`` on
+                                                            ``gpu``; catches up from a snapshot
+``region_loss``           region                            every Actor and relay of the region
+``relay_fail``            relay id (or seed Actor id)       the relay is lost (SIGKILL)
+``trainer_crash``         (none)                            the Trainer is lost and restarts from
+                                                            its checkpoint
+``link_cut``              link ``A-B`` (regions)            the link drops everything for
+                                                            ``duration_s``, then is restored
+``ledger_crash``          (none)                            the Job Ledger process is lost and
+                                                            restarts from its log (real mode only:
+                                                            the simulator has no Ledger process)
+========================  ================================  ======================================
+"""
 
 SYNTAX = (
     "KIND:TARGET@step=N or KIND:TARGET@t=SECONDS, with ,notice=S (preempt_notice) or "

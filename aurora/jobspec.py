@@ -1,8 +1,6 @@
 """The job spec: what every role of a real run reads (model, task, sampling, strategy, store URL,
 job id, backend settings), as one frozen dataclass.
 
-Theory of operation
--------------------
 :func:`aurora.runtime.job.make_spec` builds it from a topology; the Trainer registers it with
 the Ledger, the Ledger hands it to every peer that joins, and ``aurora real`` writes it to the
 run's ``job.json``. On the wire and on disk it is :meth:`JobSpec.encode`'s JSON-ready dict, read
@@ -10,11 +8,6 @@ back by :meth:`JobSpec.decode`, which refuses an unknown or missing key and a va
 type with a ValueError naming the field (an int is taken for a float): this module is the one
 place its keys are spelled. Every role decodes the spec where it arrives (the Ledger's ``job``
 message before it is logged, the ``welcome``, ``job.json``) and reads attributes after that.
-
-Compatibility: the keys are the ones the runtime wrote before the dataclass, so older
-``job.json`` files and Ledger logs decode unchanged; :meth:`JobSpec.encode` now also spells out
-the settings left at their defaults (``segment_bytes``, ``trainer_data``: None, ...).
-
 It sits below the simulator and the runtime because both read it (``sim/runtrace`` turns a
 real run's folder into the simulator's inputs).
 """
@@ -58,7 +51,12 @@ class StrategySpec:
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    """The job every role reads (see the module docstring); build with :func:`make_spec`."""
+    """The job every role reads (see the module docstring); build with :func:`make_spec`.
+
+    Its keys are the ones older ``job.json`` files and Ledger logs hold, so those decode
+    unchanged; :meth:`encode` spells out the settings left at their defaults too
+    (``segment_bytes``, ``trainer_data``: None, ...).
+    """
 
     job_id: str
     """Scope of the job's signed announcements and control-plane admission."""

@@ -1,39 +1,17 @@
 """A job's keys: the Trainer's signing key, the job's public key and the job secret, as files.
 
-Theory of operation
--------------------
-Three things, made once per job by ``aurora keys new --out DIR``:
-
-* ``trainer.key`` - the Trainer's Ed25519 private key (PEM, PKCS#8), mode 0600. The only thing
-  the data plane trusts: it signs every version and snapshot announcement
-  (:mod:`aurora.delta.announce`), and keys the coin of verified rollouts
-  (:func:`verification_key`). Only the Trainer holds it.
-* ``job.pub`` - the matching public key (PEM, SubjectPublicKeyInfo). Every node gets it (a
-  file, an environment variable, or its fingerprint pinned in the topology) and verifies
-  announcements against it. It is not secret.
-* ``job.secret`` - 32 random bytes as hex, mode 0600: admission control (who may connect to the
-  data plane at all; :mod:`aurora.transport.wire`). Every admitted node holds it; integrity never
-  depends on it.
-
-And one *identity* per Actor, relay, observer and standalone Ledger, made by ``aurora keys issue
---role ROLE --id NAME --job JOB`` with the Trainer's key (``aurora real`` issues them itself): a
-file (mode 0600) holding the role's own Ed25519 private key and a *certificate*, the job key's
-signature over (role, id, public key, job id, issued, expires) (:func:`certificate_body`). On the
-control plane each end proves its role and id with it (:mod:`aurora.runtime.channel`): the peers
-to the Ledger and the Ledger to them, so an id is bound to a key, a certificate holds in one job
-only and for a limited time (:data:`DEFAULT_LIFETIME_S`, give or take :data:`CLOCK_SKEW_S`).
-The Trainer's identity is the job key itself (no certificate, no expiry). ``aurora keys revoke
-ID`` adds ids to the job's *revocation list*, a file the job key signs (:class:`Revocations`):
-signed, so that whoever carries it (the Trainer sends it to the Ledger, the Ledger logs it) can
-be checked and no one but the job key holder can revoke; kept as a union, so no later list
-undoes a revocation.
-
-Loaders take a file path or, when none is given, an environment variable holding the key
-itself (PEM text, or hex of the raw bytes) - never a command-line argument, which any user of
-the host can read in the process table. Every failure is a :class:`KeyFileError` whose message
-names the file or variable and says what is wrong, in one line.
-
-Ed25519 comes from ``cryptography`` (OpenSSL), the same library that verifies.
+``aurora keys new --out DIR`` makes three things once per job (:func:`new_job_keys`):
+``trainer.key``, the Trainer's Ed25519 private key, the only thing the data plane trusts (it
+signs every announcement, :mod:`aurora.delta.announce`); ``job.pub``, the matching public key
+every node verifies against (not secret); ``job.secret``, 32 random bytes for admission control
+only (:mod:`aurora.transport.wire`): integrity never depends on it. Every Actor, relay, observer
+and standalone Ledger also gets an *identity* (:class:`Identity`): its own Ed25519 key and a
+:class:`Certificate` the job key signs, with which it proves its role and id on the control
+plane (:mod:`aurora.runtime.channel`); the job key can revoke ids (:class:`Revocations`).
+Loaders take a file path or an environment variable holding the key itself, never a
+command-line argument (which any user of the host can read in the process table); every failure
+is a :class:`KeyFileError` naming the file or variable in one line. Ed25519 comes from
+``cryptography`` (OpenSSL), the same library that verifies.
 """
 
 from __future__ import annotations
@@ -113,7 +91,19 @@ class KeyFileError(ValueError):
 
 @dataclass(frozen=True)
 class JobKeyFiles:
-    """Where ``new_job_keys`` wrote the job's keys."""
+    """Where ``new_job_keys`` wrote the job's keys.
+
+    * ``trainer.key`` - the Trainer's Ed25519 private key (PEM, PKCS#8), mode 0600. The only
+      thing the data plane trusts: it signs every version and snapshot announcement
+      (:mod:`aurora.delta.announce`), and keys the coin of verified rollouts
+      (:func:`verification_key`). Only the Trainer holds it.
+    * ``job.pub`` - the matching public key (PEM, SubjectPublicKeyInfo). Every node gets it (a
+      file, an environment variable, or its fingerprint pinned in the topology) and verifies
+      announcements against it. It is not secret.
+    * ``job.secret`` - 32 random bytes as hex, mode 0600: admission control (who may connect to
+      the data plane at all; :mod:`aurora.transport.wire`). Every admitted node holds it;
+      integrity never depends on it.
+    """
 
     signing_key: Path
     public_key: Path
@@ -179,7 +169,9 @@ def new_job_keys(out: str | os.PathLike[str], *, force: bool = False) -> JobKeyF
 
 
 def _read(path: str | os.PathLike[str] | None, env: str, what: str) -> tuple[bytes, str]:
-    """(content, where) of a key given as a file path or, without one, in ``env``."""
+    """(content, where) of a key given as a file path or, without one, in ``env`` (PEM text, or
+    hex of the raw bytes) - never a command-line argument, which any user of the host can read
+    in the process table."""
     if path is not None:
         p = Path(path)
         try:
@@ -322,7 +314,18 @@ class Certificate:
 @dataclass(frozen=True)
 class Identity:
     """Who a control-plane peer is: its ``role``, its ``id``, its raw Ed25519 private key and
-    the job key's ``cert`` over them (None for the Trainer, whose key is the job key)."""
+    the job key's ``cert`` over them (None for the Trainer, whose key is the job key).
+
+    One per Actor, relay, observer and standalone Ledger, made by ``aurora keys issue --role
+    ROLE --id NAME --job JOB`` with the Trainer's key (``aurora real`` issues them itself): a
+    file (mode 0600) holding the role's own Ed25519 private key and a *certificate*, the job
+    key's signature over (role, id, public key, job id, issued, expires)
+    (:func:`certificate_body`). On the control plane each end proves its role and id with it
+    (:mod:`aurora.runtime.channel`): the peers to the Ledger and the Ledger to them, so an id is
+    bound to a key, a certificate holds in one job only and for a limited time
+    (:data:`DEFAULT_LIFETIME_S`, give or take :data:`CLOCK_SKEW_S`). The Trainer's identity is
+    the job key itself (no certificate, no expiry).
+    """
 
     role: str
     id: str
@@ -626,7 +629,13 @@ class SelfIssued:
 @dataclass(frozen=True)
 class Revocations:
     """The job key's list of ids revoked in job ``job`` (signed; :func:`revoke`). Revocation
-    is for good: whoever enforces lists keeps the union of every list it verified."""
+    is for good: whoever enforces lists keeps the union of every list it verified.
+
+    ``aurora keys revoke ID`` adds ids to the job's revocation list, a file the job key signs:
+    signed, so that whoever carries it (the Trainer sends it to the Ledger, the Ledger logs it)
+    can be checked and no one but the job key holder can revoke; kept as a union, so no later
+    list undoes a revocation.
+    """
 
     job: str
     ids: tuple[str, ...]

@@ -1,37 +1,17 @@
 """Models and tokenizers: the built-in tiny Qwen3, any transformers causal LM, and HF export.
 
-Theory of operation
--------------------
-Two ways to get ``(model, tokenizer)``:
-
-* :func:`build_default` builds the built-in default for machines without a GPU or hub access: a
-  tiny Qwen3 from ``transformers.Qwen3Config`` (the paper's architecture family, so the fused
-  ``qkv_proj`` / ``gate_up_proj`` names of the delta format are exercised) and a tokenizer made
-  with the ``tokenizers`` library for the arithmetic alphabet (:func:`arithmetic_tokenizer`).
-  Its weights are random; :mod:`aurora.rl.warmstart` gives it partial competence.
-* :func:`load` takes a local Hugging Face model directory or a hub id through
-  ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` (the real loading
-  path). A path that does not exist, a directory that is not a model, or a tokenizer whose ids do
-  not fit the model's embedding is a :class:`ModelLoadError` naming the thing.
-
-:func:`load_pinned` is :func:`load` of a private copy whose files were hashed as they were copied
-(:func:`aurora.store.manifest.pinned_copy`), returning that manifest too: every role loads the
-job's model this way and refuses it unless its files are the ones the Trainer signed with its
-snapshots; :func:`tiny_manifest` is the built-in model's, the hash of what it is built from.
-
-:func:`sign_model_dir` gives a directory the Trainer wrote (its ``model/``) a signed record: the
-snapshot announcement of its weights and files (``aurora.announce``) and the manifest it signs
-(``aurora.manifest``), which :func:`verify_model_dir` (``aurora check-model``) checks.
-
-:func:`save_pretrained` writes the reverse: a Hugging Face directory (``config.json``, generation
-config, tokenizer files, ``model.safetensors`` in bf16) that stock
-``AutoModelForCausalLM.from_pretrained`` loads, from a model (its own weights) or from published
-bf16 bit patterns (what the Trainer publishes). It writes a temporary directory and renames it,
-so a failure leaves no half-written model.
-
-Weights in the rest of the package are ``{split name: uint16 array}`` bit patterns of bf16 (the
-delta package's convention, :func:`aurora.delta.hf.bf16_views`); :func:`state_to_torch` and
-:func:`load_state` convert between those and a model's own parameters.
+Two ways to get ``(model, tokenizer)``: :func:`build_default`, a tiny Qwen3 with random weights
+and an arithmetic tokenizer for machines without a GPU or hub access (:mod:`aurora.rl.warmstart`
+gives it partial competence), and :func:`load`, any local Hugging Face directory or hub id
+through ``from_pretrained`` (a path, directory or tokenizer that does not fit is a
+:class:`ModelLoadError` naming the thing). Every role loads the job's model through
+:func:`load_pinned`, from a private copy whose files were hashed as they were copied, and refuses
+it unless its files are the ones the Trainer signed with its snapshots (:func:`tiny_manifest` is
+the built-in model's). :func:`sign_model_dir` gives a directory the Trainer wrote a signed record
+that :func:`verify_model_dir` (``aurora check-model``) checks; :func:`save_pretrained` writes a
+Hugging Face directory that stock ``from_pretrained`` loads, all or nothing. Weights in the rest
+of the package are ``{split name: uint16 array}`` bit patterns of bf16
+(:func:`aurora.delta.hf.bf16_views`); :func:`state_to_torch` and :func:`load_state` convert.
 """
 
 from __future__ import annotations
@@ -148,7 +128,12 @@ def build_default(
     config: TinyQwen3Config | None = None, *, dtype: torch.dtype = torch.float32
 ) -> tuple[Any, Any]:
     """(randomly initialised tiny Qwen3, its tokenizer); the same ``init_seed`` gives the same
-    weights."""
+    weights.
+
+    A tiny Qwen3 from ``transformers.Qwen3Config`` (the paper's architecture family, so the fused
+    ``qkv_proj`` / ``gate_up_proj`` names of the delta format are exercised) and a tokenizer made
+    with the ``tokenizers`` library for the arithmetic alphabet (:func:`arithmetic_tokenizer`).
+    """
     from transformers import Qwen3ForCausalLM
 
     cfg = config or TinyQwen3Config()
@@ -315,7 +300,11 @@ def save_pretrained(
     """Write a Hugging Face model directory (bf16 ``model.safetensors``, config, generation
     config, tokenizer) that stock ``from_pretrained`` loads. ``state`` (bf16 bit patterns, e.g.
     the Trainer's published weights) replaces the model's own weights in the file. Written to a
-    temporary directory and renamed: all or nothing."""
+    temporary directory and renamed: all or nothing.
+
+    From a model (its own weights) or from published bf16 bit patterns (what the Trainer
+    publishes).
+    """
     from safetensors.torch import save_file
 
     out = Path(path)

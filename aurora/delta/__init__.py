@@ -2,29 +2,15 @@
 
 Pure data transformation: numpy arrays and bytes in, numpy arrays and bytes out (``hf`` and
 ``torch_apply`` add torch tensors, importing torch lazily); no files, sockets or subprocesses (a
-test walks the imports). Modules, by idea:
-
-* :mod:`~aurora.delta.extract` - exact changes by 16-bit pattern; fused engine names.
-* :mod:`~aurora.delta.leb128` - vectorised LEB128 varints (the paper's index encoding).
-* :mod:`~aurora.delta.codecs` - ``leb128``, ``aurora`` (default), ``aurora-base`` and the peers';
-  the families the writer picks the smallest encoding from.
-* :mod:`~aurora.delta.dense` - whole-tensor encodings for dense changes (``dense``,
-  ``dense-base``, ``xor-zstd``).
-* :mod:`~aurora.delta.changes` - a record parsed and checked, ready to store (numpy) or to
-  materialise as indices and values (torch, tensor parallelism).
-* :mod:`~aurora.delta.kernels` - the compiled check and fused decode-and-store loops (numba).
-* :mod:`~aurora.delta.hashing` - leaf hashes, the Merkle id, the weights hash chain.
-* :mod:`~aurora.delta.records` - the file layout's constants and records (segments, deltas).
-* :mod:`~aurora.delta.writer` - header, records, table and trailer, cut into segments.
-* :mod:`~aurora.delta.reader` - parse and verify a whole file; cut it back into segments.
-* :mod:`~aurora.delta.reassembly` - segments from untrusted sources into one verified delta.
-* :mod:`~aurora.delta.apply` - transactional apply (every record checked before the first
-  write), chains with an undo log.
-* :mod:`~aurora.delta.torch_apply` - the same apply into torch tensors by index, any device.
-* :mod:`~aurora.delta.tp` - the slice of a fused delta one vLLM tensor-parallel rank holds.
-* :mod:`~aurora.delta.arena` - reserved address space that a received delta is assembled in.
-* :mod:`~aurora.delta.synthetic` - a synthetic Adam-like step for measurements.
-* :mod:`~aurora.delta.errors` - every refusal is a :class:`~aurora.delta.errors.DeltaError`.
+test walks the imports). Modules, by idea: :mod:`~aurora.delta.extract` (exact changes by 16-bit
+pattern), ``leb128``, ``codecs`` and ``dense`` (the encodings the writer picks the smallest of),
+``changes`` and ``kernels`` (parsed, checked records and the compiled loops that store them),
+``hashing`` (leaf hashes, Merkle id, weights hash chain), ``records``, ``writer``, ``reader`` and
+``reassembly`` (the file layout, cut into segments and put back together from untrusted
+sources), ``apply`` and ``torch_apply`` (transactional apply with an undo log, numpy or torch),
+``tp`` (a tensor-parallel rank's slice), ``arena`` (address space a received delta is assembled
+in), ``synthetic`` (an Adam-like step for measurements) and ``errors`` (every refusal is a
+:class:`~aurora.delta.errors.DeltaError`).
 
 The names below are the package's public surface; import them from ``aurora.delta``.
 """

@@ -1,40 +1,16 @@
 """Signed announcements: the one thing a node believes about a version (docs/ARCHITECTURE.md,
 "Trust").
 
-Theory of operation
--------------------
 Relays, peers, the Checkpoint Store and the network are untrusted; only the Trainer's Ed25519
-signing key is. For every version it publishes the Trainer signs a small record, the
-:class:`VersionAnnouncement`: job id, ``v``, base ``v-1``, ``h(v-1)``, the transfer key its
-segments carry, ``id(D_v)``, ``h(v)``, the file's size, segment count and segment size. For every
-snapshot it signs a :class:`SnapshotAnnouncement`: job id, ``v``, ``h(snapshot)`` (the hash of
-the weights' canonical bytes), the chain hash ``h(v)`` that the deltas after the snapshot are
-based on, and the file's size. Anyone may carry the signed bytes (the Ledger, relays, the store,
-peers); anyone with the job's public key verifies them (:func:`verify`). A node then stages
-``D_v`` only if the bytes it reassembled hash to the announced ``id(D_v)`` (the Merkle root over
-the segments' BLAKE3 leaves, :mod:`aurora.delta.hashing`), so forging a delta means forging an
-Ed25519 signature or a BLAKE3 collision, whoever relayed the bytes. A snapshot announcement also
-signs ``h(manifest)``, the hash of the model's other files (config, tokenizer, chat template:
-:mod:`aurora.store.manifest`), so the whole model is pinned, not only its weights.
-
-Beyond the fields the design lists (docs/ARCHITECTURE.md), a delta announcement carries the
-*transfer key* (the hash of the delta's header that every segment is tagged with) and the *segment
-size*: with them a receiver knows, before any byte of ``D_v`` arrives, which segments exist (seq,
-offset, length) and can drop anything else on sight, so a source can neither make it hold more than
-the announced size nor make it hash a trailer that claims a terabyte. A snapshot announcement
-carries the chain hash because ``h(snapshot)`` (a hash of the weights) and ``h(v)`` (a hash chain
-over the deltas) are different values: a joiner needs the second to check the base of ``D_{v+1}``.
-
-Canonical bytes (signed, little-endian, fixed layout, so there is one encoding per record)::
-
-    "AURANN01" | u8 kind (1 delta, 2 snapshot) | u8 n | job id (n ASCII bytes) | u64 v
-    delta:     | u64 base | 32 h(v-1) | 16 key | 32 id(D_v) | 32 h(v) | u64 size
-               | u32 segments | u32 segment size
-    snapshot:  | 32 h(snapshot) | 32 h(v) | u64 size | 32 h(manifest)
-
-and on the wire the 64-byte Ed25519 signature follows. Ed25519 comes from ``cryptography``
-(OpenSSL underneath; never hand-rolled). This module is pure: bytes and raw 32-byte keys in,
-records and bytes out; key files live in :mod:`aurora.keys`.
+signing key is. The Trainer signs a :class:`VersionAnnouncement` for every version it publishes and
+a :class:`SnapshotAnnouncement` for every snapshot; anyone may carry the signed bytes, anyone with
+the job's public key verifies them (:func:`verify`). A node stages ``D_v`` only if the bytes it
+reassembled hash to the announced ``id(D_v)`` (the Merkle root over the segments' BLAKE3 leaves,
+:mod:`aurora.delta.hashing`), so forging a delta means forging an Ed25519 signature or a BLAKE3
+collision, whoever relayed the bytes. Each record has one canonical encoding (little-endian, fixed
+layout, ``MAGIC`` first; the ``canonical`` methods give it), followed on the wire by the 64-byte
+signature. Ed25519 comes from ``cryptography`` (OpenSSL; never hand-rolled). This module is pure:
+bytes and raw 32-byte keys in, records and bytes out; key files live in :mod:`aurora.keys`.
 """
 
 from __future__ import annotations
@@ -139,7 +115,14 @@ def trailer_bytes(segments: int) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class VersionAnnouncement:
-    """What the Trainer says ``D_version`` is (see the module docstring)."""
+    """What the Trainer says ``D_version`` is: job id, ``v``, base ``v-1``, ``h(v-1)``, the transfer
+    key its segments carry, ``id(D_v)``, ``h(v)``, the file's size, segment count and segment size.
+
+    Beyond the fields the design lists (docs/ARCHITECTURE.md), it carries the *transfer key* (the
+    hash of the delta's header that every segment is tagged with) and the *segment size*: with
+    them a receiver knows, before any byte of ``D_v`` arrives, which segments exist (seq, offset,
+    length) and can drop anything else on sight, so a source can neither make it hold more than
+    the announced size nor make it hash a trailer that claims a terabyte."""
 
     job: str
     """The job's id: an announcement of another job is refused."""
@@ -206,7 +189,14 @@ class VersionAnnouncement:
         raise ValueError(f"D_{self.version} has no segment {seq} (it has {self.segments})")
 
     def canonical(self) -> bytes:
-        """The bytes that are signed (the module docstring gives the layout)."""
+        """The bytes that are signed (little-endian, fixed layout, one encoding per record)::
+
+            "AURANN01" | u8 kind (1 delta, 2 snapshot) | u8 n | job id (n ASCII bytes) | u64 v
+            delta:     | u64 base | 32 h(v-1) | 16 key | 32 id(D_v) | 32 h(v) | u64 size
+                       | u32 segments | u32 segment size
+            snapshot:  | 32 h(snapshot) | 32 h(v) | u64 size | 32 h(manifest)
+
+        and on the wire the 64-byte Ed25519 signature follows."""
         job = _job(self.job)
         return (
             MAGIC
@@ -231,7 +221,15 @@ class VersionAnnouncement:
 
 @dataclass(frozen=True, kw_only=True)
 class SnapshotAnnouncement:
-    """What the Trainer says the snapshot of ``version`` is."""
+    """What the Trainer says the snapshot of ``version`` is: job id, ``v``, ``h(snapshot)`` (the
+    hash of the weights' canonical bytes), the chain hash ``h(v)`` that the deltas after the
+    snapshot are based on, the file's size and ``h(manifest)``.
+
+    It carries the chain hash because ``h(snapshot)`` (a hash of the weights) and ``h(v)`` (a hash
+    chain over the deltas) are different values: a joiner needs the second to check the base of
+    ``D_{v+1}``. It signs ``h(manifest)``, the hash of the model's other files (config, tokenizer,
+    chat template: :mod:`aurora.store.manifest`), so the whole model is pinned, not only its
+    weights. Its canonical layout is in :meth:`VersionAnnouncement.canonical`."""
 
     job: str
     """The job's id."""

@@ -5,22 +5,12 @@ shape, 16-bit storage, and for a fused tensor the names and row counts of its pa
 split 64/16/16 and 48/24/24 have the same fused shape) and parses it: decompresses its streams
 and checks them whole (indices strictly increasing inside the tensor, :mod:`aurora.delta.changes`)
 -- except the compiled ``leb128`` path, whose loop (:mod:`aurora.delta.kernels`) checks each index
-just before storing it (its separate check pass cost half the store). Only then does
-:func:`apply_delta` write, with an undo log: the compiled loops keep the old bits of every element
-they overwrite as they store, the numpy path gathers them first, so whatever raises while writing
-(a stream refused part-way, a ``KeyboardInterrupt``, a ``MemoryError``) the writes are undone
-before it propagates (:func:`store_prepared`).
-
+just before storing it. Only then does :func:`apply_delta` write, with an undo log, so whatever
+raises while writing the writes are undone before it propagates (:func:`store_prepared`).
 Deltas of fewer than :data:`COMPILED_MIN_CHANGES` changes are checked and stored with numpy
-instead (the same checks, :func:`aurora.delta.changes.indices_from_gaps`): the compiled loops cost
-0.8-1 s the first time a process runs them (numba starts LLVM and loads or compiles them, holding
-the GIL, so an Actor's event loop stalls and its leases expire), while numpy applies such a delta
-in milliseconds. An engine that applies large deltas calls :func:`warm_up` when it loads, so the
-first delta is not the one that pays.
-
-A chain ``D_{va+1..v}`` is checked link by link (base version and hash) and every record of
-every link is parsed before the first write; it is then applied with the same undo log, which
-restores the weights if anything raises after all.
+instead (the same checks); an engine that applies large deltas calls :func:`warm_up` when it
+loads. A chain ``D_{va+1..v}`` is checked link by link (base version and hash) and every record
+of every link is parsed before the first write; it is then applied with the same undo log.
 """
 
 from __future__ import annotations
@@ -58,7 +48,14 @@ def use_compiled(deltas: Sequence[Delta]) -> bool:
 
 def warm_up() -> None:
     """Load (or compile, the first time on a machine) every compiled loop now, so the first
-    large delta applies at full speed: an engine calls this once when it loads its weights."""
+    large delta applies at full speed: an engine calls this once when it loads its weights.
+
+    The compiled loops are slow to start the first time a process runs them (numba starts LLVM
+    and loads or compiles them, holding the GIL, so an Actor's event loop stalls and its leases
+    expire), while numpy applies a small delta in milliseconds: hence
+    :data:`COMPILED_MIN_CHANGES`, and this call at load, so the first delta is not the one that
+    pays.
+    """
     old = np.arange(64, dtype=np.uint16)
     idx = np.arange(0, 64, 3, dtype=np.int64)
     new = old[idx] ^ np.uint16(3)
@@ -173,7 +170,11 @@ def store_prepared(
     the main one: Python raises a signal's exception in the main thread only). The stores
     checked whole at parse raise nothing, so there nothing can stop them part-way and they skip
     the undo log, which costs ~30% of the ``aurora`` store loop; the stores checked as they go
-    keep theirs (they refuse a bad stream part-way), as does the numpy path (it allocates)."""
+    keep theirs (they refuse a bad stream part-way), as does the numpy path (it allocates).
+
+    The compiled loops keep the old bits of every element they overwrite as they store; the numpy
+    path gathers them first.
+    """
     first = [(t, c) for t, c in prepared if isinstance(c, CheckedAsStored)]
     rest = [(t, c) for t, c in prepared if not isinstance(c, CheckedAsStored)]
     if not interruptible:

@@ -1,7 +1,5 @@
 """Arenas: the contiguous memory a delta is reassembled in.
 
-Theory of operation
--------------------
 A receiver places every segment of ``D_v`` at its byte offset in one contiguous buffer, the
 *arena*, so the verified file is parsed where it lies: records and codec streams are views into
 the arena, nothing is joined or copied, and the kernel's copy out of the socket is the only copy
@@ -9,12 +7,9 @@ a received byte ever makes (:class:`aurora.delta.reassembly.Reassembler` hands o
 size of ``D_v`` is not known until its trailer arrives (the Trainer streams segments while it is
 still extracting), so an arena *reserves* address space for the largest delta a node accepts
 (``capacity``) with an anonymous private mapping; the kernel commits a page only when it is first
-written, so reserving 64 GiB costs nothing but address space.
-
-What costs is the first write to a page: committing fresh memory took 0.56 ms per MB on this
-machine (``benchmarks/test_receive_costs.py``), as long as the loopback socket takes to deliver
-the same bytes. A receiver therefore reuses arenas whose pages
-are committed (:class:`aurora.transport.arenas.ArenaPool`).
+written, so reserving 64 GiB costs nothing but address space. What costs is that first write to a
+page, so a receiver reuses arenas whose pages are committed
+(:class:`aurora.transport.arenas.ArenaPool`).
 """
 
 from __future__ import annotations

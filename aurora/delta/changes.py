@@ -2,23 +2,15 @@
 
 A codec's ``parse`` (:mod:`aurora.delta.codecs`, :mod:`aurora.delta.dense`) turns a record's byte
 streams into one of these, after checking its lengths and headers and, except for the compiled
-``leb128`` change, its indices (strictly increasing inside the tensor). Nothing is written yet:
-apply parses every record of a delta first. The compiled ``leb128`` change
-(:class:`CheckedAsStored`) checks its indices as it stores them and keeps an undo log, so a bad
-record still leaves the weights as they were. Each change is stored in one of two ways:
-
-* :meth:`store` into numpy ``uint16`` arrays (the CPU path, the transformers model's own storage
-  through zero-copy views): the ``aurora``, ``aurora-base`` and ``leb128`` changes of a large
-  delta run the fused compiled loops of :mod:`aurora.delta.kernels`; the rest, and small deltas
-  (:data:`aurora.delta.apply.COMPILED_MIN_CHANGES`), go through :class:`Materialized`.
-* :meth:`materialize` into a :class:`Materialized` change, the device-neutral form: int64 indices
-  (or none: every element), uint16 values and what to do with them (``set`` the bits, add a
-  ``ulp`` difference to the old bits, ``xor`` them). The torch path
-  (:mod:`aurora.delta.torch_apply`) and the tensor-parallel remap (:mod:`aurora.delta.tp`)
-  work on this form.
-
-A fused tensor (``qkv_proj``: q, k, v) is stored part by part: ``parts`` lists, in fused order,
-(flat array, fused offset, numel) of each part.
+``leb128`` change (:class:`CheckedAsStored`, which checks its indices as it stores them and keeps
+an undo log), its indices (strictly increasing inside the tensor). Nothing is written yet: apply
+parses every record of a delta first. Each change is stored in one of two ways:
+:meth:`~Change.store` into numpy ``uint16`` arrays (the CPU path: the fused compiled loops of
+:mod:`aurora.delta.kernels` for a large delta, :class:`Materialized` for the rest), or
+:meth:`~Change.materialize` into a :class:`Materialized` change, the device-neutral form that the
+torch path (:mod:`aurora.delta.torch_apply`) and the tensor-parallel remap
+(:mod:`aurora.delta.tp`) work on. A fused tensor (``qkv_proj``: q, k, v) is stored part by part:
+``parts`` lists, in fused order, (flat array, fused offset, numel) of each part.
 """
 
 from __future__ import annotations
@@ -87,6 +79,17 @@ def readonly(a: np.ndarray) -> np.ndarray:
 
 
 class Change(Protocol):
+    """A parsed, checked change of one tensor, stored in one of two ways.
+
+    * :meth:`store` into numpy ``uint16`` arrays (the CPU path, the transformers model's own storage
+      through zero-copy views): the ``aurora``, ``aurora-base`` and ``leb128`` changes of a large
+      delta run the fused compiled loops of :mod:`aurora.delta.kernels`; the rest, and small deltas
+      (:data:`aurora.delta.apply.COMPILED_MIN_CHANGES`), go through :class:`Materialized`.
+    * :meth:`materialize` into a :class:`Materialized` change, the device-neutral form: int64
+      indices (or none: every element), uint16 values and what to do with them (``set`` the
+      bits, add a ``ulp`` difference to the old bits, ``xor`` them).
+    """
+
     nnz: int
     numel: int
 

@@ -2,38 +2,15 @@
 
 A tensor's change is ``idx`` (sorted flat int64 indices of the bf16 elements whose 16-bit pattern
 changed) and ``new`` (their new bit patterns, uint16). Each codec turns that into a few byte
-streams and back. Measurements behind the choices: ``docs/journal/early-measurements.md`` and
-``docs/DELTA.md``.
-
-``leb128`` (the paper)
-    index gaps (first index, then differences) as unsigned LEB128; values raw bf16 (2 B each).
-``aurora`` (default)
-    index gaps as uint8 with 0 as escape (escaped gaps, i.e. 0 or > 255, go in order to a
-    uint32/uint64 side array), zstd level 1; when more than 3% of gaps escape (density below about
-    1.3%) uint16 gaps with 0 as escape, stored as a low-byte plane then a high-byte plane, zstd-1.
-    Values split into the high byte (sign + 7 exponent bits: low entropy, zstd-1) and the low byte
-    (last exponent bit + mantissa: incompressible, raw).
-``aurora-base``
-    ``aurora`` indices; values as the zigzagged difference, in ULPs of the order-preserving key of
-    bf16, between new and old value, uint8 with 0 as escape (escaped as uint16), zstd-1. Needs
-    the receiver's base to be bit-identical: the hash chain proves it before apply.
-Dense encodings (:mod:`aurora.delta.dense`), for tensors where most elements change:
-``dense`` the new bits of every element; ``dense-base`` the ULP difference of every element.
-Baselines of today's peers, for the encoding experiment:
-``naive``
-    absolute int32 (int64 for tensors of 2^31 elements or more) index + raw bf16 (the paper's
-    baseline; verl ``delta_sharded``).
-``downcast-zstd``
-    gaps downcast to the smallest unsigned dtype that holds the largest (PULSE/grail), zstd-1 on
-    indices and on raw values.
-``xor-zstd``
-    the dense XOR of old and new bits over the whole tensor, zstd-1 (slime); needs the base.
-
-Decoding is split in two (:mod:`aurora.delta.changes`): ``parse`` decompresses and checks the
-streams (every decoder refuses indices that are not strictly increasing inside the tensor, as it
-decodes, with a :class:`~aurora.delta.errors.CorruptError`) and returns a change that is stored
-later, once every record of the delta has parsed. :data:`FAMILIES` says which encodings the
-writer may choose among for a requested codec: it keeps the smallest.
+streams and back: ``leb128`` (the paper's), ``aurora`` (the default: escaped small gaps and split
+value bytes, zstd-1), ``aurora-base`` (values as ULP differences from the receiver's base), the
+dense encodings of :mod:`aurora.delta.dense`, and the peers' baselines; :data:`CODECS` describes
+each. Measurements behind the choices: ``docs/journal/early-measurements.md`` and
+``docs/DELTA.md``. Decoding is split in two (:mod:`aurora.delta.changes`): ``parse`` decompresses
+and checks the streams (every decoder refuses indices that are not strictly increasing inside the
+tensor, as it decodes, with a :class:`~aurora.delta.errors.CorruptError`) and returns a change
+that is stored later, once every record of the delta has parsed. :data:`FAMILIES` says which
+encodings the writer may choose among for a requested codec: it keeps the smallest.
 """
 
 from __future__ import annotations
@@ -372,7 +349,32 @@ def _codecs() -> dict[str, Codec]:
 
 
 CODECS: dict[str, Codec] = _codecs()
-"""Every codec by the name written in the header."""
+"""Every codec by the name written in the header.
+
+``leb128`` (the paper)
+    index gaps (first index, then differences) as unsigned LEB128; values raw bf16 (2 B each).
+``aurora`` (default)
+    index gaps as uint8 with 0 as escape (escaped gaps, i.e. 0 or > 255, go in order to a
+    uint32/uint64 side array), zstd level 1; when more than 3% of gaps escape (density below about
+    1.3%) uint16 gaps with 0 as escape, stored as a low-byte plane then a high-byte plane, zstd-1.
+    Values split into the high byte (sign + 7 exponent bits: low entropy, zstd-1) and the low byte
+    (last exponent bit + mantissa: incompressible, raw).
+``aurora-base``
+    ``aurora`` indices; values as the zigzagged difference, in ULPs of the order-preserving key of
+    bf16, between new and old value, uint8 with 0 as escape (escaped as uint16), zstd-1. Needs
+    the receiver's base to be bit-identical: the hash chain proves it before apply.
+Dense encodings (:mod:`aurora.delta.dense`), for tensors where most elements change:
+``dense`` the new bits of every element; ``dense-base`` the ULP difference of every element.
+Baselines of today's peers, for the encoding experiment:
+``naive``
+    absolute int32 (int64 for tensors of 2^31 elements or more) index + raw bf16 (the paper's
+    baseline; verl ``delta_sharded``).
+``downcast-zstd``
+    gaps downcast to the smallest unsigned dtype that holds the largest (PULSE/grail), zstd-1 on
+    indices and on raw values.
+``xor-zstd``
+    the dense XOR of old and new bits over the whole tensor, zstd-1 (slime); needs the base.
+"""
 
 DEFAULT_CODEC = "aurora"
 

@@ -1,24 +1,13 @@
 """Dense encodings: every element of the tensor, for changes too dense for a sparse codec.
 
-A tiny model learning on a CPU changes 11-60% of its bf16 elements per step
-(``docs/journal/early-measurements.md``), and the first steps after a warm start look the same. A
-sparse codec then spends an index on most elements and costs more than the tensor. Three encodings
-of the whole tensor, each bit-exact and chosen per tensor by the writer when smallest
+When most of a tensor's bf16 elements change in a step (a tiny model learning on a CPU, the first
+steps after a warm start: ``docs/journal/early-measurements.md``), a sparse codec spends an index
+on most elements and costs more than the tensor. Three encodings of the whole tensor, each
+bit-exact and chosen per tensor by the writer when smallest
 (:data:`aurora.delta.codecs.FAMILIES`; sizes against density in
-``docs/journal/delta-measurements.md``):
-
-``dense``
-    the new bits of every element, as a high-byte plane and a low-byte plane, each zstd-1. Needs
-    nothing from the receiver (it is a snapshot of the tensor); the floor is about 1.4 B/element
-    (the low byte is incompressible mantissa).
-``dense-base``
-    the ULP difference of every element from the receiver's base (zigzag of the difference of
-    the order-preserving keys; 0 where unchanged), low-byte and high-byte planes, each zstd-1.
-    Most changes are +-1 or 2 ULPs, so the low plane is a few bits per element and the high plane
-    nearly all zeros.
-``xor-zstd``
-    the XOR of old and new bits of every element, zstd-1, as slime ships it (kept as the peers'
-    baseline, and a candidate for the writer).
+``docs/journal/delta-measurements.md``): ``dense`` (the new bits: :func:`encode_dense`),
+``dense-base`` (the ULP difference from the receiver's base: :func:`encode_dense_ulp`) and
+``xor-zstd`` (the XOR of old and new bits: :func:`encode_xor`).
 
 The record's ``nnz`` still counts the changed elements; the receiver checks it against the
 decoded stream where that is free (the non-zero differences), so a record cannot claim one count
@@ -63,6 +52,10 @@ def _sparse_to_dense(idx: np.ndarray, vals: np.ndarray, numel: int) -> np.ndarra
 def encode_dense(
     idx: np.ndarray, new: np.ndarray, old: np.ndarray, numel: int, full_old: FullOld = None
 ) -> list[bytes]:
+    """``dense``: the new bits of every element, as a high-byte plane and a low-byte plane, each
+    zstd-1. Needs nothing from the receiver (it is a snapshot of the tensor); the floor is about
+    1.4 B/element (the low byte is incompressible mantissa).
+    """
     if full_old is None:
         raise ValueError("the dense encoding needs the whole base tensor (full_old)")
     bits = np.array(full_old(), dtype=np.uint16).reshape(-1)
@@ -79,6 +72,11 @@ def parse_dense(
 def encode_dense_ulp(
     idx: np.ndarray, new: np.ndarray, old: np.ndarray, numel: int, full_old: FullOld = None
 ) -> list[bytes]:
+    """``dense-base``: the ULP difference of every element from the receiver's base (zigzag of the
+    difference of the order-preserving keys; 0 where unchanged), low-byte and high-byte planes, each
+    zstd-1. Most changes are +-1 or 2 ULPs, so the low plane is a few bits per element and the high
+    plane nearly all zeros.
+    """
     return _planes(_sparse_to_dense(idx, ulp_diff(new, old), numel))
 
 
@@ -93,6 +91,9 @@ def parse_dense_ulp(
 def encode_xor(
     idx: np.ndarray, new: np.ndarray, old: np.ndarray, numel: int, full_old: FullOld = None
 ) -> list[bytes]:
+    """``xor-zstd``: the XOR of old and new bits of every element, zstd-1, as slime ships it (kept
+    as the peers' baseline, and a candidate for the writer).
+    """
     return [zc(_sparse_to_dense(idx, new ^ old, numel).astype("<u2"))]
 
 

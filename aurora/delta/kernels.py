@@ -2,34 +2,16 @@
 
 Applying a sparse delta is bound by memory, not arithmetic: at 2% density a 64-byte line of bf16
 weights holds a change with probability 1 - 0.98^32 = 48%, so the store touches about half the
-lines of the tensor wherever the indices come from (``benchmarks/test_apply_bound.py``). A chain of
-numpy temporaries (gaps to int64, cumulative sum, scatter) writes and re-reads 10+ bytes per change
-on top of that; the loops here read each stream once and keep the running index in a register:
-
-* ``check_*`` walks an index stream once without writing and returns a status code (``OK`` or
-  the first violation): every gap after the first >= 1 (strictly increasing, no duplicates), no
-  gap and no running sum reaching ``numel`` (so no int64 overflow: both stay below
-  ``numel < 2**62``), a LEB128 value of at most 10 bytes and below 2^64, escape counts that
-  match. ``aurora`` and ``aurora-base`` streams are checked this way when parsed (vectorisable
-  sums and counts, ~0.6 ms a layer), before the first byte of the weights is written.
-* ``store_small_gaps`` is the fused decode-gap, prefix-sum and store loop for such a checked
-  stream. It stops at the end of one part of a fused tensor (q, k, v are separate arrays on the
-  transformers side) and resumes from the state it left in ``st``. It prefetches the line of the
-  change ``LOOKAHEAD`` changes ahead: the hardware prefetchers follow sequential streams, not
-  this ascending but irregular one.
-* ``apply_leb128`` checks and stores a LEB128 stream in one pass (its separate check, a
-  byte-by-byte walk, cost 5.7-6.7 ms a layer, half the store): the lookahead decodes and checks
-  each value before the store reaches it and the store keeps the old bits in an undo log, which
-  the caller restores (:func:`restore`), with the records stored before, if the stream is
-  refused part-way (``changes.CheckedAsStored``; ``benchmarks/test_apply_bound.py``,
-  docs/journal/delta-measurements.md).
-* ``expand_*`` writes the int64 indices of a checked stream, for the torch path (``index_copy_``
-  needs an index tensor), the tensor-parallel remap and a rollback.
-
-Value streams: ``SPLIT`` values are a high-byte and a low-byte plane (``aurora``); ``ULP`` values
-are zigzagged differences of the order-preserving bf16 key from the old value, uint8 with 0 as
-escape to a uint16 side array (``aurora-base``); the old value is the one being overwritten, read
-from the line the store brings in anyway.
+lines of the tensor wherever the indices come from (``benchmarks/test_apply_bound.py``). A chain
+of numpy temporaries writes and re-reads 10+ bytes per change on top of that; the loops here read
+each stream once and keep the running index in a register. ``check_*`` walk an index stream
+without writing and return a status code (``OK`` or the first violation); ``store_small_gaps``
+stores a checked ``aurora`` stream and ``apply_leb128`` checks and stores a LEB128 stream in one
+pass with an undo log (:func:`restore`); both stop at the end of one part of a fused tensor and
+resume from the state in ``st``. ``expand_*`` write the int64 indices of a checked stream. Value
+streams: ``SPLIT`` is a high-byte and a low-byte plane (``aurora``); ``ULP`` zigzagged differences
+of the order-preserving bf16 key from the old value, uint8 with 0 as escape to a uint16 side array
+(``aurora-base``).
 """
 
 from __future__ import annotations
@@ -98,7 +80,14 @@ def _small_gap(lo, hi, i, wide):  # type: ignore[no-untyped-def]
 @_jit
 def check_small_gaps(lo, hi, esc, numel):  # type: ignore[no-untyped-def]
     """Status of an ``aurora`` index stream: gaps ``lo`` (| ``hi`` << 8 when ``hi`` is as long),
-    0 meaning the next escape (uint64). Vectorisable: sums and counts, no running index."""
+    0 meaning the next escape (uint64). Vectorisable: sums and counts, no running index.
+
+    A ``check_*`` walk refuses (status code, not an exception): a gap after the first below 1
+    (indices strictly increasing, no duplicates), a gap or running sum reaching ``numel`` (so no
+    int64 overflow: both stay below ``numel < 2**62``), a LEB128 value of more than 10 bytes or not
+    below 2^64, escape counts that do not match. ``aurora`` and ``aurora-base`` streams are checked
+    this way when parsed, before the first byte of the weights is written.
+    """
     n = lo.size
     wide = hi.size == n and n > 0
     total = np.uint64(0)
@@ -148,7 +137,12 @@ def store_small_gaps(out, base, end, st, lo, hi, esc, va, vb, vesc, vmode, log, 
     reads the old bits anyway: benchmarks/test_apply_bound.py). No checks; the lookahead decodes
     each gap a second time for its prefetch (a ring of indices and in-loop checks made it slower:
     docs/journal/delta-measurements.md). ``st`` = [change, escape, value escape, last index,
-    lookahead change, lookahead escape, lookahead index] is read and updated in place."""
+    lookahead change, lookahead escape, lookahead index] is read and updated in place.
+
+    It prefetches the line of the change ``LOOKAHEAD`` changes ahead: the hardware prefetchers
+    follow sequential streams, not this ascending but irregular one. A ULP value's old value is the
+    one being overwritten, read from the line the store brings in anyway.
+    """
     n = lo.size
     wide = hi.size == n and n > 0
     i, j, k, cur, ia, ja, ca = st[0], st[1], st[2], st[3], st[4], st[5], st[6]
@@ -206,7 +200,11 @@ def restore(out, base, idx, undo):  # type: ignore[no-untyped-def]
 @_jit
 def expand_small_gaps(lo, hi, esc, idx):  # type: ignore[no-untyped-def]
     """The indices of the first ``idx.size`` changes of a checked ``aurora`` stream into ``idx``
-    (int64)."""
+    (int64).
+
+    The ``expand_*`` loops serve the torch path (``index_copy_`` needs an index tensor), the
+    tensor-parallel remap and a rollback.
+    """
     n = lo.size
     wide = hi.size == n and n > 0
     cur = np.int64(0)

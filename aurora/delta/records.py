@@ -1,15 +1,8 @@
 """The records of a delta checkpoint: constants of the file layout, segments, tensors, deltas.
 
-Layout (all integers little-endian)::
-
-    payload  = MAGIC "AURDELTA" | u16 format version | u32 n | header JSON (n bytes)
-               then per changed tensor: "T" | u32 n | record JSON | codec streams
-               (record: name, shape, dtype, numel, nnz, codec, stream lengths, and for a fused
-               tensor its parts: [[split name, rows], ...] in fused order)
-               then the table: "E" | u32 n | table JSON (name, offset, length, nnz, codec)
-    trailer  = "AURTRAIL" | u64 payload length | u32 segment size | u32 segment count
-               | segment count x 32-byte leaf hashes | 32-byte id(D_v) | 32-byte h(v) | "AURDELTA"
-
+A delta file is a payload (``MAGIC``, format version, header JSON, then one record per changed
+tensor with its codec streams, then a table) and a trailer (``TRAILER_MAGIC``, the segment
+geometry, every leaf hash, ``id(D_v)`` and ``h(v)``); :class:`Delta` gives the layout byte by byte.
 The header (model id, v, base v-1, h(v-1), segment size) is known before extraction starts, so
 the payload is produced tensor by tensor and cut into fixed-size **segments** while extraction
 is still running (cut-through, paper Figure 7). Each segment carries the delta key (a hash of the
@@ -94,7 +87,19 @@ class TensorDelta:
 
 @dataclass(frozen=True)
 class Delta:
-    """A parsed, fully verified delta checkpoint."""
+    """A parsed, fully verified delta checkpoint.
+
+    Layout (all integers little-endian)::
+
+        payload  = MAGIC "AURDELTA" | u16 format version | u32 n | header JSON (n bytes)
+                   then per changed tensor: "T" | u32 n | record JSON | codec streams
+                   (record: name, shape, dtype, numel, nnz, codec, stream lengths, and for a fused
+                   tensor its parts: [[split name, rows], ...] in fused order)
+                   then the table: "E" | u32 n | table JSON (name, offset, length, nnz, codec)
+        trailer  = "AURTRAIL" | u64 payload length | u32 segment size | u32 segment count
+                   | segment count x 32-byte leaf hashes | 32-byte id(D_v) | 32-byte h(v)
+                   | "AURDELTA"
+    """
 
     model: str
     version: int

@@ -3,30 +3,13 @@
 With tensor parallelism of size n, every vLLM rank holds a slice of each weight, laid out by the
 layer's weight loader (``vllm/model_executor/layers/linear.py``,
 ``vocab_parallel_embedding.py``); a delta is computed on the full fused tensor, so each rank must
-keep only the changes inside its slice and rebase their indices onto its local storage:
-
-``column`` (``ColumnParallelLinear``)
-    rank r holds output rows [r*R/n, (r+1)*R/n).
-``merged`` (``MergedColumnParallelLinear``, ``gate_up_proj``)
-    each part (gate, up) is split like a column layer; rank r stacks its slice of every part:
-    [gate rows r*I/n.., up rows r*I/n..].
-``qkv`` (``QKVParallelLinear``)
-    q is split by heads (H/n each); k and v by kv heads, K/n each when n <= K, else each rank holds
-    one kv head, that of ``rank // (n/K)`` (kv heads replicated n/K times); rank r stacks
-    [q slice, k slice, v slice].
-``row`` (``RowParallelLinear``, ``o_proj``/``down_proj`` weights)
-    rank r holds input columns [r*C/n, (r+1)*C/n) of every row (its bias is not split).
-``vocab`` (``VocabParallelEmbedding``/``ParallelLMHead``)
-    the vocabulary is padded to a multiple of 64, each rank holds padded/n rows, of which those
-    below the vocabulary size are real (the padding rows are never written).
-``replicated``
-    every rank holds the whole tensor (norms, row-parallel biases).
-
-All are row ranges of the flat row-major tensor except ``row``, so a sorted index stays sorted
-after the remap and each rank's indices come out in local order. :func:`to_rank` remaps a
-:class:`~aurora.delta.changes.Materialized` change (sparse: select and rebase; dense: gather the
-rank's elements); :func:`local_to_global` gives every local element's global index, the inverse
-map. The engine adapter builds a :class:`TPRank` once (:func:`vllm_shardings`) and passes it to
+keep only the changes inside its slice and rebase their indices onto its local storage. The
+slicings (:data:`KINDS`, described at :class:`Sharding`) are row ranges of the flat row-major
+tensor except ``row``, so a sorted index stays sorted after the remap and each rank's indices
+come out in local order. :func:`to_rank` remaps a :class:`~aurora.delta.changes.Materialized`
+change (sparse: select and rebase; dense: gather the rank's elements); :func:`local_to_global`
+gives every local element's global index, the inverse map. The engine adapter builds a
+:class:`TPRank` once (:func:`vllm_shardings`) and passes it to
 :func:`aurora.delta.torch_apply.apply_delta_torch`.
 """
 
@@ -47,7 +30,25 @@ VOCAB_PADDING = 64
 
 @dataclass(frozen=True)
 class Sharding:
-    """How vLLM splits one engine tensor over the ranks."""
+    """How vLLM splits one engine tensor over the ranks.
+
+    ``column`` (``ColumnParallelLinear``)
+        rank r holds output rows [r*R/n, (r+1)*R/n).
+    ``merged`` (``MergedColumnParallelLinear``, ``gate_up_proj``)
+        each part (gate, up) is split like a column layer; rank r stacks its slice of every part:
+        [gate rows r*I/n.., up rows r*I/n..].
+    ``qkv`` (``QKVParallelLinear``)
+        q is split by heads (H/n each); k and v by kv heads, K/n each when n <= K, else each rank
+        holds one kv head, that of ``rank // (n/K)`` (kv heads replicated n/K times); rank r stacks
+        [q slice, k slice, v slice].
+    ``row`` (``RowParallelLinear``, ``o_proj``/``down_proj`` weights)
+        rank r holds input columns [r*C/n, (r+1)*C/n) of every row (its bias is not split).
+    ``vocab`` (``VocabParallelEmbedding``/``ParallelLMHead``)
+        the vocabulary is padded to a multiple of 64, each rank holds padded/n rows, of which those
+        below the vocabulary size are real (the padding rows are never written).
+    ``replicated``
+        every rank holds the whole tensor (norms, row-parallel biases).
+    """
 
     kind: str
     """One of :data:`KINDS`."""

@@ -1,33 +1,16 @@
 """The inference engine protocol every Actor programs against.
 
-Theory of operation
--------------------
 An engine holds one version of the policy as bf16 weights and does two things with it:
-
-* :meth:`Engine.generate` samples ``n`` completions for each prompt and returns, per completion,
-  its token ids, the log-probability of each sampled token under the *sampling* distribution
-  (the model's logits divided by the temperature used, no other processing, so the Trainer can
-  recompute the same quantity for the importance ratio), its text and its token count.
-* :meth:`Engine.apply` moves the weights from version v-1 to v in place with a verified delta
-  checkpoint ``D_v`` (:class:`aurora.delta.Delta`), through the delta package's apply path: the
-  base version and base hash are checked and the whole delta decoded before a byte is written.
-  Callers apply only at a safe point (between :meth:`generate` calls); an engine that can be
-  called from several threads serialises the two.
-
-Two hashes, for two questions:
-
-* :attr:`Engine.weights_hash` is h(v), the chain value the Ledger and the signed announcements
-  speak of: the snapshot's hash when the engine loaded it, then
-  ``chain_hash(h(v-1), id(D_v))`` after each applied delta (:func:`aurora.delta.chain_hash`).
-  It costs nothing and is what a result carries.
-* :meth:`Engine.weights_digest` hashes the bytes the engine actually holds, in the canonical
-  fused layout (:func:`canonical_state`: q/k/v and gate/up stacked as the delta format names
-  them), with :func:`aurora.delta.weights_hash`. It is the same for an engine with split weights
-  (transformers) and one with fused weights (vLLM) holding the same bits, so anyone can check
-  bit-identity with the Trainer's published weights (:func:`weights_digest_of`).
-
-Nothing above this interface may depend on a particular engine: the runtime sees only
-:class:`Engine`, :class:`Sampling` and :class:`Completion`.
+:meth:`Engine.generate` samples ``n`` completions per prompt, each with the log-probability of
+every sampled token under the *sampling* distribution (logits divided by the temperature, no
+other processing, so the Trainer can recompute the same quantity for the importance ratio), and
+:meth:`Engine.apply` moves the weights from v-1 to v in place with a verified delta ``D_v``
+(base version and hash checked, the whole delta decoded before a byte is written), only at a safe
+point between :meth:`generate` calls. Two hashes answer two questions: :attr:`Engine.weights_hash`
+is h(v), the chain value the Ledger and the signed announcements speak of, and
+:meth:`Engine.weights_digest` hashes the bytes the engine actually holds, in the canonical fused
+layout (:func:`canonical_state`). Nothing above this interface may depend on a particular
+engine: the runtime sees only :class:`Engine`, :class:`Sampling` and :class:`Completion`.
 """
 
 from __future__ import annotations
@@ -82,7 +65,25 @@ class Completion:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What an Actor needs from an inference engine (transformers today, vLLM later)."""
+    """What an Actor needs from an inference engine (transformers today, vLLM later).
+
+    * :meth:`generate` returns, per completion, its token ids, the log-probability of each
+      sampled token under the sampling distribution, its text and its token count.
+    * :meth:`apply` goes through the delta package's apply path (:class:`aurora.delta.Delta`).
+      Callers apply only at a safe point (between :meth:`generate` calls); an engine that can be
+      called from several threads serialises the two.
+
+    Two hashes, for two questions:
+
+    * :attr:`weights_hash` is h(v): the snapshot's hash when the engine loaded it, then
+      ``chain_hash(h(v-1), id(D_v))`` after each applied delta (:func:`aurora.delta.chain_hash`).
+      It costs nothing and is what a result carries.
+    * :meth:`weights_digest` hashes the bytes the engine actually holds, in the canonical fused
+      layout (:func:`canonical_state`: q/k/v and gate/up stacked as the delta format names
+      them), with :func:`aurora.delta.weights_hash`. It is the same for an engine with split
+      weights (transformers) and one with fused weights (vLLM) holding the same bits, so anyone
+      can check bit-identity with the Trainer's published weights (:func:`weights_digest_of`).
+    """
 
     version: int
     """The policy version v the weights are at."""

@@ -1,27 +1,14 @@
 """The transformers engine: batched sampling with a KV cache on CPU (or CUDA), in-place deltas.
 
-Theory of operation
--------------------
 The engine owns a transformers causal LM whose parameters are **bf16**: they are the policy
 version v, bit for bit, and the delta package writes D_{v+1} straight into their storage
 (:func:`aurora.delta.hf.bf16_views` gives zero-copy ``uint16`` views; the delta names q/k/v and
 gate/up fused, the apply path maps them back to transformers' split ``q_proj``/``k_proj``/...
-by the fixed block offsets of :mod:`aurora.delta.extract`).
-
-Compute may run in another dtype (``compute_dtype``). On a CPU without bf16 arithmetic (AVX2
-only, like this project's CI machine, where a bf16 forward is ~20x slower than fp32) the default
-is fp32: a private fp32 copy of the model whose values are the bf16 weights upcast, which is
-exact, refreshed after every apply or load. The sampled tokens and their log-probs therefore come
-from exactly the bf16 weights of version v, computed in fp32. On CUDA the default is bf16 and
-no copy is kept.
-
-Sampling (:meth:`TransformersEngine.generate`) expands each prompt ``n`` times, left-pads the
-batch (position ids from the attention mask, so a padded prompt sees the positions an unpadded
-one would), runs one prefill and then one cached decode step per token. Each step takes
-``log_softmax(logits / T)`` once and samples from it with a ``torch.Generator`` (seeded per call
-when ``Sampling.seed`` is set, so a call is reproducible), so the recorded log-prob is the one
-of the distribution the token was drawn from. Sequences that sampled end-of-sequence are fed
-padding until every sequence is done or the token limit is reached.
+by the fixed block offsets of :mod:`aurora.delta.extract`). Compute may run in another dtype
+(``compute_dtype``: fp32 on a CPU without bf16 arithmetic), on an exact upcast copy refreshed
+after every apply or load, so the sampled tokens and their log-probs come from exactly the bf16
+weights of version v. :meth:`TransformersEngine.generate` records the log-prob of the
+distribution each token was drawn from.
 """
 
 from __future__ import annotations
@@ -50,7 +37,15 @@ from aurora.models import cast_weights
 
 
 class TransformersEngine:
-    """:class:`aurora.engines.base.Engine` on a transformers causal LM."""
+    """:class:`aurora.engines.base.Engine` on a transformers causal LM.
+
+    Compute may run in another dtype (``compute_dtype``). On a CPU without bf16 arithmetic (AVX2
+    only, like this project's CI machine, where a bf16 forward is much slower than fp32) the
+    default is fp32: a private fp32 copy of the model whose values are the bf16 weights upcast,
+    which is exact, refreshed after every apply or load. The sampled tokens and their log-probs
+    therefore come from exactly the bf16 weights of version v, computed in fp32. On CUDA the
+    default is bf16 and no copy is kept.
+    """
 
     def __init__(
         self,
@@ -192,6 +187,14 @@ class TransformersEngine:
     def generate(
         self, prompts: Sequence[str] | Sequence[Sequence[int]], n: int, sampling: Sampling
     ) -> list[list[Completion]]:
+        """Expand each prompt ``n`` times, left-pad the batch (position ids from the attention mask,
+        so a padded prompt sees the positions an unpadded one would), run one prefill and then one
+        cached decode step per token. Each step takes ``log_softmax(logits / T)`` once and samples
+        from it with a ``torch.Generator`` (seeded per call when ``Sampling.seed`` is set, so a call
+        is reproducible), so the recorded log-prob is the one of the distribution the token was
+        drawn from. Sequences that sampled end-of-sequence are fed padding until every sequence is
+        done or the token limit is reached.
+        """
         if n < 1:
             raise ValueError(f"n: must be >= 1, got {n}")
         encoded = self.encode(prompts)

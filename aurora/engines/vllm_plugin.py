@@ -1,12 +1,7 @@
 """vLLM plugin: the ``aurora_delta`` weight-transfer engine and the worker extension.
 
-Theory of operation
--------------------
 vLLM builds a worker's weight-transfer engine by the name in ``weight_transfer_config["backend"]``
 right after the worker loads its model; :func:`register` adds ``aurora_delta`` to its factory.
-Every vLLM worker imports this module before it loads its model when it is the
-``worker_extension_cls`` (:class:`AuroraWorkerExtension`), and any vLLM process finds it through
-the ``vllm.general_plugins`` entry point in ``pyproject.toml``.
 :class:`AuroraDeltaWeightTransferEngine` is a thin adapter over vLLM 0.32-0.34's abstract base:
 vLLM parses ``init_info``/``update_info`` into :class:`AuroraInitInfo`/:class:`AuroraUpdateInfo`
 and the engine hands them to a :class:`aurora.engines.vllm_receiver.DeltaReceiver` holding this
@@ -165,7 +160,12 @@ def keep_cpu_weights_resident() -> bool:
 def register() -> None:
     """Register ``aurora_delta`` in vLLM's weight-transfer factory (idempotent: vLLM may load
     plugins more than once per process), and on CPU keep the weights it writes resident
-    (:func:`keep_cpu_weights_resident`)."""
+    (:func:`keep_cpu_weights_resident`).
+
+    Every vLLM worker imports this module before it loads its model when it is the
+    ``worker_extension_cls`` (:class:`AuroraWorkerExtension`), and any vLLM process finds it
+    through the ``vllm.general_plugins`` entry point in ``pyproject.toml``.
+    """
     keep_cpu_weights_resident()
     try:
         WeightTransferEngineFactory.register_engine(

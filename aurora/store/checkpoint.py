@@ -1,51 +1,17 @@
 """The Checkpoint Store: periodic full snapshots and the chain of delta checkpoints.
 
-Theory of operation
--------------------
 The store is the durable half of "the delta checkpoint is both the transfer and the storage":
-every published version's delta ``D_v`` and, every snapshot interval, a full snapshot, so that
-any Actor can join (snapshot + tail of the chain) or catch up (the deltas it missed), and the
-Ledger can plan either from :meth:`CheckpointStore.sizes`.
-
-Layout under the root (a directory, or any fsspec URL such as ``s3://bucket/job``)::
-
-    deltas/v00000042.delta            D_42, the file format of aurora.delta (records.py)
-    deltas/v00000042.announce         the Trainer's signed announcement of D_42
-    snapshots/v00000040.safetensors   bf16 weights of v40, safetensors with BF16 dtype
-    snapshots/v00000040.announce      the Trainer's signed announcement of that snapshot
-    snapshots/v00000040.manifest      the model's other files (config, tokenizer, chat
-                                      template) by content hash, whose hash that announcement
-                                      signs (aurora.store.manifest)
-
-Names are made from version numbers only; :meth:`CheckpointStore.resolve` is the one way a name
-from outside (a peer asking a relay for a file) becomes a path, and it refuses anything that is
-not one of these forms exactly (ASCII digits, nothing after the extension, not even a newline),
-so nothing outside the root can be named; on a local directory a name whose path runs through
-a symbolic link is refused too, so a link planted under the root cannot lead out of it.
-
-The store is untrusted (docs/ARCHITECTURE.md, "Trust"): a joiner opens it with the job's id and
-public key and reads through :meth:`CheckpointStore.verified_delta` / :meth:`verified_snapshot`,
-which check every artifact against the Trainer's signed announcement stored beside it, so a snapshot
-and chain fetched from any mirror are the Trainer's or are refused;
-:meth:`CheckpointStore.verified_manifest` gives the model files the Trainer signed with a
-snapshot, which a role checks the model it loads against.
-
-Publishing is atomic and exclusive: on a local directory a temporary file is written, fsynced
-and hard-linked to its name, which the kernel does only if the name is free
-(``aurora.store.files.write_exclusive``); of two publishers of one version exactly one wins, and
-the other gets an error naming the artifact unless its bytes are the same (then it is a no-op).
-On an object store a single PUT is atomic, but exclusivity is a check before the PUT (fsspec has
-no portable conditional write). Temp files a crashed publisher left are removed when a store is
-opened. A delta is parsed and verified (segment hashes, Merkle root) before it is stored; a
-snapshot's weights hash is recorded in its metadata and checked when it is read.
-
-Snapshots are written in the safetensors format with dtype ``BF16`` by a small writer here,
-because numpy has no bfloat16 (weights are handled as uint16 bit patterns, as in aurora.delta);
-``safetensors.torch.load`` reads the files as ``torch.bfloat16`` tensors (a test checks it).
-
-Retention (:meth:`CheckpointStore.retain`): keep the newest ``keep`` snapshots whose version is
-a multiple of the snapshot interval, and every delta after the oldest snapshot kept; delete the
-rest. The newest snapshot and the chain after it are never deleted.
+every published version's delta ``D_v`` and, every snapshot interval, a full snapshot, each with
+the Trainer's signed announcement beside it, so that any Actor can join (snapshot + tail of the
+chain) or catch up (the deltas it missed), and the Ledger can plan either from
+:meth:`CheckpointStore.sizes`. The layout under the root (a directory or an fsspec URL) is at
+:class:`CheckpointStore`; names are made from version numbers only and
+:meth:`CheckpointStore.resolve` refuses any other name, so nothing outside the root can be
+named. The store is untrusted (docs/ARCHITECTURE.md, "Trust"): a joiner reads through the
+``verified_*`` methods, which check every artifact against the Trainer's signed announcement, so
+a snapshot and chain fetched from any mirror are the Trainer's or are refused. Publishing is
+atomic and exclusive (of two publishers of one version exactly one wins); retention
+(:meth:`CheckpointStore.retain`) never deletes the newest snapshot or the chain after it.
 """
 
 from __future__ import annotations
@@ -135,7 +101,38 @@ class CheckpointStore:
     """Snapshots and delta chain of one job under ``url`` (a path or an fsspec URL).
 
     ``job`` and ``public_key`` (the job's Ed25519 key, 32 raw bytes) are needed to store or
-    read signed announcements; a joiner reading from an untrusted mirror passes them."""
+    read signed announcements; a joiner reading from an untrusted mirror passes them.
+
+    Layout under the root (a directory, or any fsspec URL such as ``s3://bucket/job``)::
+
+        deltas/v00000042.delta            D_42, the file format of aurora.delta (records.py)
+        deltas/v00000042.announce         the Trainer's signed announcement of D_42
+        snapshots/v00000040.safetensors   bf16 weights of v40, safetensors with BF16 dtype
+        snapshots/v00000040.announce      the Trainer's signed announcement of that snapshot
+        snapshots/v00000040.manifest      the model's other files (config, tokenizer, chat
+                                          template) by content hash, whose hash that
+                                          announcement signs (aurora.store.manifest)
+
+    A joiner opens the store with the job's id and public key and reads through
+    :meth:`verified_delta` / :meth:`verified_snapshot`, which check every artifact against the
+    Trainer's signed announcement stored beside it; :meth:`verified_manifest` gives the model
+    files the Trainer signed with a snapshot, which a role checks the model it loads against.
+
+    Publishing is atomic and exclusive: on a local directory a temporary file is written,
+    fsynced and hard-linked to its name, which the kernel does only if the name is free
+    (``aurora.store.files.write_exclusive``); of two publishers of one version exactly one wins,
+    and the other gets an error naming the artifact unless its bytes are the same (then it is a
+    no-op). On an object store a single PUT is atomic, but exclusivity is a check before the PUT
+    (fsspec has no portable conditional write). Temp files a crashed publisher left are removed
+    when a store is opened. A delta is parsed and verified (segment hashes, Merkle root) before
+    it is stored; a snapshot's weights hash is recorded in its metadata and checked when it is
+    read.
+
+    Snapshots are written in the safetensors format with dtype ``BF16`` by a small writer here,
+    because numpy has no bfloat16 (weights are handled as uint16 bit patterns, as in
+    aurora.delta); ``safetensors.torch.load`` reads the files as ``torch.bfloat16`` tensors (a
+    test checks it).
+    """
 
     def __init__(
         self, url: str | Path, *, job: str | None = None, public_key: bytes | None = None
@@ -158,7 +155,14 @@ class CheckpointStore:
         """The path of artifact ``name`` (``deltas/v00000042.delta``,
         ``snapshots/v00000040.safetensors``, either's ``.announce``, or a snapshot's
         ``.manifest``); anything else is refused, and so is a local path that runs through a
-        symbolic link."""
+        symbolic link.
+
+        This is the one way a name from outside (a peer asking a relay for a file) becomes a
+        path: it refuses anything that is not one of these forms exactly (ASCII digits, nothing
+        after the extension, not even a newline), so nothing outside the root can be named; on a
+        local directory a name whose path runs through a symbolic link is refused too, so a link
+        planted under the root cannot lead out of it.
+        """
         if not isinstance(name, str) or not (
             _DELTA.fullmatch(name)
             or _SNAPSHOT.fullmatch(name)
@@ -436,7 +440,12 @@ class CheckpointStore:
 
     # builtins.list: in the class body ``list`` is the method above
     def retain(self, *, snapshot_interval: int, keep: int = 2) -> builtins.list[str]:
-        """Apply the retention policy; returns the names deleted."""
+        """Apply the retention policy; returns the names deleted.
+
+        Keep the newest ``keep`` snapshots whose version is a multiple of the snapshot interval,
+        and every delta after the oldest snapshot kept; delete the rest. The newest snapshot and
+        the chain after it are never deleted.
+        """
         if snapshot_interval < 1 or keep < 1:
             raise StoreError("snapshot_interval and keep must be >= 1")
         listing = self.list()

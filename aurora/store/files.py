@@ -3,14 +3,10 @@
 :mod:`aurora.delta` is pure (bytes in, bytes out); putting those bytes on a disk so that readers
 see all or nothing lives here.
 
-* :func:`write_atomic` - temp file, fsync, rename: readers see the old file or the new one. The
-  rename replaces what is there (for files that are rewritten, like a Trainer's checkpoint).
-* :func:`write_csv` - a table of dict rows (the result files of a simulated or real run),
-  written atomically.
+* :func:`write_atomic` - temp file, fsync, rename: readers see the old file or the new one.
+* :func:`write_csv` - a table of dict rows, written atomically.
 * :func:`write_exclusive` - temp file, fsync, then a hard link to the final name, which the
-  kernel creates only if the name is free: of two publishers of one name exactly one wins, at
-  once and whole; the loser compares bytes (the same bytes again is a no-op) instead of
-  silently overwriting.
+  kernel creates only if the name is free: of two publishers of one name exactly one wins.
 * Temp files are named ``.NAME.tmp.HOST.PID.RANDOM`` so that :func:`clean_temp_files` can
   remove those a crashed (killed) writer on this host left, without touching one a live
   writer is still filling.
@@ -74,7 +70,11 @@ def _write_temp(path: Path, chunks: Iterable[bytes | bytearray | memoryview]) ->
 def write_atomic(
     path: str | os.PathLike[str], chunks: Iterable[bytes | bytearray | memoryview]
 ) -> None:
-    """Write to a temporary file beside ``path``, fsync, rename: readers see all or nothing."""
+    """Write to a temporary file beside ``path``, fsync, rename: readers see all or nothing.
+
+    The rename replaces what is there (for files that are rewritten, like a Trainer's
+    checkpoint).
+    """
     path = Path(path)
     tmp = _write_temp(path, chunks)
     try:
@@ -88,7 +88,10 @@ def write_atomic(
 
 def write_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -> None:
     """``rows`` as CSV (columns in the first row's order, a header, then one line per row;
-    nothing at all for no rows), written with :func:`write_atomic`."""
+    nothing at all for no rows), written with :func:`write_atomic`.
+
+    Used for the result files of a simulated or real run.
+    """
     text = io.StringIO(newline="")
     if rows:
         writer = csv.DictWriter(text, fieldnames=list(rows[0]))
@@ -99,7 +102,11 @@ def write_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -
 
 def write_exclusive(path: str | os.PathLike[str], data: bytes) -> bool:
     """Publish ``data`` under ``path`` unless the name is taken: True when written, False when
-    the same bytes are there already; FileExistsError when different bytes are."""
+    the same bytes are there already; FileExistsError when different bytes are.
+
+    Of two publishers of one name exactly one wins, at once and whole; the loser compares
+    bytes (the same bytes again is a no-op) instead of silently overwriting.
+    """
     path = Path(path)
     tmp = _write_temp(path, [data])
     try:

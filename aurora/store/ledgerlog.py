@@ -1,7 +1,5 @@
 """The Ledger's durable log: every event in SQLite before its actions are carried out.
 
-Theory of operation
--------------------
 The Job Ledger is an event-sourced state machine: its state is whatever
 :func:`aurora.policy.ledger.decide` makes of the events so far. So the log stores *events*, not
 state: each one is appended (and committed, with the actions decided for it and the payload it
@@ -9,34 +7,10 @@ admitted) before any action is carried out, and a restarted Ledger rebuilds its 
 replaying the log through the same :func:`decide` with each event's recorded time; there is no
 second state machine to keep in step with the first. Only events that decided are ``policy``
 rows; one the policy refused as impossible is kept as an ``invalid`` row (for the record; it
-changed nothing and replay skips it).
-
-Tables (stdlib :mod:`sqlite3`, WAL journal):
-
-* ``events(seq, now, kind, body)``: ``kind`` is ``policy`` for an event of
-  :mod:`aurora.policy.ledger` (``body`` is its :func:`~aurora.policy.events.to_record` JSON) or
-  ``driver`` for what the runtime around ``decide`` needs to rebuild (the job's parameters, an
-  Actor's activation report, an injected fault);
-* ``actions(seq, event_seq, body)``: the actions the Ledger carried out for each policy event, so
-  a recorded run can be replayed through ``decide`` alone and compared (the parity test);
-* ``payloads(actor, lease, body, event_seq)``: the results themselves (token ids, log-probs),
-  written in the same transaction as the ``ResultArrived`` event that carries them and only when
-  it was admitted, with a plain INSERT: a refused result's payload is never kept, and nothing
-  can overwrite an admitted one (a second result for a settled lease is refused by the policy
-  and its payload dropped). So an admitted result is never lost and the Trainer can fetch a
-  batch again after any restart.
-
-**A checksum chain** (``events.chain``): each row's SHA-256 covers the previous row's chain
-value, its own seq, time, kind and body, and the digest of the payload it admitted. Reading the
-log (:meth:`LedgerLog.events`) recomputes the chain and stops at the first row that does not
-match, with one line naming it (:class:`LogCorrupt`): an altered, removed or inserted row, or an
-altered payload, is refused at start rather than replayed into another state. It detects
-accidents and edits by whoever can write the file but has not recomputed the chain; it is not a
-signature (whoever can write ``ledger.db`` can rewrite the chain too).
-
-Durability: WAL with ``synchronous=NORMAL`` survives the death of the process (SIGKILL) at any
-point, which is the failure this log is for; it trades the last transactions on a power loss for
-one fsync per checkpoint instead of one per event (``docs/RUNTIME.md`` has the measured cost).
+changed nothing and replay skips it). An admitted result's payload is written in the same
+transaction as its event, so it is never lost. A checksum chain over the rows
+(:func:`chain_step`) makes reading refuse an altered, removed or inserted row; it is not a
+signature. The tables and the durability trade are described at :class:`LedgerLog`.
 """
 
 from __future__ import annotations
@@ -83,7 +57,16 @@ class LogCorrupt(ValueError):
 def chain_step(
     prev: bytes, seq: int, now: float, kind: str, body: str, payload: bytes | None
 ) -> bytes:
-    """The chain value of one row (module docstring)."""
+    """The chain value of one row (``events.chain``).
+
+    Each row's SHA-256 covers the previous row's chain value, its own seq, time, kind and body,
+    and the digest of the payload it admitted. Reading the log (:meth:`LedgerLog.events`)
+    recomputes the chain and stops at the first row that does not match, with one line naming it
+    (:class:`LogCorrupt`): an altered, removed or inserted row, or an altered payload, is refused
+    at start rather than replayed into another state. It detects accidents and edits by whoever
+    can write the file but has not recomputed the chain; it is not a signature (whoever can
+    write ``ledger.db`` can rewrite the chain too).
+    """
     h = hashlib.sha256(prev)
     h.update(struct.pack("<qd", seq, now))
     for part in (kind.encode(), body.encode()):
@@ -101,7 +84,29 @@ class LoggedEvent:
 
 
 class LedgerLog:
-    """Append-only event log of one job's Ledger in the SQLite file ``path``."""
+    """Append-only event log of one job's Ledger in the SQLite file ``path``.
+
+    Tables (stdlib :mod:`sqlite3`, WAL journal):
+
+    * ``events(seq, now, kind, body)``: ``kind`` is ``policy`` for an event of
+      :mod:`aurora.policy.ledger` (``body`` is its :func:`~aurora.policy.events.to_record` JSON)
+      or ``driver`` for what the runtime around ``decide`` needs to rebuild (the job's
+      parameters, an Actor's activation report, an injected fault);
+    * ``actions(seq, event_seq, body)``: the actions the Ledger carried out for each policy
+      event, so a recorded run can be replayed through ``decide`` alone and compared (the parity
+      test);
+    * ``payloads(actor, lease, body, event_seq)``: the results themselves (token ids,
+      log-probs), written in the same transaction as the ``ResultArrived`` event that carries
+      them and only when it was admitted, with a plain INSERT: a refused result's payload is
+      never kept, and nothing can overwrite an admitted one (a second result for a settled lease
+      is refused by the policy and its payload dropped). So an admitted result is never lost and
+      the Trainer can fetch a batch again after any restart.
+
+    Durability: WAL with ``synchronous=NORMAL`` survives the death of the process (SIGKILL) at
+    any point, which is the failure this log is for; it trades the last transactions on a power
+    loss for one fsync per checkpoint instead of one per event (``docs/RUNTIME.md`` has the
+    measured cost).
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

@@ -1,7 +1,5 @@
 """Model manifests: every file of a model other than its weights, pinned by content hash.
 
-Theory of operation
--------------------
 A model is more than its weights: the config (architecture, special token ids), the tokenizer
 files (which id is which text: a tokenizer that swaps "1" and "7" changes every answer), the chat
 template and the generation config change what the weights compute and what their output means.
@@ -11,15 +9,8 @@ a snapshot replaces), keyed by its path in the directory. The Trainer signs the 
 manifest's canonical bytes into every snapshot announcement (``model_hash``,
 :mod:`aurora.delta.announce`) and the Checkpoint Store keeps the manifest beside the snapshot;
 every role that loads the job's model, and ``aurora export``, hashes what it loads and refuses
-a difference in one line naming the first file that differs (:func:`difference`).
-
-What is hashed is what is loaded: :func:`pinned_copy` copies the directory's files into a
-private directory (weights as links), hashes the copies, and the caller loads from there, so a
-file changed between the check and the load is not the file loaded. Every file is pinned but
-those whose path has a part starting with a dot (``.gitattributes``, a download cache: nothing
-a loader reads), so a file added (an injected ``chat_template.jinja``) is refused as a changed
-one is. A model without a directory (the built-in tiny Qwen3) is pinned by one ``builtin:NAME``
-entry, the hash of the definition it is built from; a backend with no model pins no file.
+a difference in one line naming the first file that differs (:func:`difference`). What is hashed
+is what is loaded (:func:`pinned_copy`).
 """
 
 from __future__ import annotations
@@ -193,7 +184,15 @@ def pinned_copy(directory: str | os.PathLike[str]) -> tuple[Path, dict[str, str]
     manifest covers copied into a directory only this process writes (removed at exit), the
     weights linked, dot-files and a signed record (:data:`RECORD_FILES`) left out, and the
     manifest hashed from the copies. Load from the copy:
-    what was hashed is what is loaded."""
+    what was hashed is what is loaded.
+
+    A file changed between the check and the load is not the file loaded. Every file is pinned
+    but those whose path has a part starting with a dot (``.gitattributes``, a download cache:
+    nothing a loader reads), so a file added (an injected ``chat_template.jinja``) is refused as
+    a changed one is. A model without a directory (the built-in tiny Qwen3) is pinned by one
+    ``builtin:NAME`` entry (:func:`builtin`), the hash of the definition it is built from; a
+    backend with no model pins no file.
+    """
     root = Path(directory).expanduser()
     if not root.is_dir():
         raise ModelMismatchError(f"model path {root} is not a directory")

@@ -1,31 +1,14 @@
 """The receive side of a data-plane connection: frames read straight into their destination.
 
-Theory of operation
--------------------
 ``asyncio.BufferedProtocol`` lets a protocol choose the memory the kernel copies received bytes
 into. :class:`FrameReader` is a state machine over the frame layout of
-:mod:`aurora.transport.wire` that always asks for exactly the rest of the part it is reading::
-
-    HEAD (u32 length, u8 kind) --SEGMENT--> SEG_LEN (u16 n) -> SEG_HEAD (n bytes of msgpack)
-         |                                                        -> SEG_BODY (the data) -> HEAD
-         +--any other kind--> BODY (length bytes) -> HEAD
-
-The data of a segment frame goes where its owner says (``slot``): the arena of the delta it
-belongs to, at its offset (:meth:`aurora.delta.Reassembler.slot`), so the kernel's copy out
-of the socket is the only copy those bytes make on the way to a parsed, verified delta. A segment
-nobody has a slot for (a duplicate, one another stream is filling, a segment of a delta nobody
-announced, one off the announced grid) is read into a small scratch buffer, 64 KiB at a time,
-and dropped: what a source sends costs this node memory only where this node chose to put it.
-Frames before the handshake completes are queued in order for :meth:`recv`; after it, other
-frames (control, at most ``CONTROL_MAX_FRAME`` bytes) go to the owner's ``control`` callback
-in the order they arrive, between the segments around them, so an announcement is acted on
-before the next segment on the same connection. Because the reader never reads past the frame it
-is in, no byte is ever moved from one buffer to another.
-
-A malformed frame closes the connection with a log line. When the connection ends in the middle
-of a segment, its slot is handed back (``abandon``), so that the re-fetched copy can fill it.
-``slot_bytes`` counts the bytes written into slots (bytes this node wanted): the progress the
-owner measures a source by.
+:mod:`aurora.transport.wire` that always asks for exactly the rest of the part it is reading, so
+it never reads past the frame it is in and no byte is ever moved from one buffer to another. The
+data of a segment frame goes where its owner says (``slot``): the arena of the delta it belongs
+to, at its offset, so the kernel's copy out of the socket is the only copy those bytes make on
+the way to a parsed, verified delta. A segment nobody has a slot for is read into a small scratch
+buffer and dropped: what a source sends costs this node memory only where this node chose to put
+it. A malformed frame closes the connection with a log line.
 """
 
 from __future__ import annotations
@@ -63,7 +46,24 @@ SlotFn = Callable[[int, str, int, int, int, bool], "memoryview | None"]
 
 
 class FrameReader(asyncio.BufferedProtocol):
-    """Reads frames from one connection (see the module docstring)."""
+    """Reads frames from one connection, always asking for exactly the rest of the current part::
+
+        HEAD (u32 length, u8 kind) --SEGMENT--> SEG_LEN (u16 n) -> SEG_HEAD (n bytes of msgpack)
+             |                                                    -> SEG_BODY (the data) -> HEAD
+             +--any other kind--> BODY (length bytes) -> HEAD
+
+    The data of a segment frame goes into the owner's ``slot`` (the arena of its delta, at its
+    offset: :meth:`aurora.delta.Reassembler.slot`). A segment nobody has a slot for (a duplicate,
+    one another stream is filling, a segment of a delta nobody announced, one off the announced
+    grid) is read into a small scratch buffer, 64 KiB at a time, and dropped. Frames before the
+    handshake completes are queued in order for :meth:`recv`; after it, other frames (control,
+    at most ``CONTROL_MAX_FRAME`` bytes) go to the owner's ``control`` callback in the order they
+    arrive, between the segments around them, so an announcement is acted on before the next
+    segment on the same connection. When the connection ends in the middle of a segment, its
+    slot is handed back (``abandon``), so that the re-fetched copy can fill it. ``slot_bytes``
+    counts the bytes written into slots (bytes this node wanted): the progress the owner
+    measures a source by.
+    """
 
     def __init__(
         self,

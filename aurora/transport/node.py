@@ -1,36 +1,15 @@
 """A data-plane node: source (Trainer), relay, or receiver (Actor) of delta checkpoints.
 
-Theory of operation
--------------------
 Every node can *serve* (accept authenticated subscribers) and *subscribe* (to an upstream
 source, with a list of fallbacks). The Trainer only serves; a relay does both; an Actor only
 subscribes. :class:`Node` is the asyncio shell around three parts that do not know of one
 another, so none imports another (the receive rules call no socket, the server calls no rule):
-
-* the **receive machine** (:class:`~aurora.transport.receiver.Receiver`): announcements,
-  reassembly, verification, blame, the stall and progress rules, staging. No I/O, no clock: the
-  shell feeds it events with ``now`` and carries out the actions it returns
-  (:mod:`aurora.transport.actions`): a ``Fetch`` on the current source's first connection, a
-  ``Switch`` of source, segments ``Forward``-ed to subscribers, a ``Staged`` callback, a log line;
-* the **server** (:class:`~aurora.transport.server.Server`): subscribers, striping, requests,
-  serving from the machine's version table through the node (:meth:`Node._cached`, which fault
-  injection and the hostile relays of the tests override);
-* the **upstream connections** (:mod:`aurora.transport.upstream`): ``S`` authenticated streams
-  to the source the machine chose, whose frame readers put segment bytes straight into the slots
-  the machine gives (no copy after the kernel's).
-
-The shell itself reads the clock, runs the watchdog (every ``stall_s / 2``: the stuck-stream
-rule on each connection, then the machine's tick), connects rounds of sources (backing off as
-the machine says), runs the fallback (the Checkpoint Store) when the machine gives a version
-up, and wakes whoever waits (:meth:`Node.wait_for`).
-
-Who signs, who stages. The transport signs nothing: a source publishes the announcement it is
-given (the Trainer role signs, :mod:`aurora.runtime.publisher`), and every node verifies every
-announcement against the job's public key before anything depends on it. The receive machine
-is the one place that knows what the data plane has staged (:attr:`Node.staged`); the Actor
-role owns what its weights run and tells the node (:meth:`Node.set_active`), which releases
-everything up to it. Memory: a relay keeps the newest ``cache_versions`` versions; an Actor
-what it has not activated. See ``docs/TRANSPORT.md`` for the rules in full.
+the **receive machine** (:class:`~aurora.transport.receiver.Receiver`: no I/O, no clock; the
+shell feeds it events with ``now`` and carries out the actions it returns), the **server**
+(:class:`~aurora.transport.server.Server`) and the **upstream connections**
+(:mod:`aurora.transport.upstream`). The transport signs nothing: every node verifies every
+announcement against the job's public key before anything depends on it. See
+``docs/TRANSPORT.md`` for the rules in full.
 """
 
 from __future__ import annotations
@@ -86,7 +65,33 @@ FallbackFn = Callable[[int], Awaitable[bytes]]
 
 
 class Node:
-    """One participant of the data plane (see the module docstring)."""
+    """One participant of the data plane: the asyncio shell around the receive machine, the
+    server and the upstream connections.
+
+    * the **receive machine** (:class:`~aurora.transport.receiver.Receiver`): announcements,
+      reassembly, verification, blame, the stall and progress rules, staging. The shell feeds it
+      events with ``now`` and carries out the actions it returns
+      (:mod:`aurora.transport.actions`): a ``Fetch`` on the current source's first connection, a
+      ``Switch`` of source, segments ``Forward``-ed to subscribers, a ``Staged`` callback, a log
+      line;
+    * the **server** (:class:`~aurora.transport.server.Server`): subscribers, striping,
+      requests, serving from the machine's version table through the node (:meth:`_cached`,
+      which fault injection and the hostile relays of the tests override);
+    * the **upstream connections** (:mod:`aurora.transport.upstream`): ``S`` authenticated
+      streams to the source the machine chose, whose frame readers put segment bytes straight
+      into the slots the machine gives (no copy after the kernel's).
+
+    The shell itself reads the clock, runs the watchdog (every ``stall_s / 2``: the
+    stuck-stream rule on each connection, then the machine's tick), connects rounds of sources
+    (backing off as the machine says), runs the fallback (the Checkpoint Store) when the machine
+    gives a version up, and wakes whoever waits (:meth:`wait_for`).
+
+    Who signs, who stages. A source publishes the announcement it is given (the Trainer role
+    signs, :mod:`aurora.runtime.publisher`). The receive machine is the one place that knows what
+    the data plane has staged (:attr:`staged`); the Actor role owns what its weights run and
+    tells the node (:meth:`set_active`), which releases everything up to it. Memory: a relay
+    keeps the newest ``cache_versions`` versions; an Actor what it has not activated.
+    """
 
     def __init__(
         self,

@@ -1,43 +1,16 @@
 """The receive machine of a data-plane node: frames and ``now`` in, actions out.
 
-Theory of operation
--------------------
-:class:`Receiver` holds the node's version table (:mod:`aurora.transport.table`: announcement,
-reassembler, verified segments, whole delta per version), what is staged and refused, and the
-source choice (:class:`~aurora.transport.sources.SourceChoice`). The node's shell
-(:mod:`aurora.transport.node`) feeds it events - an announcement, the header of an arriving
-segment (:meth:`Receiver.slot`), a verified segment, a watchdog tick, a connection made or lost -
-and carries out the actions it returns (:mod:`aurora.transport.actions`: ``Fetch``, ``Switch``,
-``Staged``, ...).
+:class:`Receiver` holds the node's version table (:mod:`aurora.transport.table`), what is staged
+and refused, and the source choice (:class:`~aurora.transport.sources.SourceChoice`). The node's
+shell (:mod:`aurora.transport.node`) feeds it events - an announcement, the header of an arriving
+segment, a verified segment, a watchdog tick, a connection made or lost - and carries out the
+actions it returns (:mod:`aurora.transport.actions`: ``Fetch``, ``Switch``, ``Staged``, ...).
 Nothing here does I/O or reads a clock: every event that needs the time carries ``now``
-(monotonic s), so every rule below is tested with exact action traces (``tests/test_receiver.
-py``).
-
-* **Trust.** Only an announcement that verifies under the job's key is believed
-  (:meth:`Receiver.verify`); from then on only segments on its grid are taken for that version
-  (expected key, not first key) and the version is whole only if it hashes to the announced id.
-* **Before the announcement** one version only is taken, within a budget, no trailer
-  (:meth:`~aurora.transport.table.VersionTable.unannounced_slot`); what was dropped for it is
-  fetched the moment the announcement comes, and what the announcement does not describe dropped.
-* **Blame and switch.** A source that sends what the announcement refutes is not used again for
-  that version and, if it is the current one, is left (``Switch``). So is one that makes no
-  verified progress (fewer than ``min_rate_bytes_s`` x ``progress_s`` wanted bytes over
-  ``progress_s``) while an announced version is incomplete. When no source is left for a version
-  it goes to the fallback once (``Fallback``), then is refused (``Refused``).
-* **Stall.** No progress on an incomplete version for ``stall_s`` while no segment is arriving:
-  ``Fetch`` what is missing. A tick that comes late (more than 2 x ``stall_s`` after the
-  last: the process was paused) judges no source: the progress window starts again (and the
-  node's stuck-connection rule waits for the next tick).
-* **Staging** (a node with weights: ``active`` set) asks
-  :func:`aurora.policy.staging.judge_staging`: stage, wait for the base, or refuse. This is the
-  one place that knows what the data plane has staged (:attr:`Receiver.staged`); the Actor tells
-  it what its weights run (:meth:`Receiver.set_active`), which releases everything up to it.
-* **Bounded.** A relay (no weights) keeps the newest ``cache_versions`` whole versions
-  (``Dropped`` names those that left); an Actor what it has not activated.
-
-A source's own versions live in the same table, so one catalog serves subscribers. An illegal
-event (a catch-up backwards here; a conflicting own announcement or a trailer published before
-its announcement in the table) raises ``ValueError`` and changes nothing.
+(monotonic s), so every rule is tested with exact action traces (``tests/test_receiver.py``).
+Only an announcement that verifies under the job's key is believed, and a version is whole only
+if it hashes to the announced id; the rules (trust, before the announcement, blame and switch,
+stall, staging, bounds) are listed at :class:`Receiver`. An illegal event raises ``ValueError``
+and changes nothing.
 """
 
 from __future__ import annotations
@@ -57,7 +30,36 @@ from aurora.transport.table import VersionState, VersionTable
 
 
 class Receiver:
-    """The receive machine of one node (see the module docstring)."""
+    """The receive machine of one node.
+
+    * **Trust.** Only an announcement that verifies under the job's key is believed
+      (:meth:`verify`); from then on only segments on its grid are taken for that version
+      (expected key, not first key) and the version is whole only if it hashes to the announced
+      id.
+    * **Before the announcement** one version only is taken, within a budget, no trailer
+      (:meth:`~aurora.transport.table.VersionTable.unannounced_slot`); what was dropped for it is
+      fetched the moment the announcement comes, and what the announcement does not describe
+      dropped.
+    * **Blame and switch.** A source that sends what the announcement refutes is not used again
+      for that version and, if it is the current one, is left (``Switch``). So is one that makes
+      no verified progress (fewer than ``min_rate_bytes_s`` x ``progress_s`` wanted bytes over
+      ``progress_s``) while an announced version is incomplete. When no source is left for a
+      version it goes to the fallback once (``Fallback``), then is refused (``Refused``).
+    * **Stall.** No progress on an incomplete version for ``stall_s`` while no segment is
+      arriving: ``Fetch`` what is missing. A tick that comes late (more than 2 x ``stall_s``
+      after the last: the process was paused) judges no source: the progress window starts
+      again (and the node's stuck-connection rule waits for the next tick).
+    * **Staging** (a node with weights: ``active`` set) asks
+      :func:`aurora.policy.staging.judge_staging`: stage, wait for the base, or refuse. This is
+      the one place that knows what the data plane has staged (:attr:`staged`); the Actor tells
+      it what its weights run (:meth:`set_active`), which releases everything up to it.
+    * **Bounded.** A relay (no weights) keeps the newest ``cache_versions`` whole versions
+      (``Dropped`` names those that left); an Actor what it has not activated.
+
+    A source's own versions live in the same table, so one catalog serves subscribers. An
+    illegal event (a catch-up backwards here; a conflicting own announcement or a trailer
+    published before its announcement in the table) raises ``ValueError`` and changes nothing.
+    """
 
     def __init__(
         self,

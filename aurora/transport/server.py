@@ -1,28 +1,14 @@
 """The serving side of a node: authenticated subscribers, striped sends, requests.
 
-Theory of operation
--------------------
 A :class:`Server` accepts connections, authenticates each (:mod:`aurora.transport.wire`) and
 groups them into subscribers keyed by (peer id, session): another peer that says it is "ca-0"
 gets a subscriber of its own and can take nothing queued for ca-0. What it serves it does not
 own: the node hands it three look-ups (:class:`Catalog`) over the versions the receive machine
 holds, so this module imports neither the receiver nor the node (no import cycle) and a version
-dropped from the node's cache is simply not found.
-
-* **Striping.** Each segment is queued once per subscriber, as a reference (version, seq)
-  resolved when a connection takes it: each of the subscriber's connections takes the next one
-  as soon as it has handed its last to the kernel, so a slow or stalled stream stops taking
-  segments once its socket buffer is full. A queue of references pins no memory. A subscriber
-  that still had a dropped version queued fell ``cache_versions`` behind and is dropped
-  (:meth:`Server.forget`); it re-subscribes. A connection whose kernel takes no byte for
-  ``send_timeout_s``, or that lets ``OWN_LIMIT`` control frames pile up, drops its subscriber.
-* **Requests.** A subscriber may only send control frames, at most ``control_rate`` per second
-  on average (a token bucket); ``subscribe`` (from a version on, with what it holds) and
-  ``fetch`` (what is missing of one version) queue the announcement (on every connection: it
-  must precede the segments it describes), then the trailer, then the segments asked for. A
-  malformed request closes that subscriber's connection, nobody else's.
-* **Bounded.** A handshake has ``connect_timeout_s``; one host may hold at most
-  ``max_pending_handshakes`` unauthenticated connections.
+dropped from the node's cache is simply not found. Each segment is queued once per subscriber as
+a reference, taken by whichever of its connections the kernel drains first (striping); a
+subscriber may only send rate-limited control requests; slow connections, floods and
+handshakes are bounded (the rules in full at :class:`Server`).
 """
 
 from __future__ import annotations
@@ -196,7 +182,25 @@ class Subscriber:
 
 
 class Server:
-    """The subscribers of one node (see the module docstring)."""
+    """The subscribers of one node.
+
+    * **Striping.** Each segment is queued once per subscriber, as a reference (version, seq)
+      resolved when a connection takes it: each of the subscriber's connections takes the next
+      one as soon as it has handed its last to the kernel, so a slow or stalled stream stops
+      taking segments once its socket buffer is full. A queue of references pins no memory. A
+      subscriber that still had a dropped version queued fell ``cache_versions`` behind and is
+      dropped (:meth:`forget`); it re-subscribes. A connection whose kernel takes no byte for
+      ``send_timeout_s``, or that lets ``OWN_LIMIT`` control frames pile up, drops its
+      subscriber.
+    * **Requests.** A subscriber may only send control frames, at most ``control_rate`` per
+      second on average (a token bucket); ``subscribe`` (from a version on, with what it holds)
+      and ``fetch`` (what is missing of one version) queue the announcement (on every
+      connection: it must precede the segments it describes), then the trailer, then the
+      segments asked for. A malformed request closes that subscriber's connection, nobody
+      else's.
+    * **Bounded.** A handshake has ``connect_timeout_s``; one host may hold at most
+      ``max_pending_handshakes`` unauthenticated connections.
+    """
 
     def __init__(
         self,

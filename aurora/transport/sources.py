@@ -1,32 +1,15 @@
 """Which source a receiver uses next, and when it gives a version up (one state machine).
 
-Theory of operation
--------------------
 A receiver has an ordered list of sources (its relay, peer relays, the Trainer). For every
-version it is waiting for, :class:`SourceChoice` remembers two things per source:
-
-* **refuted** - the source sent something that contradicts the Trainer's signed announcement
-  (a segment of another delta, a trailer with another ``id(D_v)``, bytes that do not hash to
-  their checksum). It is never used again for that version: an honest source never forwards
-  what it has not verified, so this is evidence, not bad luck.
-* **tries** - the source was left while the version was incomplete: it could not be reached,
-  every connection to it broke, or it made no verified progress within the progress window
-  (``TransportConfig.progress_s``). After ``attempts`` tries it is not used again for that
-  version either.
-
-:meth:`SourceChoice.next` returns the usable source with the fewest *strikes* (a refutation or a
-try left behind counts one; a version completed from a source clears its strikes), the first
-after the current one in list order among equals, so a source that keeps failing is tried last
-instead of once per version. :meth:`SourceChoice.refusal` says, in one line naming every source,
-why a version cannot be completed anywhere once no source is usable: the node refuses it
-instead of waiting forever.
-Between rounds that found no source at all, :meth:`SourceChoice.delay` backs off exponentially
-(``backoff_s``, doubled per failed round, at most ``max_backoff_s``); verified progress resets
-it. A round fails when every source in turn either could not be reached or was left before
-anything verified arrived from it (:meth:`SourceChoice.left` with ``now``): a source that answers
-the handshake and then sends an announcement that fails verification is a failure too, or a node
-whose only source does that reconnects in a tight loop (~160 times a second, issue 26).
-Nothing here does I/O or reads a clock: the node passes ``now``.
+version it is waiting for, :class:`SourceChoice` remembers per source whether it was *refuted*
+(it sent something that contradicts the Trainer's signed announcement: never used again for that
+version, since an honest source never forwards what it has not verified) and how many *tries* it
+was left while the version was incomplete (unreachable, connections broken, or no verified
+progress within ``TransportConfig.progress_s``; after ``attempts`` tries it is not used again for
+that version either). The next source is the usable one with the fewest strikes; when none is
+usable the version is refused with a one-line reason instead of waited for forever; between
+rounds that found no source at all the node backs off exponentially. Nothing here does I/O or
+reads a clock: the node passes ``now``.
 """
 
 from __future__ import annotations
@@ -43,7 +26,26 @@ class _VersionSources:
 
 
 class SourceChoice:
-    """Per-version refutations and tries over ``names`` (see the module docstring)."""
+    """Per-version refutations and tries over ``names``.
+
+    **refuted**: the source sent something that contradicts the Trainer's signed announcement (a
+    segment of another delta, a trailer with another ``id(D_v)``, bytes that do not hash to their
+    checksum). **tries**: the source was left while the version was incomplete: it could not be
+    reached, every connection to it broke, or it made no verified progress within the progress
+    window.
+
+    :meth:`next` returns the usable source with the fewest *strikes* (a refutation or a try left
+    behind counts one; a version completed from a source clears its strikes), the first after
+    the current one in list order among equals, so a source that keeps failing is tried last
+    instead of once per version. :meth:`refusal` says, in one line naming every source, why a
+    version cannot be completed anywhere once no source is usable. Between rounds that found no
+    source at all, :meth:`delay` backs off exponentially (``backoff_s``, doubled per failed
+    round, at most ``max_backoff_s``); verified progress resets it. A round fails when every
+    source in turn either could not be reached or was left before anything verified arrived from
+    it (:meth:`left` with ``now``): a source that answers the handshake and then sends an
+    announcement that fails verification is a failure too, or a node whose only source does that
+    reconnects in a tight loop.
+    """
 
     def __init__(
         self, names: list[str], *, attempts: int, backoff_s: float, max_backoff_s: float

@@ -1,20 +1,12 @@
 """The versions a node holds, as its receive machine and its server see them.
 
-Theory of operation
--------------------
 One table per node: :class:`VersionState` per version (its verified announcement, the
 reassembler its bytes land in, the verified segments, the whole delta), which the receive machine
 (:mod:`aurora.transport.receiver`) fills and the server (:mod:`aurora.transport.server`) serves
-from through :meth:`VersionTable.cached`, :meth:`~VersionTable.serving` and
-:meth:`~VersionTable.held`. A source's own versions (the Trainer's) go in the same table
-(:meth:`VersionTable.own_segment`): it publishes announcements it is given, signed by the
-Trainer role, and signs nothing itself. A source or relay keeps the newest ``cache_versions``
-whole versions (:meth:`VersionTable.trim`).
-
-Before a version's announcement only one version is taken - the one after the newest announced
-(or active) - and at most ``unannounced_bytes`` of it, no trailer
-(:meth:`VersionTable.unannounced_slot`); what was dropped for it is fetched the moment the
-announcement comes, and data of any other unannounced version is dropped. No I/O, no clock:
+from. A source's own versions (the Trainer's) go in the same table: it publishes announcements
+it is given, signed by the Trainer role, and signs nothing itself. A source or relay keeps the
+newest ``cache_versions`` whole versions. Before a version's announcement only one version is
+taken, within ``unannounced_bytes`` (:meth:`VersionTable.unannounced_slot`). No I/O, no clock:
 ``now`` is passed in.
 """
 
@@ -74,7 +66,15 @@ def is_whole(segments: Iterable[Segment]) -> bool:
 
 
 class VersionTable:
-    """Every version one node holds (see the module docstring)."""
+    """Every version one node holds.
+
+    The server reads it through :meth:`cached`, :meth:`serving` and :meth:`held`; a source's own
+    versions go in through :meth:`own_segment`; :meth:`trim` keeps the newest
+    ``cache_versions`` whole versions. Before a version's announcement only one version is taken
+    - the one after the newest announced (or active) - and at most ``unannounced_bytes`` of it,
+    no trailer (:meth:`unannounced_slot`); what was dropped for it is fetched the moment the
+    announcement comes, and data of any other unannounced version is dropped.
+    """
 
     def __init__(self, node_id: str, config: TransportConfig, arenas: ArenaPool) -> None:
         self.id, self.config, self.arenas = node_id, config, arenas

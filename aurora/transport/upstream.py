@@ -1,21 +1,14 @@
 """The receiving side's connections: ``S`` authenticated streams to one source at a time.
 
-Theory of operation
--------------------
 A subscription is ``streams`` TCP connections to one source, each authenticated
 (:mod:`aurora.transport.wire`; the source proves it knows the job's secret before any frame of
 it is believed to come from the job) and tuned (socket buffers, congestion control). Each is a
 :class:`~aurora.transport.framing.FrameReader` whose callbacks the node wires to its receive
 machine: a segment's bytes go straight into the slot the machine gives. :func:`open_streams`
-makes them; :class:`Upstream` is one of them, which this node only ever sends small control
-frames on; :class:`Connector` runs the rounds of connection attempts. Which source to connect to,
-and when to leave it, is the receive machine's (:class:`~aurora.transport.sources.SourceChoice`,
-asked through :class:`Chooser`); this module knows nothing of versions.
-
-Two per-connection judgments live here, on clocks the node reads: :meth:`Upstream.stuck` (in the
-middle of a frame and silent for a limit: close it, which hands its slot back for the re-fetch)
-and :func:`delivering` (a byte came within ``DELIVERING_S``: the source is pushing, so asking it
-for what is missing now would have it sent twice).
+makes them; :class:`Upstream` is one of them; :class:`Connector` runs the rounds of connection
+attempts. Which source to connect to, and when to leave it, is the receive machine's (asked
+through :class:`Chooser`); this module knows nothing of versions. Two per-connection judgments
+live here, on clocks the node reads: :meth:`Upstream.stuck` and :func:`delivering`.
 """
 
 from __future__ import annotations
@@ -42,7 +35,11 @@ back-to-back frames of one push); also how often a node waiting to fetch looks a
 
 class Upstream:
     """One connection to a source: frames arrive through a :class:`FrameReader`; this node
-    only ever sends it small control frames."""
+    only ever sends it small control frames.
+
+    :meth:`stuck`: in the middle of a frame and silent for a limit, so close it, which hands its
+    slot back for the re-fetch.
+    """
 
     def __init__(self, source: int, where: str, bucket: wire.TokenBucket) -> None:
         self.source, self.where = source, where
@@ -90,7 +87,8 @@ def announcement_in(kind: int, body: bytes) -> bytes:
 
 def delivering(up: Upstream, now: float) -> bool:
     """The source is sending on this connection now: in the middle of a frame, or a byte came
-    within the last ``DELIVERING_S``."""
+    within the last ``DELIVERING_S``. The source is pushing then, so asking it for what is
+    missing now would have it sent twice."""
     r = up.reader
     return r is not None and (r.frame_since is not None or now - r.last_byte < DELIVERING_S)
 

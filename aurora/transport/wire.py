@@ -3,27 +3,14 @@
 Every TCP connection carries length-prefixed frames ``[u32 length][u8 type][body]``. Control
 messages are msgpack maps; a segment frame is ``[u16 n][msgpack header of n bytes][raw data]``
 so that the megabytes of a segment are never re-encoded. Before any other frame, both ends prove
-they know the job's shared secret (HMAC-SHA256 challenge-response, mutual): a peer that cannot is
-disconnected with a log line and no data moves in either direction::
-
-    client -> HELLO {id, nonce_c, ...}      server -> CHALLENGE {nonce_s}
-    client -> AUTH  MAC(client, b, nonce_s, HELLO)
-    server -> OK    MAC(server, b, nonce_s, HELLO)      (only after checking AUTH)
-
-The connecting side proves itself first, so a server answers with a proof only to a peer that
-already proved it knows the secret: nobody can use a server as an oracle to pass as one (the
-old order, server first, let a peer without the secret relay a client's nonce to the real
-Trainer and present its answer). Every field of the HELLO (the peer id, its session id) is
-inside both proofs. ``b`` is the TLS channel binding (``tls-unique``) on TLS and empty on plain
-TCP: on TLS, a handshake relayed between two sessions fails. On plain TCP a man in the middle
-can still relay a live handshake, which is why nothing but admission rests on the secret: the
-integrity of every delta rests on the Trainer's signature (``docs/TRANSPORT.md``, "Trust").
-
-The control plane goes one step further (:mod:`aurora.runtime.channel`): both ends derive a key
-per connection and direction from the handshake's transcript (:func:`session_keys`: HKDF over
-the secret, the server's nonce, the HELLO with the client's nonce) and seal every later frame
-with it (``SEALED`` frames), so that a party on the path without the secret cannot change what
-a handshake admitted.
+they know the job's shared secret (HMAC-SHA256 challenge-response, mutual; the connecting side
+first, so a server is never an oracle: :func:`client_handshake`); a peer that cannot is
+disconnected with a log line and no data moves in either direction. Only admission rests on the
+secret: the integrity of every delta rests on the Trainer's signature (``docs/TRANSPORT.md``,
+"Trust"). The control plane (:mod:`aurora.runtime.channel`) also derives a key per connection and
+direction from the handshake's transcript (:func:`session_keys`) and seals every later frame with
+it (``SEALED`` frames), so that a party on the path without the secret cannot change what a
+handshake admitted.
 """
 
 from __future__ import annotations
@@ -237,7 +224,17 @@ async def client_handshake(
     The connecting side proves itself first, so the server is never an oracle: it answers
     with its own proof only to a peer that has already proved it knows the secret, for this
     HELLO and this server nonce. ``binding`` (:func:`channel_binding`) ties both proofs to the
-    TLS session when there is one."""
+    TLS session when there is one::
+
+        client -> HELLO {id, nonce_c, ...}      server -> CHALLENGE {nonce_s}
+        client -> AUTH  MAC(client, b, nonce_s, HELLO)
+        server -> OK    MAC(server, b, nonce_s, HELLO)      (only after checking AUTH)
+
+    Every field of the HELLO (the peer id, its session id) is inside both proofs. ``b`` is the
+    TLS channel binding (``tls-unique``) on TLS and empty on plain TCP: on TLS, a handshake
+    relayed between two sessions fails. On plain TCP a man in the middle can still relay a live
+    handshake, which is why nothing but admission rests on the secret.
+    """
     nonce_c = os.urandom(NONCE_BYTES)
     hello = hello | {"nonce": nonce_c}
     send(frame(HELLO, _hello_bytes(hello)))
