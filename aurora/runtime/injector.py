@@ -48,8 +48,7 @@ class SpotHazard:
     ``--spot-hazard H`` draws preemptions of every spot Actor (``spot: true`` in the topology) as a
     Poisson process of rate ``H`` per hour, each with ``spot_notice_s`` of notice; with
     ``spot_return_s`` a preempted Actor comes back as a fresh process under its id after that many
-    seconds. Draws come from one seeded generator, so a schedule is reproducible. Every fault lands
-    in the Ledger's log (``events.csv``) with the wall time it was carried out."""
+    seconds. Draws come from one seeded generator, so a schedule is reproducible."""
 
     per_hour: float
     """Preemptions per hour per spot Actor."""
