@@ -3,35 +3,14 @@
 Theory of operation
 -------------------
 On a GPU the fp32 master weights, their bf16 rounding and the last published bf16 weights all
-live in device memory. Copying the whole model to the host every step to compare it there
-(what the CPU path does, :class:`aurora.delta.DeltaEncoder` on numpy arrays) moves 2 bytes per
-parameter over PCIe, ~16 GB for an 8B model, to find the 1-3% that changed. The
-:class:`DeviceDeltaEncoder` instead does the exact extraction on the device, tensor by tensor:
-round the master to bf16, view both bf16 tensors as ``int16`` and compare the 16-bit patterns
-(``!=``, so +0/-0 and NaN payloads count as the bits they are), ``nonzero`` for the sorted flat
-indices, and ``index_select`` the new and the old bits there. Only those sparse arrays cross to
-the host, where the same :func:`aurora.delta.writer.encode_tensor` as the CPU path picks the
-encoding, and the record is framed and cut into segments before the next tensor is extracted
-(cut-through: the first segment leaves while later tensors are still on the device). The bytes
-are identical to the CPU path's for the same weights (``tests/test_rl_device.py`` checks it on
-CPU tensors). A tensor whose changes are dense enough for a whole-tensor encoding to possibly
-win (:data:`aurora.delta.writer.DENSE_TRY_DENSITY`, or a tensor under 64 Ki elements) also
-needs its whole base on the host; it is copied then, and only then.
-
-FSDP2 (:func:`shard`): when the Trainer runs in a ``torch.distributed`` group of more than one
-process (one per GPU, e.g. ``torchrun --nproc-per-node=N``), every decoder layer and then the
-whole model is wrapped with ``torch.distributed.fsdp.fully_shard`` over a 1-D device mesh of the
-group: each rank holds the rows ``[r*c, (r+1)*c)`` (``c = ceil(rows/N)``, ``torch.chunk``'s
-split, :func:`shard_rows`) of every fp32 master tensor and of its AdamW state. The Trainer
-splits one batch's rows over the ranks and weights each row by its share of the whole batch's
-tokens, so the sum of the ranks' gradients is the full batch's; FSDP2 averages, so each rank
-scales its loss by N. Each rank also keeps only its rows of the published bf16 weights, so
-extraction is rank-local: each rank compares its rows, and only the sparse changes (index, new
-and old bits: 16 bytes per change) are all-gathered, part by part in rank order, which is the
-sorted order of the flat index; no rank ever gathers a whole bf16 tensor except a small or
-densely changed one that a dense encoding may need. Every rank then encodes the same records
-and produces the same delta bytes (the encoding is deterministic, so the collectives line up
-on every rank).
+live in device memory. Rather than copying the whole model to the host every step to find the
+1-3% that changed, :class:`DeviceDeltaEncoder` does the exact 16-bit comparison on the device,
+tensor by tensor, and only the sparse changes cross to the host, where the CPU path's encoder
+picks the encoding and segments leave while later tensors are still on the device. The bytes are
+identical to the CPU path's for the same weights. In a ``torch.distributed`` group of more than
+one process, :func:`shard` wraps the model with FSDP2; each rank keeps its rows of the master,
+its AdamW state and the published bf16 weights, extracts there and all-gathers only the sparse
+changes, so every rank encodes the same records and produces the same delta bytes.
 """
 
 from __future__ import annotations
@@ -210,7 +189,23 @@ def changed_on_device(
 
 
 class DeviceDeltaEncoder(RecordFramer):
-    """``D_v`` from bf16 weights on a device, extracted there (see the module docstring).
+    """``D_v`` from bf16 weights on a device, extracted there.
+
+    On a GPU the fp32 master weights, their bf16 rounding and the last published bf16 weights all
+    live in device memory. Copying the whole model to the host every step to compare it there
+    (what the CPU path does, :class:`aurora.delta.DeltaEncoder` on numpy arrays) moves 2 bytes per
+    parameter over PCIe, ~16 GB for an 8B model, to find the 1-3% that changed. The
+    :class:`DeviceDeltaEncoder` instead does the exact extraction on the device, tensor by tensor:
+    round the master to bf16, view both bf16 tensors as ``int16`` and compare the 16-bit patterns
+    (``!=``, so +0/-0 and NaN payloads count as the bits they are), ``nonzero`` for the sorted flat
+    indices, and ``index_select`` the new and the old bits there. Only those sparse arrays cross to
+    the host, where the same :func:`aurora.delta.writer.encode_tensor` as the CPU path picks the
+    encoding, and the record is framed and cut into segments before the next tensor is extracted
+    (cut-through: the first segment leaves while later tensors are still on the device). The bytes
+    are identical to the CPU path's for the same weights (``tests/test_rl_device.py`` checks it on
+    CPU tensors). A tensor whose changes are dense enough for a whole-tensor encoding to possibly
+    win (:data:`aurora.delta.writer.DENSE_TRY_DENSITY`, or a tensor under 64 Ki elements) also
+    needs its whole base on the host; it is copied then, and only then.
 
     ``old`` maps split names to the published bf16 bits (flat ``int16`` device tensors: this
     process's rows ``rows[name]``, or whole tensors when ``rows`` is None);
@@ -277,7 +272,22 @@ def shard(model: Any) -> Any:
     """Wrap ``model`` with FSDP2 over the default process group (decoder layers first, then
     the root); returns the device mesh. FSDP2 averages gradients over the ranks: the Trainer
     scales each rank's loss by the world size so the average is the sum (a divide factor of 1
-    would do the same on NCCL, but gloo has no pre-multiplied sum)."""
+    would do the same on NCCL, but gloo has no pre-multiplied sum).
+
+    FSDP2 (:func:`shard`): when the Trainer runs in a ``torch.distributed`` group of more than one
+    process (one per GPU, e.g. ``torchrun --nproc-per-node=N``), every decoder layer and then the
+    whole model is wrapped with ``torch.distributed.fsdp.fully_shard`` over a 1-D device mesh of the
+    group: each rank holds the rows ``[r*c, (r+1)*c)`` (``c = ceil(rows/N)``, ``torch.chunk``'s
+    split, :func:`shard_rows`) of every fp32 master tensor and of its AdamW state. The Trainer
+    splits one batch's rows over the ranks and weights each row by its share of the whole batch's
+    tokens, so the sum of the ranks' gradients is the full batch's; FSDP2 averages, so each rank
+    scales its loss by N. Each rank also keeps only its rows of the published bf16 weights, so
+    extraction is rank-local: each rank compares its rows, and only the sparse changes (index, new
+    and old bits: 16 bytes per change) are all-gathered, part by part in rank order, which is the
+    sorted order of the flat index; no rank ever gathers a whole bf16 tensor except a small or
+    densely changed one that a dense encoding may need. Every rank then encodes the same records
+    and produces the same delta bytes (the encoding is deterministic, so the collectives line up
+    on every rank)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard

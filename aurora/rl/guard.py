@@ -5,18 +5,13 @@ Theory of operation
 Before every optimizer step the Trainer hands :meth:`StepGuard.judge` the step's loss and its
 global gradient L2 norm before clipping. The step is refused when either is not finite, or when
 the norm is an outlier against the last ``window`` steps taken: above
-``median * max(min_factor, exp(sigmas * s))``, where ``median`` and ``s = 1.4826 * MAD`` are
-the median and the robust spread of the logarithms of those norms. On the log scale because a
-gradient norm is a positive scale (honest ones spread by factors, not by amounts): if the honest
-log-norms were Gaussian, ``sigmas = 6`` refuses one honest step in ~10^9, and ``min_factor``
-keeps the bound from closing in on a window of nearly equal norms (the tiny model's honest
-norms at batch 32 x 8 came within 2x of the trailing median over 360 steps). Until ``warmup``
-steps are in the window only finiteness is judged. A refused step leaves the window as it was;
-a taken one enters it. Clipping still bounds what a taken step does; the guard keeps a step
-that is nothing but one result's gradient (or NaN) from being taken at all.
-
-The window is part of the Trainer's checkpoint (:meth:`state` / :meth:`load_state`), so a
-restarted Trainer judges the next step as one that never stopped would.
+``median * max(min_factor, exp(sigmas * s))``, where ``median`` and ``s = 1.4826 * MAD`` are the
+median and the robust spread of the logarithms of those norms (:class:`GuardConfig` says why the
+log scale). A refused step leaves the window as it was; a taken one enters it. Clipping still
+bounds what a taken step does; the guard keeps a step that is nothing but one result's gradient
+(or NaN) from being taken at all. The window is part of the Trainer's checkpoint
+(:meth:`StepGuard.state`), so a restarted Trainer judges the next step as one that never stopped
+would.
 """
 
 from __future__ import annotations
@@ -30,7 +25,15 @@ import numpy as np
 
 @dataclass(frozen=True, kw_only=True)
 class GuardConfig:
-    """The step guard's rule (module docstring)."""
+    """The step guard's rule: a norm above ``median * max(min_factor, exp(sigmas * s))`` of
+    the last ``window`` taken steps' log-norms is an outlier (``s = 1.4826 * MAD``).
+
+    On the log scale because a gradient norm is a positive scale (honest ones spread by factors,
+    not by amounts): if the honest log-norms were Gaussian, ``sigmas = 6`` refuses one honest
+    step in ~10^9, and ``min_factor`` keeps the bound from closing in on a window of nearly
+    equal norms (the tiny model's honest norms at batch 32 x 8 came within 2x of the trailing
+    median over 360 steps). Until ``warmup`` steps are in the window only finiteness is
+    judged."""
 
     window: int = 32
     """Recent taken steps whose gradient norms the bound is computed from."""

@@ -11,10 +11,8 @@ probability of the tokens before ``t`` in that order. The sampled token ``t`` ge
     u = F(t-) + V * p(t)            V ~ U(0, 1), drawn by the Trainer
 
 If ``t`` was drawn from ``p``, ``u`` is exactly U(0, 1) whatever ``p`` is (the randomized PIT of
-a discrete variable); a token likelier than a sample would be (greedy, a chosen answer, the best
-of N) lands near 1, an unlikely one (a random id) near 0. The order is a fixed total order, so
-ties do not matter. The sum runs in float64 (a Qwen3 vocabulary has 151,936 probabilities;
-float32 would lose ~1e-6 of ``u``, harmless, but float64 costs little: the tiny model has 17).
+a discrete variable; the order is total, so ties do not matter); a token likelier than a sample
+would be (greedy, a chosen answer, the best of N) lands near 1, an unlikely one near 0.
 """
 
 from __future__ import annotations
@@ -30,7 +28,10 @@ def rank_transform(
     logits: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor, temperature: float
 ) -> torch.Tensor:
     """``u`` (float64, in [0, 1]) of ``tokens[i]`` under ``softmax(logits[i] / temperature)``
-    with ``noise[i]`` as V (module docstring). ``logits``: [N, V]; ``tokens``, ``noise``: [N]."""
+    with ``noise[i]`` as V (module docstring). ``logits``: [N, V]; ``tokens``, ``noise``: [N].
+
+    The sum runs in float64 (a Qwen3 vocabulary has 151,936 probabilities; float32 would lose
+    ~1e-6 of ``u``, harmless, but float64 costs little: the tiny model has 17)."""
     if logits.dim() != 2 or tokens.shape != logits.shape[:1] or noise.shape != tokens.shape:
         raise ValueError(
             f"rank_transform: logits [N, V], tokens [N], noise [N]; got {tuple(logits.shape)}, "

@@ -6,28 +6,10 @@ A *reward function* is a plain function ``(prompt: str, completion: str) -> floa
 calls it on the prompt text and on the completion text it decoded itself from the Actor's token
 ids (an Actor's own reward or text is never trusted). Users plug in their own; :func:`score` is
 the one place a reward function is called, so a function that raises or returns something that
-is not a finite number fails with a :class:`RewardError` naming the function and the prompt.
-
-A *task* (:class:`Task`) is a reward function plus prompts:
-
-* a training stream indexed by an integer prompt id, ``task.prompt(i)``, rebuilt by any process
-  from ``(seed, i)`` alone, so a Ledger can hand out prompt ids as leases and the Trainer and
-  every Actor derive the same text without shipping it;
-* a fixed held-out set, ``task.heldout()``, disjoint from the training stream, drawn from its own
-  seed so that runs with different training seeds are evaluated on the same problems.
-
-The default task (:class:`ArithmeticTask`) is the one measured in
-``docs/journal/early-measurements.md``: the
-prompt ``a+b=`` with each operand's digit count uniform in 1..3 and then its value uniform among
-the numbers with that many digits; the completion must be exactly the digits of ``a+b`` followed
-by end-of-sequence (the completion text is what precedes ``<eos>``; a completion cut off by the
-token limit has ``max_new_tokens`` characters, one more than the longest answer, so it never
-matches). The reward is 1 for an exact match and 0 otherwise.
-
-:func:`extract_answer` is a GSM8K-style extractor (``#### 42``, ``\\boxed{42}``, "the answer is
-42", else the last number in the text) that works on any text; :func:`answer_reward` turns it and
-a reference (a function of the prompt, or a prompt -> answer mapping) into a reward function, so
-the same Trainer scores free-form reasoning of a real model against a data set's answers.
+is not a finite number fails with a :class:`RewardError` naming the function and the prompt. A
+*task* (:class:`Task`) is a reward function plus a seeded training stream of prompts and a fixed
+held-out set. The default is :class:`ArithmeticTask`; :func:`answer_reward` scores free-form
+reasoning of a real model against a data set's answers (:func:`extract_answer`, GSM8K style).
 """
 
 from __future__ import annotations
@@ -77,7 +59,15 @@ def score(fn: RewardFn, prompt: str, completion: str) -> float:
 
 
 class Task(Protocol):
-    """What the Trainer, the Actors and the evaluation need from a task."""
+    """What the Trainer, the Actors and the evaluation need from a task: a reward function
+    plus prompts.
+
+    * a training stream indexed by an integer prompt id, ``task.prompt(i)``, rebuilt by any
+      process from ``(seed, i)`` alone, so a Ledger can hand out prompt ids as leases and the
+      Trainer and every Actor derive the same text without shipping it;
+    * a fixed held-out set, ``task.heldout()``, disjoint from the training stream, drawn from
+      its own seed so that runs with different training seeds are evaluated on the same
+      problems."""
 
     name: str
     max_new_tokens: int
@@ -151,7 +141,14 @@ class ArithmeticConfig:
 
 @dataclass(frozen=True)
 class ArithmeticTask:
-    """Seeded arithmetic problems; implements :class:`Task`."""
+    """Seeded arithmetic problems; implements :class:`Task`.
+
+    The default task, the one measured in ``docs/journal/early-measurements.md``: the prompt
+    ``a+b=`` with each operand's digit count uniform in 1..3 and then its value uniform among
+    the numbers with that many digits; the completion must be exactly the digits of ``a+b``
+    followed by end-of-sequence (the completion text is what precedes ``<eos>``; a completion
+    cut off by the token limit has ``max_new_tokens`` characters, one more than the longest
+    answer, so it never matches). The reward is 1 for an exact match and 0 otherwise."""
 
     config: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     name: str = "arithmetic"

@@ -2,58 +2,17 @@
 
 Theory of operation
 -------------------
-Input is asynchronous and lease-based: :meth:`Trainer.step` takes *groups*, each one prompt's
-G completions as an Actor sampled them (token ids and the per-token log-probs of the sampling
-distribution, the *behaviour* log-probs) with the version v_g they were generated on. Groups
-from versions older than ``version - max_lag`` or newer than ``version`` are refused. The
-Trainer never trusts an Actor's text or reward: it decodes the completion's token ids with its
-own tokenizer (the text before end-of-sequence) and scores ``reward(prompt, text)`` itself.
-
-The objective (GRPO with the token-level mean; symbols as in docs/RL.md): for group g with
-rewards r_1..r_G,
-
-    A_i = (r_i - mean(r)) / (std(r) + eps_A)            (std unbiased; A_i = 0 when G = 1)
-    rho_t = exp(min(log pi_theta(y_t | y_<t) - log pi_b(y_t | y_<t), log c))
-    L = -(1 / sum_i |y_i|) * sum_i sum_t min(rho_t A_i, clip(rho_t, 1 - eps_lo, 1 + eps_hi) A_i)
-        + beta * (1 / sum_i |y_i|) * sum_i sum_t KL_t
-
-with log pi computed at the sampling temperature (logits / T), pi_b the behaviour policy the
-Actor recorded (so the ratio also corrects for bf16-vs-fp32 and version lag), the sums over every
-completion token of the batch (the end-of-sequence token included), and KL_t the k3 estimator
-``exp(q - p) - (q - p) - 1`` to the frozen starting weights (off: beta = 0 by default). The cap
-``c`` (``ratio_cap``, 3) is dual-clip PPO: the PPO clip alone keeps the unbounded ``rho A`` for
-a negative advantage, so one forged behaviour log-prob (pi_b an Actor reports) made the loss and
-the step anything; capped in log space before the exponential, a token beyond ``c`` adds
-``c A`` and no gradient, and nothing overflows. One AdamW step per call on the fp32 master
-weights, after clipping the global gradient norm, and only if :class:`~aurora.rl.guard.
-StepGuard` passes it (finite loss and gradient, gradient norm no outlier against recent steps);
-when it does not, each group's own gradient is computed, the groups that are non-finite or
-alone beyond the guard's bound are left out (``StepStats.dropped``) and the step is computed
-again without them, else not taken. A batch whose advantages are all zero carries no signal:
-with beta = 0 the step is skipped, so the policy does not drift on Adam's momentum alone.
-
-:meth:`Trainer.publish` rounds the master weights to bf16 and extracts ``D_{v+1}`` against the
-last published bf16 weights with :class:`aurora.delta.DeltaEncoder` (exact 16-bit comparison,
-fused names, cut into segments while it extracts; each segment can be handed to the data plane
-the moment it exists). The Trainer commits the new version only after the trailer, so a failure
-leaves it at v with nothing published.
-
-:meth:`Trainer.save_checkpoint` writes everything the next delta depends on (master weights,
-AdamW state, generator state, version, h(v), the published bf16 weights, the reference weights
-when beta > 0) in one file, atomically; a Trainer restored with :meth:`Trainer.load_checkpoint`
-produces the same next delta bytes as one that never stopped.
-
-On a GPU (the model handed in on a CUDA device) the same Trainer runs the forward and backward
-under ``torch.autocast`` in bf16 while the master weights and AdamW state stay fp32, and
-extracts D_{v+1} on the device, copying only the changed indices and values to the host
-(:mod:`aurora.rl.device`); the delta bytes are those the CPU path writes for the same weights
-(``device_extract=True`` runs that path on CPU tensors, which is how the tests check it).
-In a ``torch.distributed`` group of more than one process (one per GPU) the model is sharded
-with FSDP2 (``fully_shard``): every rank calls :meth:`Trainer.step` with the same groups and
-:meth:`Trainer.publish` in lockstep, takes its share of the batch's rows, and gradients are
-summed across ranks, so the step is the single-process step up to summation order; each rank
-keeps its rows of the published weights and extracts there, and every rank produces the same
-delta. With neither, nothing of this runs: the CPU path is unchanged, byte for byte.
+Input is asynchronous and lease-based: :meth:`Trainer.step` takes *groups*, each one prompt's G
+completions as an Actor sampled them (token ids and behaviour log-probs) with the version they
+were generated on; groups older than ``version - max_lag`` or newer than ``version`` are
+refused. The Trainer never trusts an Actor's text or reward: it decodes the token ids itself and
+scores ``reward(prompt, text)``. A step is GRPO with the token-level mean, a dual-clip cap on the
+importance ratio and a step guard (:meth:`Trainer.step` states the objective);
+:meth:`Trainer.publish` rounds the master to bf16 and extracts ``D_{v+1}`` exactly, committing
+the version only after the trailer; :meth:`Trainer.save_checkpoint` makes a restored Trainer
+produce the same next delta bytes as one that never stopped. On a GPU, and across a
+``torch.distributed`` group, the same Trainer trains under bf16 autocast and extracts on the
+device (:mod:`aurora.rl.device`); the delta bytes are the CPU path's.
 """
 
 from __future__ import annotations
@@ -297,7 +256,28 @@ def clipped_objective(
 
 
 class Trainer:
-    """GRPO on a transformers causal LM; see the module docstring."""
+    """GRPO on a transformers causal LM (the module docstring; :meth:`step` states the
+    objective).
+
+    Input is asynchronous and lease-based: :meth:`Trainer.step` takes *groups*, each one prompt's
+    G completions as an Actor sampled them (token ids and the per-token log-probs of the sampling
+    distribution, the *behaviour* log-probs) with the version v_g they were generated on. Groups
+    from versions older than ``version - max_lag`` or newer than ``version`` are refused. The
+    Trainer never trusts an Actor's text or reward: it decodes the completion's token ids with its
+    own tokenizer (the text before end-of-sequence) and scores ``reward(prompt, text)`` itself.
+
+    On a GPU (the model handed in on a CUDA device) the same Trainer runs the forward and backward
+    under ``torch.autocast`` in bf16 while the master weights and AdamW state stay fp32, and
+    extracts D_{v+1} on the device, copying only the changed indices and values to the host
+    (:mod:`aurora.rl.device`); the delta bytes are those the CPU path writes for the same weights
+    (``device_extract=True`` runs that path on CPU tensors, which is how the tests check it).
+    In a ``torch.distributed`` group of more than one process (one per GPU) the model is sharded
+    with FSDP2 (``fully_shard``): every rank calls :meth:`Trainer.step` with the same groups and
+    :meth:`Trainer.publish` in lockstep, takes its share of the batch's rows, and gradients are
+    summed across ranks, so the step is the single-process step up to summation order; each rank
+    keeps its rows of the published weights and extracts there, and every rank produces the same
+    delta. With neither, nothing of this runs: the CPU path is unchanged, byte for byte.
+    """
 
     def __init__(
         self,
@@ -517,7 +497,33 @@ class Trainer:
 
     def step(self, groups: Sequence[Group]) -> StepStats:
         """One GRPO update of the master weights from ``groups`` (one optimizer step, if the
-        step guard passes it: module docstring)."""
+        step guard passes it).
+
+        The objective (GRPO with the token-level mean; symbols as in docs/RL.md): for group g with
+        rewards r_1..r_G,
+
+            A_i = (r_i - mean(r)) / (std(r) + eps_A)        (std unbiased; A_i = 0 when G = 1)
+            rho_t = exp(min(log pi_theta(y_t | y_<t) - log pi_b(y_t | y_<t), log c))
+            L = -(1 / sum_i |y_i|)
+                  * sum_i sum_t min(rho_t A_i, clip(rho_t, 1 - eps_lo, 1 + eps_hi) A_i)
+                + beta * (1 / sum_i |y_i|) * sum_i sum_t KL_t
+
+        with log pi computed at the sampling temperature (logits / T), pi_b the behaviour policy the
+        Actor recorded (so the ratio also corrects for bf16-vs-fp32 and version lag), the sums over
+        every completion token of the batch (the end-of-sequence token included), and KL_t the k3
+        estimator ``exp(q - p) - (q - p) - 1`` to the frozen starting weights (off: beta = 0 by
+        default). The cap ``c`` (``ratio_cap``, 3) is dual-clip PPO: the PPO clip alone keeps the
+        unbounded ``rho A`` for a negative advantage, so one forged behaviour log-prob (pi_b an
+        Actor reports) could make the loss and the step anything; capped in log space before the
+        exponential, a token beyond ``c`` adds ``c A`` and no gradient, and nothing overflows. One
+        AdamW step per call on the fp32 master weights, after clipping the global gradient norm, and
+        only if :class:`~aurora.rl.guard.StepGuard` passes it (finite loss and gradient, gradient
+        norm no outlier against recent steps); when it does not, each group's own gradient is
+        computed, the groups that are non-finite or alone beyond the guard's bound are left out
+        (``StepStats.dropped``) and the step is computed again without them, else not taken. A batch
+        whose advantages are all zero carries no signal: with beta = 0 the step is skipped, so the
+        policy does not drift on Adam's momentum alone.
+        """
         t0 = time.perf_counter()
         self._check(groups)
         rewards = [self.rewards(g) for g in groups]
@@ -802,6 +808,12 @@ class Trainer:
         nothing is committed. Returns the whole delta, its id and h(v+1). Master weights that
         are not finite (or would round to infinity in bf16) are never published: TrainerError,
         before anything is extracted.
+
+        The extraction runs against the last published bf16 weights with
+        :class:`aurora.delta.DeltaEncoder` (exact 16-bit comparison, fused names, cut into segments
+        while it extracts; each segment can be handed to the data plane the moment it exists). The
+        Trainer commits the new version only after the trailer, so a failure leaves it at v with
+        nothing published.
         """
         t0 = time.perf_counter()
         self._check_publishable()
@@ -925,7 +937,11 @@ class Trainer:
         }
 
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Everything the next delta depends on, in one file written atomically."""
+        """Everything the next delta depends on, in one file written atomically: master weights,
+        AdamW state, generator state, version, h(v), the published bf16 weights, the reference
+        weights when beta > 0. A Trainer restored with :meth:`load_checkpoint` produces the same
+        next delta bytes as one that never stopped.
+        """
         from aurora.store.files import write_atomic
 
         if self.sharded:

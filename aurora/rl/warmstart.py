@@ -4,23 +4,12 @@ Theory of operation
 -------------------
 RL post-training starts from a model that is already partly competent (the paper's models are
 pretrained). For the built-in tiny Qwen3 that competence comes from a short supervised run on
-the task: cross-entropy on the answer tokens (digits and ``<eos>``) of problems from a data
-stream of their own (``data_seed``), AdamW with a linear warm-up and gradient clipping.
-
-Competence arrives abruptly and at a step that varies by seed
-(``docs/journal/early-measurements.md``: 41% / 65% / 55% greedy at step 300 for three seeds), so the
-run stops at an accuracy *threshold*, not a step count: every ``eval_every`` steps the bf16-rounded
-weights (what the Actors will hold) are evaluated greedily on a validation set drawn from the
-training distribution (never the task's held-out set, which stays untouched for the RL evaluation),
-and the first time they reach ``threshold`` the run stops. Not reaching it within ``max_steps`` is
-an error.
-
-The result is cached as the v0 snapshot in the Checkpoint Store's format
-(:meth:`aurora.store.CheckpointStore.publish_snapshot`: safetensors, BF16, its weights hash in
-the metadata, written atomically) under ``<cache>/warmstart/<key>/`` where ``key`` hashes the
-whole configuration and the library versions, so it is rebuilt only when one of them changes. A
-file lock serialises processes that warm-start at once (the second one finds the snapshot).
-A run that fails or is interrupted publishes nothing: no half-written snapshot.
+the task (:func:`pretrain`). Competence arrives abruptly and at a step that varies by seed
+(``docs/journal/early-measurements.md``), so the run stops at an accuracy *threshold* of the
+bf16-rounded weights on a validation set, not at a step count; not reaching it within
+``max_steps`` is an error. The result is cached as the v0 snapshot in the Checkpoint Store's
+format, keyed by the whole configuration and the library versions (:func:`warm_start`), and a
+run that fails publishes nothing.
 """
 
 from __future__ import annotations
@@ -155,7 +144,14 @@ def warm_start(
     on_step: Callable[[int, float], None] | None = None,
 ) -> WarmStart:
     """The warm-started default model: from the cache, or pre-trained and cached now.
-    ``on_step(step, loss)`` is called after each supervised step (progress, tests)."""
+    ``on_step(step, loss)`` is called after each supervised step (progress, tests).
+
+    The result is cached as the v0 snapshot in the Checkpoint Store's format
+    (:meth:`aurora.store.CheckpointStore.publish_snapshot`: safetensors, BF16, its weights hash
+    in the metadata, written atomically) under ``<cache>/warmstart/<key>/`` where ``key`` hashes
+    the whole configuration and the library versions, so it is rebuilt only when one of them
+    changes. A file lock serialises processes that warm-start at once (the second one finds the
+    snapshot). A run that fails or is interrupted publishes nothing: no half-written snapshot."""
     cfg = config or WarmStartConfig()
     root = Path(cache_dir) if cache_dir is not None else default_cache()
     path = root / "warmstart" / cfg.key()
@@ -209,7 +205,14 @@ def pretrain(
     on_step: Callable[[int, float], None] | None = None,
 ) -> tuple[int, float]:
     """Supervised steps until the bf16 weights reach ``cfg.threshold`` greedy validation
-    accuracy; returns (steps, accuracy). Raises :class:`WarmStartError` past ``max_steps``."""
+    accuracy; returns (steps, accuracy). Raises :class:`WarmStartError` past ``max_steps``.
+
+    Cross-entropy on the answer tokens (digits and ``<eos>``) of problems from a data stream of
+    their own (``data_seed``), AdamW with a linear warm-up and gradient clipping. Every
+    ``eval_every`` steps the bf16-rounded weights (what the Actors will hold) are evaluated
+    greedily on a validation set drawn from the training distribution (never the task's
+    held-out set, which stays untouched for the RL evaluation), and the first time they reach
+    ``threshold`` the run stops."""
     data = ArithmeticTask(dataclasses.replace(cfg.task, seed=cfg.data_seed))
     validation = ArithmeticTask(dataclasses.replace(cfg.task, seed=cfg.data_seed + 1)).prompts(
         0, cfg.validation_size

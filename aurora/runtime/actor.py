@@ -2,30 +2,15 @@
 
 Theory of operation
 -------------------
-An Actor holds three things: an inference engine (:mod:`aurora.runtime.compute`), a data-plane
-node that receives deltas while the engine generates (:class:`aurora.transport.Node`), and one
-control connection to the Ledger (:mod:`aurora.runtime.channel`). Two tasks share them:
-
-* the **pump** reads the Ledger's messages into the Actor's state: leases (``assign``), the
-  version to switch to (``commit``), a catch-up plan (``catch_up``: the pieces are fetched from
-  the Checkpoint Store at once, while the Actor keeps serving what it can), routes;
-* the **worker** runs at every safe point the decision of
-  :func:`aurora.policy.actor.next_action` — the same function the simulator calls — and carries
-  it out: apply a held catch-up plan (snapshot, then deltas), generate a batch of leases on the
-  active version and send every result with its lease, version and weights hash, activate a
-  staged delta in place (the only pause generation ever sees), or drop work it cannot run.
-
-After every switch of version the Actor reports the chain hash of its weights, h(v), and a
-content digest of the weights as they are; the Ledger compares both with what the Trainer
-published, so a torn or wrong apply is counted, never silent. A SIGTERM is a preemption notice:
-the Actor tells the Ledger (which drains it: no new leases), finishes what it holds within the
-notice, leaves gracefully and exits; SIGUSR1 is a plain graceful leave (its leases go back to
-the pool at once). If the Ledger connection drops, the Actor reconnects under
-the same id and re-sends the results the Ledger may not have received; a lease the Ledger
-re-sends meanwhile is taken once (:func:`aurora.policy.actor.assigned`), whether it is queued,
-being generated or done. Before it takes any work the Actor checks that the model files its
-engine was built from are the ones the Trainer signed with its snapshots
-(:mod:`aurora.store.manifest`), and stops with one line naming the file otherwise.
+An Actor holds an inference engine (:mod:`aurora.runtime.compute`), a data-plane node that
+receives deltas while the engine generates (:class:`aurora.transport.Node`) and one control
+connection to the Ledger (:mod:`aurora.runtime.channel`). A *pump* reads the Ledger's messages
+into the Actor's state; a *worker* runs, at every safe point, the decision of
+:func:`aurora.policy.actor.next_action` (the function the simulator calls) and carries it out,
+so the Actor decides nothing of its own. After every switch of version it reports h(v) and a
+content digest of its weights, which the Ledger compares with what the Trainer published: a torn
+or wrong apply is counted, never silent. Before it takes any work it checks that its engine's
+model files are the ones the Trainer signed (:mod:`aurora.store.manifest`).
 """
 
 from __future__ import annotations
@@ -151,7 +136,14 @@ Actor concludes it was given the wrong job key (:meth:`ActorProcess._check_job_k
 
 
 class ActorProcess:
-    """One Actor (see the module docstring)."""
+    """One Actor (see the module docstring).
+
+    If the Ledger connection drops, the Actor reconnects under the same id and re-sends the
+    results the Ledger may not have received; a lease the Ledger re-sends meanwhile is taken
+    once (:func:`aurora.policy.actor.assigned`), whether it is queued, being generated or done.
+    Before it takes any work the Actor checks that the model files its engine was built from are
+    the ones the Trainer signed with its snapshots (:mod:`aurora.store.manifest`), and stops
+    with one line naming the file otherwise."""
 
     def __init__(self, run: ActorRun) -> None:
         self.run = run
@@ -269,7 +261,11 @@ class ActorProcess:
             self.channel.send_nowait(msg)
 
     async def _pump(self) -> None:
-        """Read the Ledger's messages; reconnect when the connection drops."""
+        """Read the Ledger's messages; reconnect when the connection drops.
+
+        The pump reads the Ledger's messages into the Actor's state: leases (``assign``), the
+        version to switch to (``commit``), a catch-up plan (``catch_up``: the pieces are fetched
+        from the Checkpoint Store at once, while the Actor keeps serving what it can), routes."""
         while not self.stopping:
             assert self.channel is not None
             try:
@@ -516,6 +512,11 @@ class ActorProcess:
     # -- the worker ------------------------------------------------------------------------------
 
     async def _worker(self) -> None:
+        """At every safe point, run the decision of :func:`aurora.policy.actor.next_action` and
+        carry it out: apply a held catch-up plan (snapshot, then deltas), generate a batch of
+        leases on the active version and send every result with its lease, version and weights
+        hash, activate a staged delta in place (the only pause generation ever sees), or drop
+        work it cannot run."""
         while not self.stopping:
             if self.leaving:
                 return
@@ -662,11 +663,15 @@ class ActorProcess:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def _on_sigusr1(self) -> None:
-        """Leave now (graceful): finish the current step, hand the leases back, exit."""
+        """Leave now (graceful): finish the current step, hand the leases back, exit.
+
+        SIGUSR1 is a plain graceful leave: its leases go back to the pool at once."""
         self.leaving = True
         self.wake.set()
 
     def _on_sigterm(self) -> None:
+        """A SIGTERM is a preemption notice: tell the Ledger (which drains the Actor: no new
+        leases), finish what it holds within the notice, leave gracefully and exit."""
         if self.draining_until is not None:
             return
         self.draining_until = time.time() + self.run.notice_s

@@ -2,73 +2,15 @@
 
 Theory of operation
 -------------------
-Actors, relays and the Trainer each keep one TCP connection to the Ledger. It uses the data
-plane's own framing and handshake (:mod:`aurora.transport.wire`): length-prefixed frames, a
-mutual proof of the job secret before any message, msgpack maps with an ``op`` key after it.
-Reusing it instead of adding an RPC library keeps one authentication scheme, one set of frame
+Actors, relays and the Trainer each keep one TCP connection to the Ledger, on the data plane's
+framing and handshake (:mod:`aurora.transport.wire`): one authentication scheme, one set of frame
 limits and one hardened parser for every connection of a job (``docs/RUNTIME.md`` says why not
-gRPC or ZeroMQ).
-
-**Every frame after the handshake is sealed** (``wire.SEALED``): ``tag || msgpack`` where
-``tag = HMAC-SHA256(k, seq || msgpack)``. ``k`` is one of two per-connection keys derived by
-HKDF from the job secret, the server's nonce and the HELLO (which holds the client's nonce)
-(:func:`aurora.transport.wire.session_keys`), one per direction; ``seq`` counts the frames sent
-in that direction from 0 and is not sent: each end knows which one comes next. So an on-path
-party without the secret can read the traffic and drop it, but any frame it alters, injects,
-replays, reorders, reflects or cuts out makes the next frame fail its MAC, and the receiver
-closes the connection (both ends then reconnect and resynchronise through the protocol, as after
-any broken connection). The plain data-plane handshake alone left every later frame open to
-rewriting (16 of 16 rewritten results were admitted, and an injected ``catch_up`` moved an Actor
-back to v0). Why a MAC and not TLS: TLS would need X.509 certificates per role and a way to pin
-them; a MAC keyed from the handshake every connection already runs (and re-keyed by the
-identity step below, whose certificates the job key issues) adds 32 bytes per frame. What it
-does not give:
-confidentiality (results travel readable; TLS is for that); against a party that holds the job
-secret and sits on the path, the identity step below re-keys each connection.
-
-**Bounded resources** (:class:`ChannelLimits`, one per server): a server holds at most
-``max_pending_per_host`` unauthenticated connections from one remote host and
-``max_pending`` in all (each gets ``timeout_s`` to finish its handshake), and at most
-``max_connections`` authenticated ones; beyond these a new connection is closed at once, so
-its descriptor is held for microseconds (~1,100 idle connections exhausted the Ledger's 1,024
-descriptors before). A frame's body is read only once its length is reserved from the
-server-wide ``buffer_budget`` (bytes of message bodies held at once, all connections together),
-and must then arrive at ``min_rate_bytes_s`` or better; a connection waiting for the budget
-reads nothing (TCP backpressure holds the rest in the kernel), so six connections each sending
-part of a 64 MiB frame hold at most the budget, not 6 x 64 MiB. Each connection may deliver
-``rate`` messages a second (``burst`` at once): beyond that the server stops reading from it
-(it is slowed, not disconnected: an honest Actor's burst of results waits, a flooder gets its
-rate and no more). A peer that stops reading while more than ``max_send_buffer`` bytes wait
-for it is disconnected.
-
-**Both ends prove who they are** when the server is given the job's public key (the Ledger
-always is). Right after the secret handshake, under the keys above, the server sends ``kx``: an
-ephemeral X25519 key, its certificate (role ``ledger``, issued by the job key for this job,
-:class:`aurora.keys.Certificate`) and a signature with the certified key over the handshake's
-transcript and that ephemeral key (:func:`ledger_proof`). The client checks all of it first
-(role, job, validity, the job key's signature, not revoked for the Trainer) and goes no further
-with a server that cannot prove it (:class:`IdentityRefused`): a secret holder, or an Actor with
-its own certificate, can no longer pose as the Ledger. The client then answers ``identify``: its
-role, id, Ed25519 public key, its certificate (:func:`aurora.keys.check_identity`; the Trainer's
-key is the job key itself), its own ephemeral key and a signature with its role key over the
-transcript and both ephemeral keys. The server checks the signature, then both ends re-key: HKDF
-over the X25519 shared secret, salted with the secret-derived keys, bound to the transcript and
-both ephemeral keys (:func:`identity_keys`), sequence numbers from 0. The server then checks the
-certificate (this job, valid now within :data:`aurora.keys.CLOCK_SKEW_S`, the HELLO's role and
-id) and asks ``admit`` (the Ledger: revoked? excluded?); its first frame under the new keys is
-``identified``, or ``refused`` with the reason (and whether ``admit`` gave it: the job dismissed
-that id, :class:`Dismissed`), then the connection closes: a refused identity
-is one error at connect, with no session, however often it returns (refusals are logged once
-per 5 s). A session ends when the client's certificate expires (:meth:`Channel.close_at`). So
-an id is bound to a key for one job and a limited time, and a secret holder on the path can no
-longer derive the session's keys: it would need an ephemeral private key, and it cannot swap
-either ephemeral key since the two signatures cover them.
-
-A :class:`Channel` is one connection after the handshake: :meth:`Channel.send` queues a
-message and waits for the socket to drain (backpressure), :meth:`Channel.recv` returns the next
-message or raises :class:`ChannelClosed`. The peer's ``hello`` is kept on the channel; its
-proved ``role`` and ``peer`` id are :attr:`Channel.role` and :attr:`Channel.peer` (``verified``
-says whether they were proved: a server without the job's public key takes the HELLO's word).
+gRPC or ZeroMQ). Every frame after the handshake is sealed with an HMAC under a per-direction
+key and an implicit sequence number, so a frame altered, injected, replayed, reordered or cut
+out fails its MAC and the connection closes (:class:`_Sealer`). Given the job's public key, both
+ends then prove who they are with certificates the job key issued and re-key over an ephemeral
+X25519 exchange (:func:`_client_identify`). A server bounds what its peers may hold
+(:class:`ChannelLimits`); a :class:`Channel` is one connection after the handshake.
 """
 
 from __future__ import annotations
@@ -244,6 +186,31 @@ async def _client_identify(
     revoked: Collection[str],
     clock: Callable[[], float],
 ) -> None:
+    """The identity step, client side; :func:`_server_identify` is the server's.
+
+    Both ends prove who they are when the server is given the job's public key (the Ledger
+    always is). Right after the secret handshake, under the sealed keys, the server sends
+    ``kx``: an ephemeral X25519 key, its certificate (role ``ledger``, issued by the job key for
+    this job, :class:`aurora.keys.Certificate`) and a signature with the certified key over the
+    handshake's transcript and that ephemeral key (:func:`ledger_proof`). The client checks all
+    of it first (role, job, validity, the job key's signature, not revoked for the Trainer) and
+    goes no further with a server that cannot prove it (:class:`IdentityRefused`): a secret
+    holder, or an Actor with its own certificate, cannot pose as the Ledger. The client then
+    answers ``identify``: its role, id, Ed25519 public key, its certificate
+    (:func:`aurora.keys.check_identity`; the Trainer's key is the job key itself), its own
+    ephemeral key and a signature with its role key over the transcript and both ephemeral
+    keys. The server checks the signature, then both ends re-key: HKDF over the X25519 shared
+    secret, salted with the secret-derived keys, bound to the transcript and both ephemeral keys
+    (:func:`identity_keys`), sequence numbers from 0. The server then checks the certificate
+    (this job, valid now within :data:`aurora.keys.CLOCK_SKEW_S`, the HELLO's role and id) and
+    asks ``admit`` (the Ledger: revoked? excluded?); its first frame under the new keys is
+    ``identified``, or ``refused`` with the reason (and whether ``admit`` gave it: the job
+    dismissed that id, :class:`Dismissed`), then the connection closes: a refused identity is
+    one error at connect, with no session, however often it returns (refusals are logged once
+    per 5 s). A session ends when the client's certificate expires (:meth:`Channel.close_at`).
+    So an id is bound to a key for one job and a limited time, and a secret holder on the path
+    cannot derive the session's keys: it would need an ephemeral private key, and it cannot
+    swap either ephemeral key since the two signatures cover them."""
     msg = await ch.recv()
     eph_s = msg.get("eph")
     if msg.get("op") != "kx" or not isinstance(eph_s, bytes) or len(eph_s) != 32:
@@ -293,6 +260,7 @@ async def _server_identify(
     admit: Callable[[str, str], str | None] | None,
     clock: Callable[[], float],
 ) -> None:
+    """The identity step, server side (the protocol: :func:`_client_identify`)."""
     mine = X25519PrivateKey.generate()
     eph_s = _raw(mine)
     assert identity.cert is not None
@@ -352,7 +320,20 @@ async def _server_identify(
 
 @dataclass(frozen=True, kw_only=True)
 class ChannelLimits:
-    """What one control server (the Ledger) lets its peers hold (module docstring)."""
+    """What one control server (the Ledger) lets its peers hold.
+
+    A server holds at most ``max_pending_per_host`` unauthenticated connections from one remote
+    host and ``max_pending`` in all (each gets ``timeout_s`` to finish its handshake), and at
+    most ``max_connections`` authenticated ones; beyond these a new connection is closed at
+    once. A frame's body is read only once its length is reserved from the server-wide
+    ``buffer_budget`` (bytes of message bodies held at once, all connections together), and
+    must then arrive at ``min_rate_bytes_s`` or better; a connection waiting for the budget
+    reads nothing (TCP backpressure holds the rest in the kernel), so six connections each
+    sending part of a 64 MiB frame hold at most the budget, not 6 x 64 MiB. Each connection may
+    deliver ``rate`` messages a second (``burst`` at once): beyond that the server stops reading
+    from it (it is slowed, not disconnected: an honest Actor's burst of results waits, a flooder
+    gets its rate and no more). A peer that stops reading while more than ``max_send_buffer``
+    bytes wait for it is disconnected."""
 
     max_message: int = 16 << 20
     """Largest message a peer may send the server (bytes). A result is one prompt's
@@ -425,7 +406,22 @@ class ByteBudget:
 
 
 class _Sealer:
-    """One direction of a sealed channel: a key and the next sequence number."""
+    """One direction of a sealed channel: a key and the next sequence number.
+
+    Every frame after the handshake is sealed (``wire.SEALED``): ``tag || msgpack`` where
+    ``tag = HMAC-SHA256(k, seq || msgpack)``. ``k`` is one of two per-connection keys derived by
+    HKDF from the job secret, the server's nonce and the HELLO (which holds the client's nonce)
+    (:func:`aurora.transport.wire.session_keys`), one per direction; ``seq`` counts the frames
+    sent in that direction from 0 and is not sent: each end knows which one comes next. So an
+    on-path party without the secret can read the traffic and drop it, but any frame it alters,
+    injects, replays, reorders, reflects or cuts out makes the next frame fail its MAC, and the
+    receiver closes the connection (both ends then reconnect and resynchronise through the
+    protocol, as after any broken connection). Why a MAC and not TLS: TLS would need X.509
+    certificates per role and a way to pin them; a MAC keyed from the handshake every
+    connection already runs (and re-keyed by the identity step, whose certificates the job key
+    issues) adds ``TAG_BYTES`` per frame. What it does not give: confidentiality (results travel
+    readable; TLS is for that); against a party that holds the job secret and sits on the path,
+    the identity step (:func:`_client_identify`) re-keys each connection."""
 
     def __init__(self, key: bytes) -> None:
         self.key = key
@@ -439,7 +435,13 @@ class _Sealer:
 
 
 class Channel:
-    """One authenticated control connection (see the module docstring)."""
+    """One authenticated control connection, after the handshake.
+
+    :meth:`send` queues a message and waits for the socket to drain (backpressure),
+    :meth:`recv` returns the next message or raises :class:`ChannelClosed`. The peer's
+    ``hello`` is kept on the channel; its proved ``role`` and ``peer`` id are :attr:`role` and
+    :attr:`peer` (``verified`` says whether they were proved: a server without the job's public
+    key takes the HELLO's word)."""
 
     def __init__(
         self,
@@ -794,7 +796,7 @@ async def serve(
     ``unix_path`` the server listens on that Unix socket instead of ``host:port``. With the
     job's ``public_key`` the server proves itself with ``identity`` (the Ledger's; a callable
     is asked at every connection, so a renewed one is used at once) and every peer must prove
-    its role and id for the job that identity names (module docstring); ``admit(role, id)``
+    its role and id for the job that identity names (:func:`_client_identify`); ``admit(role, id)``
     then says why a proved peer may not connect (revoked, excluded), or None."""
     limits = limits or ChannelLimits(timeout_s=timeout_s)
     if public_key is not None and identity is None:

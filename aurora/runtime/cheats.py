@@ -1,60 +1,16 @@
-"""Dishonest Actors, for the tests and the experiment of verified rollouts (issue 31).
+"""Dishonest Actors, for the tests and the experiment of verified rollouts.
 
 Theory of operation
 -------------------
 An Actor carrying the ``cheat`` fault hook (:mod:`aurora.runtime.hooks`; the launcher sets it for
 the process a test names, nothing else does) wraps its engine in :class:`CheatingEngine`. It stays
-a well-behaved peer in every way the control and data planes check: it stages and activates each
-version, reports the right h(v) and content digest, returns each result on time, on its lease,
-with a payload that decodes (the right prompt, ``group_size`` completions, ids in the vocabulary,
-one finite log-prob per token). Only the completions lie:
+a well-behaved peer in every way the control and data planes check (versions, h(v), digests,
+timing, payloads that decode); only what its mode names lies (:data:`MODES` says how):
 
-* ``random``: uniformly random token ids (the honest sample's length), the honest log-probs;
-* ``stale``: samples from the first version it loaded (v0), never updated, under the current h(v);
-* ``othermodel``: samples from another model with the same tokenizer (the tiny Qwen3
-  architecture at its random initialisation, not warm-started);
-* ``forged-lp``: honest tokens, every log-prob halved (``lp / 2``: it claims each token was
-  likelier than it was, which moves GRPO's importance ratio);
-* ``partial:F``: ``random`` on a fraction ``F`` of its prompts (by a hash of the prompt id),
-  honest on the rest.
-
-* ``coin-aware``: ``random``, but only where it predicts no check will look, from everything an
-  Actor is sent and the coin the Trainer once used (``BLAKE2b(seed, actor, lease)`` with the
-  job's seed, :func:`old_unit`): a result it predicts unchecked is random throughout; of one
-  it predicts checked, only the completions it predicts are not recomputed. It predicts its
-  own record too (a replica :class:`~aurora.policy.verification.TrustBook` in which every
-  result it predicts checked passed), so it also knows when it is trusted. Against that coin
-  it was never caught; against the keyed one its predictions are chance.
-
-Selection: tokens that pi_v could have sampled, with their true log-probs (every recompute
-passes), but not sampled from it (what :mod:`aurora.policy.sampling` tests):
-
-* ``greedy``: every completion is the greedy decode (the likeliest token at each position);
-* ``chosen``: every completion is the answer it picked (the task's correct answer, then
-  ``<eos>``), whether or not pi_v would ever sample it;
-* ``bestof:N``: each completion is the best of N honest samples for its slot by the task's
-  reward (the first sampled of the best: ties keep the honest sample).
-
-``greedy`` and ``chosen`` teacher-force their tokens through a transformers copy of the
-current weights (fp32 arithmetic on the bf16 weights, as the Trainer's recompute) for the true
-log-probs at the job's temperature; ``bestof:N`` samples N times with its own engine.
-
-``random`` keeps each completion's end where the honest one had it (``<eos>`` last, or none at
-the length limit), so the payload passes the Ledger's check and only a recompute can tell.
-
-Attacks on the Trainer's step and on the Ledger's admission (each result otherwise honest):
-
-* ``forge-lp:X``: every behaviour log-prob of the first completion of each result is ``X``
-  (``-60``, ``-25``, ``-inf``...): the importance ratio of those tokens becomes ``e^(lp + |X|)``;
-* ``vocab-id``: the last token of the first completion is the id ``V`` (one past the
-  vocabulary);
-* ``after-eos``: the first completion has ``<eos>`` one token before its end (a token after
-  end-of-sequence);
-* ``throughput-lie``: honest results, but it reports 2^40 tokens generated in 1e-9 s.
-
-``stale`` and ``othermodel`` generate on a second, transformers engine whatever the Actor's own
-engine is (a second vLLM would be a second server); the honest part of a vLLM Actor's results
-still comes from vLLM.
+* completions: ``random``, ``stale``, ``othermodel``, ``partial:F``, ``coin-aware``;
+* log-probs: ``forged-lp``, ``forge-lp:X``;
+* selection (possible tokens, true log-probs, not sampled): ``greedy``, ``chosen``, ``bestof:N``;
+* the payload or the report: ``vocab-id``, ``after-eos``, ``throughput-lie``.
 """
 
 from __future__ import annotations
@@ -87,8 +43,60 @@ MODES = (
     "chosen",
     "bestof",
 )
+"""The cheat modes (``kind`` or ``kind:argument``). Each stays a well-behaved peer in every way
+the control and data planes check: it stages and activates each version, reports the right h(v)
+and content digest, returns each result on time, on its lease, with a payload that decodes (the
+right prompt, ``group_size`` completions, ids in the vocabulary, one finite log-prob per token).
+Only the completions lie:
+
+* ``random``: uniformly random token ids (the honest sample's length), the honest log-probs;
+* ``stale``: samples from the first version it loaded (v0), never updated, under the current h(v);
+* ``othermodel``: samples from another model with the same tokenizer (the tiny Qwen3
+  architecture at its random initialisation, not warm-started);
+* ``forged-lp``: honest tokens, every log-prob halved (``lp / 2``: it claims each token was
+  likelier than it was, which moves GRPO's importance ratio);
+* ``partial:F``: ``random`` on a fraction ``F`` of its prompts (by a hash of the prompt id),
+  honest on the rest.
+
+* ``coin-aware``: ``random``, but only where it predicts no check will look, from everything an
+  Actor is sent and the coin the Trainer once used (``BLAKE2b(seed, actor, lease)`` with the
+  job's seed, :func:`old_unit`): a result it predicts unchecked is random throughout; of one
+  it predicts checked, only the completions it predicts are not recomputed. It predicts its
+  own record too (a replica :class:`~aurora.policy.verification.TrustBook` in which every
+  result it predicts checked passed), so it also knows when it is trusted. Against the keyed
+  coin its predictions are chance.
+
+Selection: tokens that pi_v could have sampled, with their true log-probs (every recompute
+passes), but not sampled from it (what :mod:`aurora.policy.sampling` tests):
+
+* ``greedy``: every completion is the greedy decode (the likeliest token at each position);
+* ``chosen``: every completion is the answer it picked (the task's correct answer, then
+  ``<eos>``), whether or not pi_v would ever sample it;
+* ``bestof:N``: each completion is the best of N honest samples for its slot by the task's
+  reward (the first sampled of the best: ties keep the honest sample).
+
+``greedy`` and ``chosen`` teacher-force their tokens through a transformers copy of the
+current weights (fp32 arithmetic on the bf16 weights, as the Trainer's recompute) for the true
+log-probs at the job's temperature; ``bestof:N`` samples N times with its own engine.
+
+``random`` keeps each completion's end where the honest one had it (``<eos>`` last, or none at
+the length limit), so the payload passes the Ledger's check and only a recompute can tell.
+
+Attacks on the Trainer's step and on the Ledger's admission (each result otherwise honest):
+
+* ``forge-lp:X``: every behaviour log-prob of the first completion of each result is ``X``
+  (``-60``, ``-25``, ``-inf``...): the importance ratio of those tokens becomes ``e^(lp + |X|)``;
+* ``vocab-id``: the last token of the first completion is the id ``V`` (one past the
+  vocabulary);
+* ``after-eos``: the first completion has ``<eos>`` one token before its end (a token after
+  end-of-sequence);
+* ``throughput-lie``: honest results, but it reports 2^40 tokens generated in 1e-9 s.
+
+``stale`` and ``othermodel`` generate on a second, transformers engine whatever the Actor's own
+engine is (a second vLLM would be a second server); the honest part of a vLLM Actor's results
+still comes from vLLM."""
 SELECTION = ("greedy", "chosen", "bestof")
-"""The modes that return possible tokens with their true log-probs, selected (module docstring)."""
+"""The modes that return possible tokens with their true log-probs, selected (:data:`MODES`)."""
 
 LIED_THROUGHPUT = (2**40, 1e-9)
 """What ``throughput-lie`` reports: tokens, seconds (the largest count and the shortest time a
@@ -176,7 +184,7 @@ def old_picks(seed: int, actor: str, lease: str, group_size: int, completions: i
 
 
 class CoinPredictor:
-    """What a ``coin-aware`` Actor believes the Trainer will check (module docstring): the old
+    """What a ``coin-aware`` Actor believes the Trainer will check (:data:`MODES`): the old
     coin over its own replica of its verification record, under the job's rule (which it is
     sent: the spec)."""
 
@@ -213,7 +221,7 @@ def lies_on(mode: str, prompt: str) -> bool:
 
 class CheatingEngine:
     """An :class:`~aurora.runtime.compute.EngineSide` that lies about its completions only
-    (module docstring)."""
+    (:data:`MODES`)."""
 
     def __init__(self, engine: EngineSide, mode: str, spec: JobSpec, actor: str = "") -> None:
         self.inner = engine

@@ -4,19 +4,14 @@ Theory of operation
 -------------------
 The roles of :mod:`aurora.runtime` move weights, leases and results; they never look inside a
 model. They call the compute through the two small interfaces below, which a *backend* provides:
-
-* ``rl``: the real thing, :mod:`aurora.rl` (task, model, GRPO Trainer) and
-  :mod:`aurora.engines` (the transformers engine; vLLM behind the same protocol);
-* ``standin``: :mod:`aurora.runtime.standin`, a labelled stand-in for load and fault tests that
-  still moves real weights and real deltas (every hash and apply is real) but samples random
-  tokens and takes a random sparse optimizer step; nothing it reports is a learning result;
-* ``shapes``: :mod:`aurora.runtime.shapes`, a published model's exact tensor names and shapes
-  (Qwen3-0.6B, 1.7B) with a synthetic AdamW-like step and the stand-in's timed generation: the
-  real data path at a real model's size.
-
-Weights cross this boundary as bf16 bit patterns (``uint16`` numpy arrays under the
-transformers names), deltas as :class:`aurora.delta.Delta`, results as msgpack bytes (the
-Actor's completions with their token ids and log-probs; the Trainer computes rewards itself).
+``rl``, the real thing (:mod:`aurora.rl`'s task, model and GRPO Trainer, :mod:`aurora.engines`);
+``standin`` (:mod:`aurora.runtime.standin`), a labelled stand-in for load and fault tests with
+real weights and deltas but random tokens and steps, so nothing it reports is a learning result;
+``shapes`` (:mod:`aurora.runtime.shapes`), a published model's exact tensors with a synthetic
+step: the real data path at a real model's size. Weights cross this boundary as bf16 bit
+patterns (``uint16`` numpy arrays under the transformers names), deltas as
+:class:`aurora.delta.Delta`, results as msgpack bytes (the Actor's completions with their token
+ids and log-probs; the Trainer computes rewards itself).
 """
 
 from __future__ import annotations

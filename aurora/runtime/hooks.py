@@ -6,9 +6,22 @@ Most faults of the matrix (``docs/RELIABILITY.md``) are injected from outside: a
 process, a link cut. A few must strike *inside* a step of a process, at a moment no outside
 timer can hit reliably on a fast machine: an Actor killed halfway through applying ``D_v``, or
 while the segments of ``D_v`` are arriving; an Actor that submits stale or duplicate results.
-Those are named here, and a process carries them out only when its environment holds
-``AURORA_FAULT_HOOKS`` (a JSON object; the launcher sets it for the process a test names). A
-process without it is unaffected: :func:`get` returns None for every hook.
+Those are named here (:data:`ENV` lists them), and a process carries them out only when its
+environment holds ``AURORA_FAULT_HOOKS`` (a JSON object; the launcher sets it for the process a
+test names). A process without it is unaffected: :func:`get` returns None for every hook. The
+relay hooks need the whole version before they serve it, so a relay carrying one is
+store-and-forward (:func:`node_config_overrides`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+ENV = "AURORA_FAULT_HOOKS"
+"""The environment variable that holds a process's hooks: a JSON object, hook -> value.
 
 =======================  =========================================================================
 hook                     effect
@@ -31,19 +44,7 @@ hook                     effect
                          ``vocab-id``, ``after-eos``, ``throughput-lie``; :mod:`aurora.runtime.
                          cheats`): the dishonest Actors the Trainer and Ledger must withstand
 =======================  =========================================================================
-
-The relay hooks need the whole version before they serve it, so a relay carrying one is
-store-and-forward (:func:`node_config_overrides`).
 """
-
-from __future__ import annotations
-
-import json
-import os
-import signal
-from typing import Any
-
-ENV = "AURORA_FAULT_HOOKS"
 
 _HOOKS: dict[str, Any] = json.loads(os.environ.get(ENV, "") or "{}")
 

@@ -4,20 +4,13 @@ Theory of operation
 -------------------
 The simulator and a real run disagree on how long a delta takes from the Trainer to the Actors
 (``docs/journal/sim-vs-real.md``, "The aurora gap"); an end-to-end interval cannot say where the
-time goes. Every data-plane node notes wall-clock times (``time.time()``, s) of each version at its
-hops (:attr:`aurora.transport.config.NodeMetrics.hops`: ``in_first``, ``in_last``, ``staged``,
-``out_first``, ``out_last``). A role runs :func:`report` beside its work: every ``interval_s`` it
-sends one ``delta-path`` span per version whose times changed since the last report (the latest
-values: a relay's ``out_last`` moves with each subscriber it serves), and one ``loop-lag`` span: how
-late its own short sleeps woke over the interval. A late wake-up is time the event loop could not
-run a callback: a busy loop, a thread holding the GIL (generation and training run in
-``to_thread``), or the OS not scheduling the process. Actors and relays send the spans to the
-Ledger, which writes them to ``ledger.spans.jsonl`` with the sender's id; the Trainer, whose Ledger
-session carries no spans, appends them to ``trainer/hops.jsonl``. ``experiments/delta_path.py``
-joins them with the Trainer's extraction times and the Ledger's ``DeltaStaged`` events into one row
-per version and hop.
-
-Cost: one wake-up every ``tick_s`` (50 a second by default) and a few small messages a second.
+time goes. Every data-plane node notes wall-clock times (``time.time()``, s) of each version at
+its hops (:attr:`aurora.transport.config.NodeMetrics.hops`: ``in_first``, ``in_last``,
+``staged``, ``out_first``, ``out_last``). A role runs :func:`report` beside its work, which sends
+those times as ``delta-path`` spans and how late its own short sleeps woke as ``loop-lag`` spans.
+``experiments/delta_path.py`` joins them with the Trainer's extraction times and the Ledger's
+``DeltaStaged`` events into one row per version and hop. Cost: one wake-up every ``tick_s`` (50
+a second by default) and a few small messages a second.
 """
 
 from __future__ import annotations
@@ -79,7 +72,16 @@ async def report(
 ) -> None:
     """Until cancelled: measure this loop's lag every ``tick_s`` and, every ``interval_s``,
     ``send`` the lag span and the delta-path spans that changed. ``metrics`` gives the node's
-    metrics (None before the node exists)."""
+    metrics (None before the node exists).
+
+    Every ``interval_s`` it sends one ``delta-path`` span per version whose times changed since
+    the last report (the latest values: a relay's ``out_last`` moves with each subscriber it
+    serves), and one ``loop-lag`` span: how late its own short sleeps woke over the interval. A
+    late wake-up is time the event loop could not run a callback: a busy loop, a thread holding
+    the GIL (generation and training run in ``to_thread``), or the OS not scheduling the
+    process. Actors and relays send the spans to the Ledger, which writes them to
+    ``ledger.spans.jsonl`` with the sender's id; the Trainer, whose Ledger session carries no
+    spans, appends them to ``trainer/hops.jsonl``."""
     seen: dict[int, dict[str, float]] = {}
     loop = asyncio.get_running_loop()
     lags: list[float] = []

@@ -7,28 +7,9 @@ parse_fault`, checked against the topology by :func:`aurora.faults.check_faults`
 simulator reads them). The injector fires each one at its time: ``at_s`` seconds after the run
 starts, or right after batch ``at_step`` is handed out (the Ledger tells the launcher, which
 calls :meth:`Injector.batch_requested`), and carries it out on the :class:`Cluster` the launcher
-provides:
-
-=================  ===========================================================================
-``preempt``        SIGKILL the Actor (no notice: its leases expire back to the pool)
-``preempt_notice`` SIGTERM (the Actor tells the Ledger, drains, leaves), SIGKILL after
-                   ``notice_s`` if it is still there
-``leave``          SIGUSR1: the Actor finishes its batch, leaves gracefully, exits
-``join``           a new Actor process; it catches up from a snapshot + the delta chain
-``region_loss``    SIGKILL every Actor and relay of the region at once
-``relay_fail``     SIGKILL the relay (or the seed Actor relaying)
-``trainer_crash``  SIGKILL the Trainer (and the Ledger in its process); restart it from its
-                   checkpoint and the Ledger from its log after ``restart_s``
-``link_cut``       the emulated link drops everything for ``duration_s`` (emulation), or the
-                   region's processes are cut off (loopback: SIGSTOP, then SIGCONT)
-``ledger_crash``   SIGKILL the Ledger process; restart it from its log after ``restart_s``
-=================  ===========================================================================
-
-``--spot-hazard H`` draws preemptions of every spot Actor (``spot: true`` in the topology) as a
-Poisson process of rate ``H`` per hour, each with ``spot_notice_s`` of notice; with
-``spot_return_s`` a preempted Actor comes back as a fresh process under its id after that many
-seconds. Draws come from one seeded generator, so a schedule is reproducible. Every fault lands
-in the Ledger's log (``events.csv``) with the wall time it was carried out.
+provides (:class:`Injector` says how, fault by fault). A :class:`SpotHazard` adds seeded random
+preemptions of spot Actors, so a schedule is reproducible. Every fault lands in the Ledger's log
+(``events.csv``) with the wall time it was carried out.
 """
 
 from __future__ import annotations
@@ -62,7 +43,12 @@ class Cluster(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class SpotHazard:
-    """Random preemptions of spot Actors."""
+    """Random preemptions of spot Actors.
+
+    ``--spot-hazard H`` draws preemptions of every spot Actor (``spot: true`` in the topology) as a
+    Poisson process of rate ``H`` per hour, each with ``spot_notice_s`` of notice; with
+    ``spot_return_s`` a preempted Actor comes back as a fresh process under its id after that many
+    seconds. Draws come from one seeded generator, so a schedule is reproducible."""
 
     per_hour: float
     """Preemptions per hour per spot Actor."""
@@ -77,7 +63,23 @@ class SpotHazard:
 
 
 class Injector:
-    """Fires a fault schedule (and a spot hazard) on a :class:`Cluster`."""
+    """Fires a fault schedule (and a spot hazard) on a :class:`Cluster`, each fault as:
+
+    =================  ===========================================================================
+    ``preempt``        SIGKILL the Actor (no notice: its leases expire back to the pool)
+    ``preempt_notice`` SIGTERM (the Actor tells the Ledger, drains, leaves), SIGKILL after
+                       ``notice_s`` if it is still there
+    ``leave``          SIGUSR1: the Actor finishes its batch, leaves gracefully, exits
+    ``join``           a new Actor process; it catches up from a snapshot + the delta chain
+    ``region_loss``    SIGKILL every Actor and relay of the region at once
+    ``relay_fail``     SIGKILL the relay (or the seed Actor relaying)
+    ``trainer_crash``  SIGKILL the Trainer (and the Ledger in its process); restart it from its
+                       checkpoint and the Ledger from its log after ``restart_s``
+    ``link_cut``       the emulated link drops everything for ``duration_s`` (emulation), or the
+                       region's processes are cut off (loopback: SIGSTOP, then SIGCONT)
+    ``ledger_crash``   SIGKILL the Ledger process; restart it from its log after ``restart_s``
+    =================  ===========================================================================
+    """
 
     def __init__(
         self, faults: Iterable[Fault], cluster: Cluster, *, spot: SpotHazard | None = None

@@ -4,23 +4,13 @@ Theory of operation
 -------------------
 ``aurora real`` and each role subcommand read the same YAML as ``aurora sim``. Its ``real:``
 section (:class:`aurora.topology.RealSpec`, every field with a default) says how to run it on real
-processes; :func:`plan_job` turns topology + strategy + overrides into
-
-* a :class:`ProcessPlan`: the Actors (ids and regions, the topology's groups scaled to
-  ``real.actors`` for one host) and the relays (one standalone relay per remote region, or none
-  when a seed Actor relays), and
-* the **job spec** (:class:`JobSpec`, frozen): everything an Actor or relay needs to take part
-  (model, task, sampling, strategy, store URL, job id). The Trainer registers it with the Ledger
-  and the Ledger hands it to each peer that joins, so an Actor on another host needs nothing but
-  the Ledger's address, the job secret and the job's public key. On the wire and in files it is
-  :meth:`JobSpec.encode`'s JSON-ready dict, read back by :meth:`JobSpec.decode` (which refuses
-  an unknown key): the one place its keys are spelled.
-
-Strategies keep the simulator's names and meanings (:func:`aurora.strategies.strategy`): ``aurora``
-sends sparse deltas through relays over S streams with a one-step lag; ``prime-full`` a dense
-bf16 copy every step, one stream, store-and-forward relays, and waits for the weights;
-``prime-async2/4`` the same with a lag bound of 2/4; ``ideal-singledc`` is ``aurora`` with no
-link shaping (on loopback they are the same run).
+processes. :func:`plan_processes` turns it into a :class:`ProcessPlan`: the Actors (ids and
+regions, the topology's groups scaled to ``real.actors`` for one host) and the relays (one
+standalone relay per remote region, or none when a seed Actor relays). :func:`make_spec` builds
+the **job spec** (:class:`JobSpec`, frozen): everything a peer needs to take part, handed out by
+the Ledger, so an Actor on another host needs nothing but the Ledger's address and the job's
+secret and public key. Strategies keep the simulator's names and meanings
+(:data:`REAL_STRATEGIES`).
 """
 
 from __future__ import annotations
@@ -48,7 +38,13 @@ REAL_STRATEGIES = (
 )
 """Strategies ``aurora real`` runs (the simulator has more: its ablations). ``aurora-norelay``
 starts no relay process and the Ledger routes every Actor to the Trainer (the held-out
-validation's relay-off case, ``experiments.heldout``)."""
+validation's relay-off case, ``experiments.heldout``).
+
+Strategies keep the simulator's names and meanings (:func:`aurora.strategies.strategy`): ``aurora``
+sends sparse deltas through relays over S streams with a one-step lag; ``prime-full`` a dense
+bf16 copy every step, one stream, store-and-forward relays, and waits for the weights;
+``prime-async2/4`` the same with a lag bound of 2/4; ``ideal-singledc`` is ``aurora`` with no
+link shaping (on loopback they are the same run)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,7 +201,14 @@ def make_spec(
     extra: dict[str, Any] | None = None,
     listen: Sequence[str] | None = None,
 ) -> JobSpec:
-    """The job spec (see the module docstring); ``extra`` sets backend settings (fields of
+    """The job spec: everything an Actor or relay needs to take part (model, task, sampling,
+    strategy, store URL, job id). The Trainer registers it with the Ledger and the Ledger hands
+    it to each peer that joins, so an Actor on another host needs nothing but the Ledger's
+    address, the job secret and the job's public key. On the wire and in files it is
+    :meth:`JobSpec.encode`'s JSON-ready dict, read back by :meth:`JobSpec.decode` (which refuses
+    an unknown key): the one place its keys are spelled.
+
+    ``extra`` sets backend settings (fields of
     :class:`JobSpec` with a default). ``listen``: the addresses the job's Trainer and Ledger
     listen on and are advertised at (None: ``real.host``, where ``aurora real`` starts every
     role), which decide :attr:`JobSpec.actors` unless ``extra`` names it; ``verify``, unless

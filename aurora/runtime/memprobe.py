@@ -4,19 +4,12 @@ Theory of operation
 -------------------
 A process that grows a few KB a step shows it only over hundreds of steps, and RSS alone cannot
 say whether the growth is a retained Python object (a leak to fix) or the allocator's arenas and
-torch's caches (memory the process reuses). Setting ``AURORA_TRACEMALLOC=<folder>`` (and
-optionally ``AURORA_TRACEMALLOC_STEPS=50,150``, the default) makes the Trainer start
-:mod:`tracemalloc` when it starts and, right after publishing each listed step, collect garbage
-and dump a snapshot to ``<folder>/trainer-<step>.tracemalloc`` and one JSON line to
-``<folder>/trainer.jsonl`` (step, traced bytes, RSS, and what tracemalloc cannot see: SQLite's
-own allocator, glibc malloc's in-use and free bytes, tracemalloc's own tables), then hands
-glibc's free memory back (``malloc_trim``) and records RSS again. Compare two snapshots with
-``python -m aurora.runtime.memprobe <folder> 50 150``: the allocation sites whose size grew,
-with their tracebacks, and traced memory against RSS and the native allocators.
-
-Off by default and free when off. On, tracemalloc slows every allocation and its own tables
-take memory (counted apart, ``tracemalloc_self``), so it is for a diagnosis run, never for a
-measured one.
+torch's caches (memory the process reuses). ``AURORA_TRACEMALLOC=<folder>`` makes the Trainer
+dump a :mod:`tracemalloc` snapshot and its native allocators' counts at chosen steps
+(:class:`MemoryProbe`); ``python -m aurora.runtime.memprobe <folder> 50 150`` compares two
+(:func:`compare`). Off by default and free when off. On, tracemalloc slows every allocation and
+its own tables take memory (counted apart, ``tracemalloc_self``), so it is for a diagnosis run,
+never for a measured one.
 """
 
 from __future__ import annotations
@@ -90,7 +83,15 @@ def _rss_kib() -> int | None:
 
 class MemoryProbe:
     """Snapshots at the steps named by the environment (inactive when ``AURORA_TRACEMALLOC`` is
-    not set)."""
+    not set).
+
+    Setting ``AURORA_TRACEMALLOC=<folder>`` (and optionally ``AURORA_TRACEMALLOC_STEPS=50,150``,
+    the default) makes the Trainer start :mod:`tracemalloc` when it starts and, right after
+    publishing each listed step (:meth:`at_step`), collect garbage and dump a snapshot to
+    ``<folder>/trainer-<step>.tracemalloc`` and one JSON line to ``<folder>/trainer.jsonl``
+    (step, traced bytes, RSS, and what tracemalloc cannot see: SQLite's own allocator, glibc
+    malloc's in-use and free bytes, tracemalloc's own tables), then hands glibc's free memory
+    back (``malloc_trim``) and records RSS again."""
 
     def __init__(self, role: str, environ: dict[str, str] | None = None) -> None:
         env = os.environ if environ is None else environ
@@ -135,7 +136,9 @@ class MemoryProbe:
 
 
 def compare(folder: str, a: int, b: int, *, role: str = "trainer", top: int = 25) -> str:
-    """A report of what grew between the snapshots at steps ``a`` and ``b``."""
+    """A report of what grew between the snapshots at steps ``a`` and ``b``: the allocation
+    sites whose size grew, with their tracebacks, and traced memory against RSS and the native
+    allocators (``python -m aurora.runtime.memprobe <folder> 50 150``)."""
     base = Path(folder)
     old = tracemalloc.Snapshot.load(str(base / f"{role}-{a}.tracemalloc"))
     new = tracemalloc.Snapshot.load(str(base / f"{role}-{b}.tracemalloc"))

@@ -2,28 +2,16 @@
 
 Theory of operation
 -------------------
-A control frame is a msgpack map with an ``op`` (:mod:`aurora.runtime.channel`). Before this
-module, each handler read the fields it wanted with ``int(msg["version"])`` and ``str(...)``: a
-400-digit ``tokens`` became a Python int that overflowed in the policy core, a version of
--10^30 overflowed a SQLite look-up, and a missing key raised ``KeyError`` in whatever process
-read it. Here each message is a frozen dataclass whose fields carry their bounds
-(:class:`Int`, :class:`Float`, :class:`Str`, :class:`Blob`, :class:`Seq`, :class:`Map`), and
-:func:`decode` turns a map into exactly one of them or raises :class:`MessageError` naming the
-op, the field and the reason (:class:`Why`) - before anything is logged or decided. Fields a
-message does not define are dropped (older and newer peers may send more); every field it does
-define is checked, optional ones only when present.
-
-The bounds are the protocol's, stated once here: versions and batch numbers in
-``[0, 2^53)`` (exact in JSON and in a float, far beyond any job), token counts up to
-``MAX_TOKENS``, seconds finite and at most ``MAX_SECONDS``, ids and hashes short printable
-strings, lists no longer than their use needs.
-
-A result's payload (one prompt's completions, the bytes the Trainer trains on) has its own
-decode, :func:`decode_result_payload`, checked against what the lease and the job say it must
-be: the prompt and task index of the lease, ``group_size`` completions, at most
-``max_new_tokens`` token ids each, each id in the vocabulary, one finite log-probability per
-token. A payload that fails is a refused result, never an exception in the Trainer (issue 26:
-``{"index": 0}`` killed the Trainer, and again after every restart).
+A control frame is a msgpack map with an ``op`` (:mod:`aurora.runtime.channel`). Each message is
+a frozen dataclass whose fields carry their bounds (:class:`Int`, :class:`Float`, :class:`Str`,
+:class:`Blob`, :class:`Seq`, :class:`Map`), and :func:`decode` turns a map into exactly one of
+them or raises :class:`MessageError` naming the op, the field and the reason (:class:`Why`),
+before anything is logged or decided. Fields a message does not define are dropped (older and
+newer peers may send more); every field it defines is checked, optional ones when present. The
+bounds are the protocol's, stated once here: versions and batch numbers in ``[0, 2^53)``, token
+counts up to ``MAX_TOKENS``, seconds finite and at most ``MAX_SECONDS``, ids and hashes short
+printable strings, lists no longer than their use needs. A result's payload has its own decode,
+checked against the lease and the job (:func:`decode_result_payload`).
 """
 
 from __future__ import annotations
@@ -749,7 +737,8 @@ def decode_result_payload(
     every log-probability at least the plausible floor of ``vocab_size``
     (:func:`aurora.policy.refusals.completion_fault`; None: that bound is not known here);
     :class:`MessageError` otherwise. The Ledger applies it before it settles a lease, the
-    Trainer again on what it trains."""
+    Trainer again on what it trains: a payload that fails is a refused result, never an
+    exception in the Trainer."""
     try:
         body = msgpack.unpackb(payload)
     except (ValueError, msgpack.UnpackException) as exc:

@@ -4,24 +4,10 @@ Theory of operation
 -------------------
 Everything that happened in a run went through the Ledger, and the Ledger logged it before
 acting on it (:mod:`aurora.store.ledgerlog`). So the results are not collected from the
-processes (some of which may have been killed); they are read back from that one log, and the
-invariants are checked by replaying it:
-
-* the log is replayed through the policy core alone (:class:`aurora.policy.core.LedgerCore`:
-  ``decide`` and the pacer's batch accounting) and the actions must equal the ones the run
-  recorded (the same decisions, made once, in one place);
-* the replayed lease book must pass :meth:`~aurora.policy.leases.LeaseBook.check` (every prompt in
-  exactly one place) and every prompt of every requested batch must be settled exactly once;
-* every admitted result must carry its lease's version and the h(v) the Trainer published;
-* every Actor's reported weights hash (and content digest) after each activation or catch-up
-  must equal what the Trainer published for that version.
-
-Files (in the run's folder): ``steps.csv`` (one row per step, the simulator's columns plus
-reward, loss and delta statistics), ``events.csv`` (every event and action, with wall time),
-``timeline.csv`` (spans: generate, apply, catch-up per Actor; train, extract per step),
-``summary.json`` and ``<name>.png`` (tokens/s and reward per step). The launcher's own records
-join them: the faults it injected (``faults.jsonl``) and the roles the job dismissed
-(``dismissed.jsonl``: excluded or revoked, refused at their next connection).
+processes (some of which may have been killed); they are read back from that one log
+(:func:`write_outputs`), and the run's invariants are checked by replaying it through the policy
+core alone (:func:`replay_log`): the same actions as recorded, every prompt settled exactly once,
+every admitted result and every Actor's weights on the version and hash the Trainer published.
 """
 
 from __future__ import annotations
@@ -73,8 +59,18 @@ class RunLog:
 
 
 def replay_log(db_path: str | Path, *, policy: LedgerConfig) -> RunLog:
-    """Replay a run's Ledger log through ``decide`` with the run's policy configuration (see
-    the module docstring)."""
+    """Replay a run's Ledger log through ``decide`` with the run's policy configuration, and
+    check the run's invariants on the way:
+
+    * the log is replayed through the policy core alone (:class:`aurora.policy.core.LedgerCore`:
+      ``decide`` and the pacer's batch accounting) and the actions must equal the ones the run
+      recorded (the same decisions, made once, in one place);
+    * the replayed lease book must pass :meth:`~aurora.policy.leases.LeaseBook.check` (every
+      prompt in exactly one place) and every prompt of every requested batch must be settled
+      exactly once;
+    * every admitted result must carry its lease's version and the h(v) the Trainer published;
+    * every Actor's reported weights hash (and content digest) after each activation or
+      catch-up must equal what the Trainer published for that version."""
     log = LedgerLog(db_path)
     try:
         recorded = log.actions()
@@ -170,7 +166,14 @@ def _percentile(values: list[float], q: float) -> float | None:
 def write_outputs(
     run_dir: str | Path, *, config: dict[str, Any], name: str, policy: LedgerConfig
 ) -> dict[str, Any]:
-    """Write the run's files (module docstring) and return ``summary.json``'s content."""
+    """Write the run's files and return ``summary.json``'s content.
+
+    Files (in the run's folder): ``steps.csv`` (one row per step, the simulator's columns plus
+    reward, loss and delta statistics), ``events.csv`` (every event and action, with wall time),
+    ``timeline.csv`` (spans: generate, apply, catch-up per Actor; train, extract per step),
+    ``summary.json`` and ``<name>.png`` (tokens/s and reward per step). The launcher's own
+    records join them: the faults it injected (``faults.jsonl``) and the roles the job
+    dismissed (``dismissed.jsonl``: excluded or revoked, refused at their next connection)."""
     run = Path(run_dir)
     log = replay_log(run / "ledger.db", policy=policy)
     faults = run / "faults.jsonl"

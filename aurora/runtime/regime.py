@@ -2,19 +2,17 @@
 
 Theory of operation
 -------------------
-What decides whether weight transfer is on the critical path is not the link rate alone but the
-ratio of the time a dense copy takes to cross it to the generation window it must hide behind:
+What decides whether weight transfer is on the critical path is the ratio of the time a dense
+copy takes to cross the link to the generation window it must hide behind:
 
     R = (dense bytes x 8 / link rate) / generation window.
 
 The paper's default deployment (Qwen3-8B, 15.6 GB, a 0.5-1 Gbit/s link, a ~45 s window) has
-R ~ 3.7: a dense broadcast takes several windows, so PrimeRL-Full waits on it every step and
-AuroraRL's delta hides. A model that a CPU trains in minutes is ~10^4 times smaller and its steps
-~10^2 times shorter; on the same link every transfer would be instantaneous and the comparison
-empty. :func:`regime_scale` returns the factor by which to multiply every link rate so that the
-small model's R equals the topology's (both computed from the same inputs the simulator reads:
-``aurora/traces/paper.yaml`` for the paper's side). RTT and loss are not scaled: they are what the
-TCP stack sees, and scaling them below the delay line's resolution would remove them.
+R ~ 3.7: PrimeRL-Full waits on a dense broadcast every step and AuroraRL's delta hides. A model a
+CPU trains in minutes is ~10^4 times smaller and its steps ~10^2 times shorter, so on the same
+link every transfer would be instantaneous. :func:`regime_scale` multiplies every link rate so
+the small model's R equals the topology's (both from the inputs the simulator reads,
+``aurora/traces/paper.yaml``); RTT and loss are not scaled.
 """
 
 from __future__ import annotations
@@ -58,7 +56,8 @@ def regime_scale(topology: Topology, spec: JobSpec) -> float:
 
     Needs ``spec.dense_bytes`` (bf16 bytes of the run's model) and ``spec.window_s`` (its
     generation window per step on this machine, measured; the ``real:`` section's
-    ``window_s``)."""
+    ``window_s``). RTT and loss are not scaled: they are what the TCP stack sees, and scaling
+    them below the delay line's resolution would remove them."""
     r = paper_ratio(topology)
     dense = float(spec.dense_bytes)
     window = float(spec.window_s)

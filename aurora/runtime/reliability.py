@@ -5,13 +5,9 @@ Theory of operation
 Each row of the matrix (``tests/test_reliability.py``) runs ``aurora real`` on the stand-in
 compute with one fault injected, and :func:`measure` reads the run's own outputs (rebuilt from
 the Ledger's log, :mod:`aurora.runtime.outputs`) into one row with the same columns for every
-fault: steps completed, prompts lost, results refused by reason, wrong-version or wrong-hash
-admits, hash mismatches at activation, and the longest pause of any *surviving* Actor between
-two of its batches (the end of one generate span to the start of the next), which the test
-compares with the survivors' longest pause in the same run before the fault (the same load; a
-fault-free run of the same shape where the fault leaves no trace in the Ledger's log) plus one
-lease length as the Ledger set it. :func:`write_table` turns the rows the tests wrote into
-``docs/RELIABILITY.md``'s table::
+fault: what was lost, refused or wrongly admitted, and the longest pause of a surviving Actor,
+which the test compares with the survivors' pause before the fault. :func:`write_table` turns
+the rows the tests wrote into ``docs/RELIABILITY.md``'s table::
 
     python -m aurora.runtime.reliability results/reliability/rows.json docs/RELIABILITY.md
 """
@@ -122,7 +118,14 @@ def median_generate(run_dir: Path) -> float:
 def measure(
     run_dir: Path, *, fault: str, how: str, when: str, affected: set[str]
 ) -> dict[str, Any]:
-    """One row of the matrix from a finished run (see the module docstring)."""
+    """One row of the matrix from a finished run, read from its own outputs (rebuilt from the
+    Ledger's log, :mod:`aurora.runtime.outputs`), with the same columns for every fault: steps
+    completed, prompts lost, results refused by reason, wrong-version or wrong-hash admits, hash
+    mismatches at activation, and the longest pause of any *surviving* Actor between two of its
+    batches (the end of one generate span to the start of the next), which the test compares
+    with the survivors' longest pause in the same run before the fault (the same load; a
+    fault-free run of the same shape where the fault leaves no trace in the Ledger's log) plus
+    one lease length as the Ledger set it."""
     s = json.loads((run_dir / "summary.json").read_text())
     spans = generate_spans(run_dir)
     survivors = {a: v for a, v in spans.items() if a not in affected}

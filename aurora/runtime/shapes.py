@@ -3,31 +3,14 @@
 Theory of operation
 -------------------
 The data path (extraction, codecs, the Checkpoint Store, signed announcements, S streams, relays,
-cut-through, the Actors' in-place apply) is what the paper's transfer figures are about, and it
-depends on the model only through its tensors: their names, shapes and how many bf16 elements
-change per step. This backend gives the real runtime exactly that, at a real model's size,
-without a download or a GPU:
-
-* **weights**: the exact parameter names and shapes of a published Qwen3 checkpoint
-  (:data:`MODELS`: the hyper-parameters of its ``config.json``, written here), read from
-  ``transformers.Qwen3ForCausalLM`` built from a ``Qwen3Config`` on torch's ``meta`` device (no
-  memory, no weights); the embedding is tied, so ``lm_head`` is not a separate tensor, as in the
-  published ``model.safetensors``. Values are fp32 master weights N(0, 0.02) (norms 1 + N(0,
-  0.02)) drawn from the job seed, published as bf16 (round to nearest even);
-* **a step**: as ``aurora.delta.synthetic.step``, the update an AdamW step makes per element (its
-  normalised update m / sqrt(v) is of order 1: ``lr * N(0, 1)``) on the fp32 master, with the
-  learning rate bisected so ``shapes_density`` (default 2%, the transfer regime's 1-3%) of the
-  bf16 elements change. The N(0, 1) draws come from a 16M-draw pool at random offsets per block
-  of 1M elements (each element's update is still N(0, 1); drawing fresh ones cost 13 s a step).
-  It is not AdamW on gradients: no model is evaluated;
-* **generation**: the stand-in's (:class:`aurora.runtime.standin.StandinEngine`): random token
-  ids, timed at ``standin_tokens_per_s`` tokens per second per Actor (0: as fast as possible).
-  Rewards are the stand-in's share of even ids: not a learning signal.
-
-Every step's statistics and the run's outputs say ``backend: shapes`` and name the model, the
-update and the generation rate. A checkpoint stores the seed and the version, and
-:meth:`ShapesTrainer.load` replays the steps (each step's noise is seeded by the job seed and the
-version, so the replay is bit-exact) instead of writing the fp32 master (2.4 GB at 0.6B).
+cut-through, the Actors' in-place apply) depends on the model only through its tensors: their
+names, shapes and how many bf16 elements change per step. This backend gives the real runtime
+exactly that, at a real model's size, without a download or a GPU: a published Qwen3
+checkpoint's exact parameter names and shapes (:data:`MODELS`), fp32 master weights drawn from
+the job seed and published as bf16, and a synthetic AdamW-like step that changes
+``shapes_density`` of the bf16 elements (:class:`ShapesTrainer`); generation and reward are the
+stand-in's (:class:`ShapesEngine`), not a learning signal. Every step's statistics and the run's
+outputs say ``backend: shapes``.
 """
 
 from __future__ import annotations
@@ -145,9 +128,25 @@ def bf16_bits(master: np.ndarray) -> np.ndarray:
 
 
 class ShapesTrainer(StandinTrainer):
-    """The Trainer side: fp32 master weights of the model's shapes, a synthetic AdamW-like step
-    (see the module docstring); extraction and publishing are the stand-in's, i.e. the real
-    :class:`aurora.delta.DeltaEncoder` on the whole model."""
+    """The Trainer side: fp32 master weights of the model's shapes, a synthetic AdamW-like step;
+    extraction and publishing are the stand-in's, i.e. the real
+    :class:`aurora.delta.DeltaEncoder` on the whole model.
+
+    * **weights**: the exact parameter names and shapes of a published Qwen3 checkpoint
+      (:data:`MODELS`: the hyper-parameters of its ``config.json``, written here), read from
+      ``transformers.Qwen3ForCausalLM`` built from a ``Qwen3Config`` on torch's ``meta`` device
+      (no memory, no weights); the embedding is tied, so ``lm_head`` is not a separate tensor,
+      as in the published ``model.safetensors``. Values are fp32 master weights N(0, 0.02)
+      (norms 1 + N(0, 0.02)) drawn from the job seed, published as bf16 (round to nearest even);
+    * **a step**: as ``aurora.delta.synthetic.step``, the update an AdamW step makes per element
+      (its normalised update m / sqrt(v) is of order 1: ``lr * N(0, 1)``) on the fp32 master,
+      with the learning rate bisected so ``shapes_density`` (default 2%, the transfer regime's
+      1-3%) of the bf16 elements change. The N(0, 1) draws come from a 16M-draw pool at random
+      offsets per block of 1M elements (each element's update is still N(0, 1)). It is not
+      AdamW on gradients: no model is evaluated.
+
+    Every step's statistics say ``backend: shapes`` and name the model, the update and the
+    generation rate."""
 
     def __init__(self, spec: JobSpec) -> None:
         super().__init__(replace(spec, standin_hidden=8))  # its tiny weights are replaced below
@@ -212,6 +211,9 @@ class ShapesTrainer(StandinTrainer):
             )
 
     def load(self, path: str) -> None:
+        """A checkpoint stores the seed and the version, and this replays the steps (each step's
+        noise is seeded by the job seed and the version, so the replay is bit-exact) instead of
+        the fp32 master being written (2.4 GB at 0.6B)."""
         with np.load(path, allow_pickle=False) as f:
             version, seed = int(f["version"]), int(f["seed"])
             h = bytes(f["weights_hash"]).hex()
@@ -247,7 +249,10 @@ def super_stats(results: Sequence[tuple[int, bytes, int]]) -> dict[str, Any]:
 
 class ShapesEngine(StandinEngine):
     """The engine side: the model's bf16 weights, applied in place by the compiled loops (warmed
-    up when the weights load), the stand-in's timed generation."""
+    up when the weights load), the stand-in's timed generation
+    (:class:`aurora.runtime.standin.StandinEngine`): random token ids, timed at
+    ``standin_tokens_per_s`` tokens per second per Actor (0: as fast as possible). Rewards are
+    the stand-in's share of even ids: not a learning signal."""
 
     def load(self, state: Mapping[str, np.ndarray], *, version: int, weights_hash: str) -> None:
         super().load(state, version=version, weights_hash=weights_hash)

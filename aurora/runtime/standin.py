@@ -5,18 +5,11 @@ Theory of operation
 Load and fault tests need many Actor processes that settle real leases through the real Ledger,
 stage real deltas through the real data plane and apply them into real weights, without paying
 for a model on every one of 2 CPU cores. The stand-in keeps that whole path and replaces only
-the model:
-
-* weights are a small set of bf16 tensors under transformers' names (q/k/v and gate/up are
-  there, so fused names are exercised), drawn from a seeded RNG;
-* a "training step" changes a seeded random ``density`` of the bf16 elements by one ulp, so each
-  ``D_v`` is a real sparse delta that every Actor must apply bit-exactly;
-* an Actor's "generation" samples ``max_new_tokens`` random ids per completion from a seed made of
-  the job seed, the prompt id and the version, and takes ``tokens / tokens_per_s`` seconds when a
-  rate is set (0: as fast as possible);
-* the "reward" is the share of even token ids: a number, not a learning signal.
-
-Every output of a run on this backend says ``backend: standin``.
+the model: small seeded bf16 weights under transformers' names, a "training step" that changes a
+seeded random share of them by one ulp (:class:`StandinTrainer`: each ``D_v`` is a real sparse
+delta every Actor must apply bit-exactly), and "generation" of seeded random token ids
+(:class:`StandinEngine`). The "reward" is a number, not a learning signal, and every output of a
+run on this backend says ``backend: standin``.
 """
 
 from __future__ import annotations
@@ -74,7 +67,11 @@ def initial_weights(seed: int, hidden: int = 64) -> dict[str, np.ndarray]:
 
 
 class StandinTrainer:
-    """The Trainer side (see the module docstring)."""
+    """The Trainer side. Weights are a small set of bf16 tensors under transformers' names
+    (q/k/v and gate/up are there, so fused names are exercised), drawn from a seeded RNG; a
+    "training step" changes a seeded random ``density`` of the bf16 elements by one ulp, so
+    each ``D_v`` is a real sparse delta that every Actor must apply bit-exactly; the "reward" is
+    the share of even token ids: a number, not a learning signal."""
 
     model_files: Mapping[str, str] = {}
     """No model files: the stand-in has no model (its manifest names no file)."""
@@ -178,7 +175,9 @@ class StandinTrainer:
 
 
 class StandinEngine:
-    """The engine side (see the module docstring)."""
+    """The engine side. Its "generation" samples ``max_new_tokens`` random ids per completion
+    from a seed made of the job seed, the prompt id and the version, and takes
+    ``tokens / tokens_per_s`` seconds when a rate is set (0: as fast as possible)."""
 
     model_files: Mapping[str, str] = {}
     """No model files: the stand-in has no model."""

@@ -8,12 +8,8 @@ two messages, a heartbeat and ``status`` (:mod:`aurora.runtime.messages`); anyth
 dropped, and nothing it sends is logged or decided. Like every role, it first checks the
 Ledger's own certificate under the job's public key, for the job its identity names, so a
 Ledger that cannot prove it is this job's is never asked. The Ledger answers ``status`` with
-:func:`aurora.observe.status.snapshot`. Given a run's folder (``aurora status RUN``) it connects
-with the folder's job secret, public key and the observer identity ``aurora real`` issued there
-(``keys/observer-status.identity``); when no Ledger answers (the run has finished or was
-stopped), the same snapshot is rebuilt from the folder's Ledger log, replayed on a copy.
-``--watch`` asks again every few seconds until the job finishes; ``--json`` prints the snapshot
-itself, one object per line.
+:func:`aurora.observe.status.snapshot`. Given a run's folder whose Ledger no longer answers, the
+same snapshot is rebuilt from the folder's Ledger log (:func:`run`).
 """
 
 from __future__ import annotations
@@ -146,6 +142,12 @@ def _printer(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``aurora status``. Given a run's folder (``aurora status RUN``) it connects with the
+    folder's job secret, public key and the observer identity ``aurora real`` issued there
+    (``keys/observer-status.identity``); when no Ledger answers (the run has finished or was
+    stopped), the same snapshot is rebuilt from the folder's Ledger log, replayed on a copy.
+    ``--watch`` asks again every few seconds until the job finishes; ``--json`` prints the
+    snapshot itself, one object per line."""
     from aurora.jobspec import JobSpec
     from aurora.keys import PUBLIC_KEY_FILE, SECRET_FILE
     from aurora.runtime.channel import IdentityRefused

@@ -3,25 +3,13 @@
 Theory of operation
 -------------------
 One-step asynchronous RL as the paper runs it: the Ledger starts batch ``k`` (on an older policy,
-within the lag bound) while the Trainer is still training on batch ``k-1``. The Trainer's loop:
-
-1. wait until the Ledger says batch ``k`` is complete, and fetch its admitted results (every
-   result passed the acceptance predicate: its lease was live, its version and weights hash were
-   the lease's);
-2. one optimizer step on them (:meth:`~aurora.runtime.compute.TrainerSide.train`; the Trainer
-   computes the rewards itself from the prompts and the completions' text);
-3. extract ``D_k`` against the last published bf16 weights and publish it segment by segment as
-   extraction produces them (cut-through) on its data-plane node; relays and Actors stage it
-   while they generate;
-4. store ``D_k`` (and every ``snapshot_interval`` a snapshot) in the Checkpoint Store, save its
-   own checkpoint (master weights, optimizer, RNG, version), and only then tell the Ledger
-   ``published(k)`` with h(k), the content digest of its bf16 weights and the step's statistics.
-
-The order of 4 makes a kill at any point safe: a Trainer restarted from its checkpoint redoes at
-most the step whose checkpoint it had not written, producing the same bytes (a deterministic
-step on the same sorted inputs), which the store accepts as a no-op and Actors that staged the
-first copy find identical. By default the Ledger runs in this process, on the same event loop,
-behind the same TCP interface as a standalone ``aurora ledger``.
+within the lag bound) while the Trainer is still training on batch ``k-1``. The Trainer waits
+until the Ledger says a batch is complete, takes one optimizer step on its admitted results
+(:meth:`~aurora.runtime.compute.TrainerSide.train`), publishes ``D_k`` cut-through on its
+data-plane node, stores it and checkpoints, and only then tells the Ledger ``published(k)``
+(:class:`TrainerProcess` says why that order makes a kill at any point safe). By default the Ledger
+runs in this process, on the same event loop, behind the same TCP interface as a standalone
+``aurora ledger``.
 """
 
 from __future__ import annotations
@@ -160,7 +148,24 @@ def _publish_in_thread(
 
 
 class TrainerProcess:
-    """The Trainer role (see the module docstring)."""
+    """The Trainer role. Its loop:
+
+    1. wait until the Ledger says batch ``k`` is complete, and fetch its admitted results (every
+       result passed the acceptance predicate: its lease was live, its version and weights hash were
+       the lease's);
+    2. one optimizer step on them (:meth:`~aurora.runtime.compute.TrainerSide.train`; the Trainer
+       computes the rewards itself from the prompts and the completions' text);
+    3. extract ``D_k`` against the last published bf16 weights and publish it segment by segment as
+       extraction produces them (cut-through) on its data-plane node; relays and Actors stage it
+       while they generate;
+    4. store ``D_k`` (and every ``snapshot_interval`` a snapshot) in the Checkpoint Store, save its
+       own checkpoint (master weights, optimizer, RNG, version), and only then tell the Ledger
+       ``published(k)`` with h(k), the content digest of its bf16 weights and the step's statistics.
+
+    The order of 4 makes a kill at any point safe: a Trainer restarted from its checkpoint redoes at
+    most the step whose checkpoint it had not written, producing the same bytes (a deterministic
+    step on the same sorted inputs), which the store accepts as a no-op and Actors that staged the
+    first copy find identical."""
 
     def __init__(self, run: TrainerRun) -> None:
         self.run = run
