@@ -1,22 +1,13 @@
 """Actor lifecycle state machine and relay choice (paper, "Version-predicate join and delta
 catch-up", "Region elasticity", "Spot instances as a concrete application").
 
-Theory of operation
--------------------
-An Actor is CATCHING_UP from the moment it joins (it loads a snapshot and/or replays deltas
-until it is on the latest version), READY while it can be given work, DRAINING after a
-preemption notice (its leases were released at once; it takes no new work and finishes what it
-must before the deadline), GONE after a graceful leave or an involuntary loss (in which case its
-leases are left to expire: the Ledger cannot tell a dead Actor from a partitioned one). A READY
-Actor that falls more than one version behind goes back to CATCHING_UP. A GONE Actor may join
-again under the same id.
-
-Relays: each region other than the Trainer's has at most one relay that receives each delta once
-over the WAN and forwards it to the region's Actors. A standalone relay process is preferred;
-otherwise the seed is the region's most up-to-date live Actor (smallest id on ties). When a relay
-disappears a new one is elected from what is left and the region's Actors fall back to it; the
-relay itself fetches directly from the Trainer (or, where configured, from a live relay of
-another region, which spares the Trainer's egress).
+An Actor is CATCHING_UP from the moment it joins until it is on the latest version, READY while
+it can be given work, DRAINING after a preemption notice, GONE after a graceful leave or an
+involuntary loss (:class:`ActorLife`); a GONE Actor may join again under the same id. Each region
+other than the Trainer's has at most one relay that receives each delta once over the WAN and
+forwards it to the region's Actors (:func:`elect_relay`, :func:`source_for`); when it disappears
+a new one is elected from what is left, and an Actor whose route fails fetches from the Trainer
+(:func:`fetch_order`).
 """
 
 from __future__ import annotations
@@ -28,6 +19,17 @@ from aurora.policy._fsm import step
 
 
 class ActorLife(Enum):
+    """Where an Actor is in the job (moves: ``TRANSITIONS``).
+
+    CATCHING_UP from the moment it joins (it loads a snapshot and/or replays deltas until it is
+    on the latest version), READY while it can be given work, DRAINING after a preemption notice
+    (its leases were released at once; it takes no new work and finishes what it must before
+    the deadline), GONE after a graceful leave or an involuntary loss (in which case its leases
+    are left to expire: the Ledger cannot tell a dead Actor from a partitioned one). A READY
+    Actor that falls more than one version behind goes back to CATCHING_UP. A GONE Actor may
+    join again under the same id.
+    """
+
     NEW = "new"
     CATCHING_UP = "catching_up"
     READY = "ready"
@@ -67,7 +69,14 @@ def advance(life: ActorLife, trigger: str) -> ActorLife:
 
 def elect_relay(standalone: Iterable[str], actors: Iterable[tuple[str, int | None]]) -> str | None:
     """Relay for one region: the smallest-id standalone relay, else the live Actor with the
-    newest active version (smallest id on ties), else None."""
+    newest active version (smallest id on ties), else None.
+
+    Each region other than the Trainer's has at most one relay that receives each delta once
+    over the WAN and forwards it to the region's Actors. A standalone relay process is
+    preferred; otherwise the seed is the region's most up-to-date live Actor. When a relay
+    disappears a new one is elected from what is left and the region's Actors fall back to it;
+    the relay itself fetches directly from the Trainer (or, where configured, from a live relay
+    of another region, which spares the Trainer's egress: :func:`source_for`)."""
     relays = sorted(standalone)
     if relays:
         return relays[0]

@@ -1,30 +1,15 @@
 """What a result's completions may look like, and how refusals count against an Actor.
 
-Theory of operation
--------------------
-One payload rule, applied by the Ledger before it settles a lease and by the Trainer again
-(:func:`aurora.runtime.messages.decode_result_payload` calls :func:`completion_fault`):
-
-* **end of sequence**: a completion is its tokens up to and including the first end-of-sequence
-  id (any of the model's: the ids every engine stops at), or exactly ``max_new_tokens`` tokens
-  without one. An honest engine stops at ``<eos>`` or at
-  the length limit; tokens after ``<eos>`` would be trained on with the reward of the text
-  before it, and a short completion without ``<eos>`` is text no sampler produced;
-* **plausible behaviour log-probs**: every reported log-prob is at least :func:`logprob_floor`
-  of the vocabulary size. An honest sampler draws, at one position, a token of probability
-  below ``e^L`` with probability at most ``V e^L`` (the tokens below it hold that much mass at
-  most), whatever the temperature, since it reports the log-prob of the distribution it drew
-  from. The floor puts that at ``FALSE_REFUSAL`` per token, one nat lower still for the gap
-  between the probabilities an engine samples with and those it reports (0.19 nats measured on
-  vLLM's CPU build, docs/VERIFICATION.md).
-
-Every refused result of an Actor (a payload the Ledger refuses before admission, or an admitted
-result the Trainer refuses: a step it would have made non-finite or an outlier) is one strike
-(:class:`StrikeBook`); at ``max_refusals`` the Actor is excluded from the job for good. An honest
-Actor's payload is refused with probability ``FALSE_REFUSAL`` per token, so three strikes are
-never an honest Actor's, while each refused result costs the job one lease at most (its prompt is
-leased again). Exclusion is final: one state machine per Actor (``TRANSITIONS``), an illegal move
-raises :class:`~aurora.policy.IllegalTransition` and changes nothing.
+One payload rule (:func:`completion_fault`), applied by the Ledger before it settles a lease and
+by the Trainer again (:func:`aurora.runtime.messages.decode_result_payload` calls it): a
+completion ends at its first end-of-sequence id or at exactly ``max_new_tokens``, and every
+reported log-prob is at least :func:`logprob_floor`, below which an honest sampler's token falls
+with probability ``FALSE_REFUSAL`` at most. Every refused result of an Actor (a payload the
+Ledger refuses before admission, or an admitted result the Trainer refuses) is one strike
+(:class:`StrikeBook`); at ``max_refusals`` the Actor is excluded from the job for good. Three
+strikes are never an honest Actor's, while each refused result costs the job one lease at most.
+Exclusion is final: one state machine per Actor (``TRANSITIONS``), an illegal move raises
+:class:`~aurora.policy.IllegalTransition` and changes nothing.
 """
 
 from __future__ import annotations
@@ -46,7 +31,14 @@ from (nats): 5x the largest difference measured between two honest computations.
 
 def logprob_floor(vocab_size: int) -> float:
     """Lowest plausible reported log-prob of a sampled token (nats):
-    ``ln(FALSE_REFUSAL / V) - ENGINE_GAP_NATS``; -24.6 for V = 17, -33.7 for V = 151,936."""
+    ``ln(FALSE_REFUSAL / V) - ENGINE_GAP_NATS``; -24.6 for V = 17, -33.7 for V = 151,936.
+
+    An honest sampler draws, at one position, a token of probability below ``e^L`` with
+    probability at most ``V e^L`` (the tokens below it hold that much mass at most), whatever
+    the temperature, since it reports the log-prob of the distribution it drew from. The floor
+    puts that at ``FALSE_REFUSAL`` per token, ``ENGINE_GAP_NATS`` lower still for the gap
+    between the probabilities an engine samples with and those it reports
+    (docs/VERIFICATION.md)."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
     return math.log(FALSE_REFUSAL / vocab_size) - ENGINE_GAP_NATS
@@ -61,10 +53,18 @@ def completion_fault(
     floor: float | None,
 ) -> str | None:
     """Why one completion (its token ids and reported log-probs, already within the wire's
-    bounds) breaks the payload rule (module docstring), or None. ``eos_ids``: every id a
-    completion ends at (the model's: a tokenizer's ``<eos>`` and its generation config's).
-    ``eos_ids``, ``max_new_tokens`` or ``floor`` None: that part is not known here and not
-    checked."""
+    bounds) breaks the payload rule, or None. ``eos_ids``: every id a completion ends at (the
+    model's: a tokenizer's ``<eos>`` and its generation config's). ``eos_ids``,
+    ``max_new_tokens`` or ``floor`` None: that part is not known here and not checked.
+
+    * **end of sequence**: a completion is its tokens up to and including the first
+      end-of-sequence id (any of the model's: the ids every engine stops at), or exactly
+      ``max_new_tokens`` tokens without one. An honest engine stops at ``<eos>`` or at the
+      length limit; tokens after ``<eos>`` would be trained on with the reward of the text
+      before it, and a short completion without ``<eos>`` is text no sampler produced;
+    * **plausible behaviour log-probs**: every reported log-prob is at least ``floor``
+      (:func:`logprob_floor` of the vocabulary size).
+    """
     if not ids:
         return "no tokens (an engine samples at least one)"
     if eos_ids is not None:
@@ -100,7 +100,15 @@ DEFAULT_MAX_REFUSALS = 3
 
 @dataclass
 class StrikeBook:
-    """Every Actor's refused results (module docstring)."""
+    """Every Actor's refused results.
+
+    Every refused result of an Actor (a payload the Ledger refuses before admission, or an
+    admitted result the Trainer refuses: a step it would have made non-finite or an outlier) is
+    one strike; at ``max_refusals`` the Actor is excluded from the job for good. An honest
+    Actor's payload is refused with probability ``FALSE_REFUSAL`` per token, so three strikes
+    are never an honest Actor's, while each refused result costs the job one lease at most (its
+    prompt is leased again).
+    """
 
     max_refusals: int = DEFAULT_MAX_REFUSALS
     """The refusal that reaches this count excludes the Actor."""

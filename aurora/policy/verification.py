@@ -1,72 +1,18 @@
 """Verified rollouts: which admitted results the Trainer recomputes, what a recompute must show,
-and what happens to an Actor whose result fails (issue 31).
+and what happens to an Actor whose result fails.
 
-Theory of operation
--------------------
 The acceptance predicate (:func:`aurora.policy.leases.admits`) checks *who* may return a result
-and on *which* weights it claims to be generated (lease, time, v, h(v)); it cannot see whether
-the completions were sampled from pi_v at all. An Actor holding the job secret and its own
-identity could return made-up tokens, samples from another model or an older version, or honest
-tokens with forged behaviour log-probs (which steer the importance ratio of GRPO). The check: the
-Trainer, which keeps the published bf16 weights of every version a result may claim (the lag
-bound), recomputes the per-token log-probs of a sample of the admitted results under the claimed
-version and reports three numbers per result (:class:`Measures`); :func:`judge` decides.
-
-**What is checked** (:func:`judge`, per result, over all its completions' tokens):
-
-* ``max |lp_reported - lp_recomputed| <= token_tolerance`` (nats): one forged or foreign token
-  fails. The tolerance covers what two honest computations of the same bf16 weights differ by
-  (an engine's batched KV-cache decode against the Trainer's single forward; fp32 or bf16
-  arithmetic), measured per engine and set with a margin (docs/VERIFICATION.md).
-* ``mean |lp_reported - lp_recomputed| <= mean_tolerance`` (nats): a systematic shift (another
-  version of the same model, whose tokens each differ a little) fails even when no single token
-  is beyond the per-token bound; honest rounding noise averages out, a different policy does not.
-* ``min lp_recomputed >= implausible_logprob`` (nats): a sampled token whose probability under
-  pi_v is vanishing (below ``exp(implausible_logprob)``) fails whatever the Actor reported. An
-  honest Actor samples such a token at one position with probability at most
-  ``V * exp(implausible_logprob)`` (V the vocabulary size): 1.4e-8 for V = 151,936 at -30.
-
-**Sampled, not chosen** (:mod:`aurora.policy.sampling`, per Actor): the recompute also gives each
-checked token's rank ``u`` under pi_v's sampling distribution (U(0, 1) for a sample); the
-Actor's record sums them over all its checks (:class:`~aurora.policy.sampling.RankStats`), and
-an Actor whose sums cross the always-valid boundary fails (``SAMPLING_DISTRIBUTION``): greedy,
-chosen or best-of-N tokens pass every recompute but rank too high, random ids too low.
-
-**How often** (:meth:`TrustBook.fraction`): per Actor, from its record. A ``NEW`` Actor has every
-result checked (``new_fraction``) until ``probation`` checks passed on results of at least
-``probation_versions`` distinct versions (an Actor frozen on old weights is honest on the version
-it froze at: checks on that version alone prove nothing); a ``SUSPECTED`` one (a check that
-passed with a maximum difference above ``suspect_ratio`` of the tolerance) likewise; then
-``TRUSTED`` at ``fraction``, halved every ``halving`` further passed checks down to
-``min_fraction``.
-
-**Which results, and which completions** (:func:`plan`, :func:`pick_completions`): the Ledger
-keeps the records and says each admitted result's fraction; the Trainer checks the result iff
-``coin(key, actor, lease, h(payload)) < fraction``, and recomputes the ``completions`` (4) of
-its completions with the smallest coins. ``coin`` is keyed BLAKE2b (a pseudo-random function)
-under the job's *verification key*, which only the Trainer holds (derived from its signing key:
-:func:`aurora.keys.verification_key`); ``h(payload)`` is the hash of the payload as the Ledger
-admitted it. Without the key the coin is uniform and independent of everything an Actor or a
-relay is sent (the job spec and its seed, the job id, ``welcome``, lease and prompt ids), so an
-Actor cannot tell which of its results or completions a check will look at before it returns
-them, nor grind a payload until one is not looked at. With the key, the choice needs no random
-state: the same after a restart of the Trainer or the Ledger, and in a replay.
-
-**How much of a result.** Every dishonest mode of the tests lies on every completion of a
-result it lies about; recomputing 4 of ``group_size`` 8 costs half a whole result's recompute,
-and an Actor that lies on ``j`` of 8 completions of a checked result escapes with probability
-``C(8 - j, 4) / C(8, 4)`` (1/2 for one, 1/70 for four).
-
-**What a failure does**: the result is refused (``Refusal.UNVERIFIED``), the Actor's record goes
-to ``EXCLUDED`` for good (no move leaves it), the Ledger releases its live leases to the pool,
-stops its membership and refuses it if it joins again (:mod:`aurora.policy.ledger`); the Trainer
-drops every result of that Actor in the batch it was checking, and every later result of it is
-marked ``DROP`` (the Ledger sends no fraction for it: :func:`plan`). Every outcome is a logged
-``ResultVerified`` event, so the records (and the exclusion) are rebuilt by a replay of the
-Ledger's log.
-
-Each Actor's record is one state machine (``TRANSITIONS``); an illegal move (a check of an
-excluded Actor) raises :class:`~aurora.policy.IllegalTransition` and changes nothing.
+and on *which* weights it claims to be generated; it cannot see whether the completions were
+sampled from pi_v at all (made-up tokens, another model or version, forged behaviour log-probs).
+The Trainer, which keeps the published bf16 weights of every version a result may claim,
+recomputes the per-token log-probs of a sample of the admitted results under the claimed version
+(:func:`plan`, :func:`pick_completions`: a keyed coin only the Trainer can compute, so an Actor
+cannot tell which results or completions are looked at) and :func:`judge` decides on the
+:class:`Measures` (log-prob differences, implausible tokens, and the ranks of
+:mod:`aurora.policy.sampling`). Per Actor a record (:class:`TrustBook`) sets how often it is
+checked and excludes it for good on a failure; every outcome is a logged event, so a replay of
+the Ledger's log rebuilds the records. Each record is one state machine (``TRANSITIONS``); an
+illegal move (a check of an excluded Actor) raises :class:`~aurora.policy.IllegalTransition`.
 """
 
 from __future__ import annotations
@@ -130,7 +76,8 @@ class Plan(Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class VerificationConfig:
-    """The verification rule of one job (module docstring)."""
+    """The verification rule of one job (:func:`judge`, :meth:`TrustBook.fraction`,
+    :func:`pick_completions`)."""
 
     token_tolerance: float = 1.0
     """Largest |reported - recomputed| log-prob of any checked token of an honest result
@@ -261,8 +208,36 @@ def measure(
 def judge(
     measures: Measures, config: VerificationConfig, ranks: RankStats | None = None
 ) -> CheckFailure | None:
-    """The rule (module docstring): None when the result passes. ``ranks``: the Actor's rank
-    sums before this check (given, the sampling test runs on them with this check's added)."""
+    """The rule: None when the result passes. ``ranks``: the Actor's rank sums before this
+    check (given, the sampling test runs on them with this check's added).
+
+    The acceptance predicate checks *who* may return a result and on *which* weights it claims
+    to be generated (lease, time, v, h(v)); an Actor holding the job secret and its own identity
+    could still return made-up tokens, samples from another model or an older version, or honest
+    tokens with forged behaviour log-probs (which steer the importance ratio of GRPO).
+
+    **What is checked** (per result, over all its completions' tokens):
+
+    * ``max |lp_reported - lp_recomputed| <= token_tolerance`` (nats): one forged or foreign
+      token fails. The tolerance covers what two honest computations of the same bf16 weights
+      differ by (an engine's batched KV-cache decode against the Trainer's single forward; fp32
+      or bf16 arithmetic), measured per engine and set with a margin (docs/VERIFICATION.md).
+    * ``mean |lp_reported - lp_recomputed| <= mean_tolerance`` (nats): a systematic shift
+      (another version of the same model, whose tokens each differ a little) fails even when no
+      single token is beyond the per-token bound; honest rounding noise averages out, a
+      different policy does not.
+    * ``min lp_recomputed >= implausible_logprob`` (nats): a sampled token whose probability
+      under pi_v is vanishing (below ``exp(implausible_logprob)``) fails whatever the Actor
+      reported. An honest Actor samples such a token at one position with probability at most
+      ``V * exp(implausible_logprob)`` (V the vocabulary size): 1.4e-8 for V = 151,936 at -30.
+
+    **Sampled, not chosen** (:mod:`aurora.policy.sampling`, per Actor): the recompute also gives
+    each checked token's rank ``u`` under pi_v's sampling distribution (U(0, 1) for a sample);
+    the Actor's record sums them over all its checks
+    (:class:`~aurora.policy.sampling.RankStats`), and an Actor whose sums cross the
+    always-valid boundary fails (``SAMPLING_DISTRIBUTION``): greedy, chosen or best-of-N tokens
+    pass every recompute but rank too high, random ids too low.
+    """
     if measures.min_logprob < config.implausible_logprob:
         return CheckFailure.IMPLAUSIBLE_TOKEN
     if not measures.max_delta <= config.token_tolerance:  # NaN fails too
@@ -308,7 +283,20 @@ def coin(key: bytes, *parts: str | bytes) -> float:
 def plan(key: bytes, fraction: float | None, actor: str, lease: str, payload_hash: bytes) -> Plan:
     """What the Trainer does with ``actor``'s admitted result for ``lease`` (its payload's
     :func:`payload_digest` ``payload_hash``), given the fraction of that Actor's results to
-    check (:meth:`TrustBook.fraction`, sent by the Ledger; None: the Actor is excluded)."""
+    check (:meth:`TrustBook.fraction`, sent by the Ledger; None: the Actor is excluded).
+
+    The Ledger keeps the records and says each admitted result's fraction; the Trainer checks
+    the result iff ``coin(key, actor, lease, h(payload)) < fraction``, and recomputes the
+    completions :func:`pick_completions` names. ``coin`` is keyed BLAKE2b (a pseudo-random
+    function) under the job's *verification key*, which only the Trainer holds (derived from its
+    signing key: :func:`aurora.keys.verification_key`); ``h(payload)`` is the hash of the
+    payload as the Ledger admitted it. Without the key the coin is uniform and independent of
+    everything an Actor or a relay is sent (the job spec and its seed, the job id, ``welcome``,
+    lease and prompt ids), so an Actor cannot tell which of its results or completions a check
+    will look at before it returns them, nor grind a payload until one is not looked at. With
+    the key, the choice needs no random state: the same after a restart of the Trainer or the
+    Ledger, and in a replay.
+    """
     if fraction is None:
         return Plan.DROP
     if coin(key, "result", actor, lease, payload_hash) < fraction:
@@ -325,8 +313,14 @@ def pick_completions(
     group_size: int,
 ) -> tuple[int, ...]:
     """Which completions of ``actor``'s result for ``lease`` (``group_size`` of them, payload
-    hash ``payload_hash``) a check recomputes: the ``config.completions`` with the smallest
-    keyed coins, in order."""
+    hash ``payload_hash``) a check recomputes: the ``config.completions`` (4) with the
+    smallest keyed coins (:func:`plan`), in order.
+
+    **How much of a result.** Every dishonest mode of the tests lies on every completion of a
+    result it lies about; recomputing 4 of ``group_size`` 8 costs half a whole result's
+    recompute, and an Actor that lies on ``j`` of 8 completions of a checked result escapes with
+    probability ``C(8 - j, 4) / C(8, 4)`` (1/2 for one, 1/70 for four).
+    """
     if group_size <= config.completions:
         return tuple(range(group_size))
     coins = sorted(
@@ -354,7 +348,16 @@ class TrustRecord:
 
 
 class TrustBook:
-    """Every Actor's record (module docstring); all moves go through :meth:`observe`."""
+    """Every Actor's record; all moves go through :meth:`observe`.
+
+    **What a failure does**: the result is refused (``Refusal.UNVERIFIED``), the Actor's record
+    goes to ``EXCLUDED`` for good (no move leaves it), the Ledger releases its live leases to
+    the pool, stops its membership and refuses it if it joins again
+    (:mod:`aurora.policy.ledger`); the Trainer drops every result of that Actor in the batch it
+    was checking, and every later result of it is marked ``DROP`` (the Ledger sends no fraction
+    for it: :func:`plan`). Every outcome is a logged ``ResultVerified`` event, so the records
+    (and the exclusion) are rebuilt by a replay of the Ledger's log.
+    """
 
     def __init__(self, config: VerificationConfig) -> None:
         self.config = config
@@ -375,7 +378,16 @@ class TrustBook:
         return rec is not None and rec.state is Trust.EXCLUDED
 
     def fraction(self, actor: str) -> float:
-        """Fraction of ``actor``'s results to check now (0 when excluded: nothing is trained)."""
+        """Fraction of ``actor``'s results to check now (0 when excluded: nothing is trained).
+
+        Per Actor, from its record. A ``NEW`` Actor has every result checked
+        (``new_fraction``) until ``probation`` checks passed on results of at least
+        ``probation_versions`` distinct versions (an Actor frozen on old weights is honest on
+        the version it froze at: checks on that version alone prove nothing); a ``SUSPECTED``
+        one (a check that passed with a maximum difference above ``suspect_ratio`` of the
+        tolerance) likewise; then ``TRUSTED`` at ``fraction``, halved every ``halving`` further
+        passed checks down to ``min_fraction``.
+        """
         cfg = self.config
         rec = self.record(actor)
         if rec.state is Trust.EXCLUDED:
