@@ -75,8 +75,8 @@ QUIET_ROWS_PER_ADMITTED = 4
 
 class LedgerDriver(abc.ABC):
     """Feeds one job's events to the policy core and carries out its actions (module
-    docstring); the state it reads is set up by :class:`~aurora.runtime.ledger.service.
-    LedgerService`."""
+    docstring). The attributes below are what it reads and changes; the Ledger's
+    ``__init__`` sets them all (:class:`~aurora.runtime.ledger.service.LedgerService`)."""
 
     config: LedgerServiceConfig
     clock: Callable[[], float]

@@ -34,7 +34,7 @@ an older one is read back from the log when an activation or a catch-up names it
 
 class DurableLedger(LedgerDriver):
     """The log's driver records and their replay, over :class:`LedgerDriver` (module
-    docstring)."""
+    docstring); the attributes below are set by the Ledger's ``__init__`` too."""
 
     published: dict[int, dict[str, Any]]
     revoked: set[str]
