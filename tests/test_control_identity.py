@@ -25,10 +25,12 @@ from aurora.keys import Identity, issue_identity, trainer_identity
 from aurora.policy.events import ResultArrived
 from aurora.policy.leases import LeaseConfig
 from aurora.policy.ledger import LedgerConfig
-from aurora.runtime import ledger_service
 from aurora.runtime.channel import Channel, connect
 from aurora.runtime.job import make_spec
-from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
+from aurora.runtime.ledger import driver as ledger_driver
+from aurora.runtime.ledger import service as ledger_service
+from aurora.runtime.ledger.config import LedgerServiceConfig
+from aurora.runtime.ledger.service import LedgerService
 from aurora.store.ledgerlog import LedgerLog, LogCorrupt
 from aurora.topology import topology_from_dict
 
@@ -644,7 +646,7 @@ def test_a_flood_of_results_that_change_nothing_logs_a_bounded_number_and_replay
             svc._on_peer_message("a1", result(lease, body))  # DUPLICATE
         rows = svc.log.db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
         assert svc.counters.refused == {"UNKNOWN_LEASE": n, "DUPLICATE": n}
-        allowed = ledger_service.QUIET_ROWS + 1 // ledger_service.QUIET_ROWS_PER_ADMITTED
+        allowed = ledger_driver.QUIET_ROWS + 1 // ledger_driver.QUIET_ROWS_PER_ADMITTED
         assert rows - rows0 == allowed
         assert svc.unlogged == 2 * n - allowed
         pool = sorted(svc.core.state.book.leased)

@@ -27,6 +27,12 @@ RULES = [
     ("aurora", "experiments", "the library never imports what users run"),
     ("aurora.observe", "aurora.runtime", "roles and the simulator call observe, not the reverse"),
     ("aurora.observe", "sim", "roles and the simulator call observe, not the reverse"),
+    # The Ledger's layers (aurora/runtime/ledger/__init__.py): each knows only those below it.
+    ("aurora.runtime.ledger.driver", "aurora.runtime.ledger.durable", "the driver is below"),
+    ("aurora.runtime.ledger.driver", "aurora.runtime.ledger.service", "the driver is below"),
+    ("aurora.runtime.ledger.durable", "aurora.runtime.ledger.service", "the log is below"),
+    ("aurora.runtime.ledger.config", "aurora.runtime.ledger.", "the job's shape is a leaf"),
+    ("aurora.runtime.ledger.counts", "aurora.runtime.ledger.", "the counts are a leaf"),
 ]
 """(importer, imported, why): a module under ``importer`` may not import one under
 ``imported`` (``aurora.policy`` importing ``aurora.policy.*`` is its own package, allowed)."""
@@ -119,6 +125,11 @@ def test_every_import_in_the_tree_follows_the_layers():
             "import importlib\nm = importlib.import_module('sim.model')\n",
             "aurora/runtime/x.py:2",
         ),
+        (
+            "aurora/runtime/ledger/driver.py",
+            "def f():\n    from .service import LedgerService\n",
+            "aurora/runtime/ledger/driver.py:2",
+        ),
     ],
 )
 def test_the_layer_check_catches_a_lazy_relative_or_dynamic_import(
@@ -127,6 +138,7 @@ def test_the_layer_check_catches_a_lazy_relative_or_dynamic_import(
     for d in (
         "aurora/policy",
         "aurora/runtime",
+        "aurora/runtime/ledger",
         "aurora/engines",
         "aurora/transport",
         "aurora/delta",

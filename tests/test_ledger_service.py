@@ -8,7 +8,8 @@ import pytest
 from aurora.policy.events import ActorJoined, DeltaPublished, ResultArrived, Tick
 from aurora.policy.leases import LeaseConfig
 from aurora.policy.ledger import LedgerConfig
-from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
+from aurora.runtime.ledger.config import LedgerServiceConfig
+from aurora.runtime.ledger.service import LedgerService
 from aurora.store.ledgerlog import LedgerLog
 from tests.test_control_identity import H0, JOB_ID, JOB_PUB, delta_signed
 

@@ -28,12 +28,10 @@ from aurora.delta.announce import public_key_of
 from aurora.policy.events import ActorJoined
 from aurora.policy.leases import LeaseBook, LeaseConfig
 from aurora.policy.ledger import LedgerConfig
-from aurora.runtime.ledger_service import (
-    PUBLISHED_KEPT,
-    LatencyHistogram,
-    LedgerService,
-    LedgerServiceConfig,
-)
+from aurora.runtime.ledger.config import LedgerServiceConfig
+from aurora.runtime.ledger.counts import LatencyHistogram
+from aurora.runtime.ledger.durable import PUBLISHED_KEPT
+from aurora.runtime.ledger.service import LedgerService
 from aurora.runtime.memprobe import MemoryProbe, compare
 from aurora.runtime.messages import task_index
 from aurora.runtime.trainer import HISTORY_KEPT, TrainerProcess, TrainerRun

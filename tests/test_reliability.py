@@ -25,7 +25,7 @@ import pytest
 
 from aurora.faults import parse_fault
 from aurora.runtime.launcher import Launcher, RealRun
-from aurora.runtime.ledger_service import TICK_SLACK_S
+from aurora.runtime.ledger.driver import TICK_SLACK_S
 from aurora.runtime.reliability import measure
 from aurora.topology import topology_from_dict
 

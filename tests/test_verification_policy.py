@@ -296,7 +296,8 @@ def test_the_exclusion_is_rebuilt_by_replaying_the_events_from_their_records():
 
 
 def test_a_restarted_ledger_service_keeps_the_exclusion_from_its_log(tmp_path):
-    from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
+    from aurora.runtime.ledger.config import LedgerServiceConfig
+    from aurora.runtime.ledger.service import LedgerService
 
     config = LedgerServiceConfig(
         policy=LedgerConfig(trainer_region="us", verification=CFG),

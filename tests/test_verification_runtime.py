@@ -15,7 +15,8 @@ from aurora.keys import issue_identity
 from aurora.policy.leases import LeaseConfig
 from aurora.policy.ledger import LedgerConfig
 from aurora.policy.verification import VerificationConfig, judge, measure
-from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig
+from aurora.runtime.ledger.config import LedgerServiceConfig
+from aurora.runtime.ledger.service import LedgerService
 from tests.test_control_identity import JOB_ID, JOB_KEY, JOB_PUB, join, rows, running, until
 
 FAIL = {"max_delta": 5.0, "mean_delta": 1.0, "min_logprob": -3.0, "tokens": 8}

@@ -101,7 +101,7 @@ class LedgerMetrics:
     everything else is read from the policy state when a scrape asks (:meth:`collect`, on the
     Ledger's event loop, so the state is never read half changed).
 
-    ``service`` is the Ledger service (:class:`aurora.runtime.ledger_service.LedgerService`):
+    ``service`` is the Ledger service (:class:`aurora.runtime.ledger.service.LedgerService`):
     read for its ``core``, ``counters``, ``timings``, ``replayed`` and ``clock``."""
 
     def __init__(self, service: Any, *, per_actor_max: int = PER_ACTOR_MAX) -> None:

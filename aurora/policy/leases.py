@@ -540,7 +540,7 @@ class LeaseBook:
         :meth:`settle_run` and :meth:`refuse_malformed` return before any change for these
         (``UNKNOWN_LEASE``, ``WRONG_ACTOR``, ``DUPLICATE``, ``LATE`` on an ended lease). The
         only results a sender can repeat without end are of this kind: the Ledger bounds how
-        many of them it logs (``aurora.runtime.ledger_service``)."""
+        many of them it logs (``aurora.runtime.ledger.driver``)."""
         return self._untouched(lease_id, actor) is not None
 
     def _untouched(self, lease_id: str, actor: str) -> tuple[Refusal, str | None] | None:

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Every role is its own OS process and subcommand, so a deployment starts them on different hosts
 and ``aurora real`` starts them all on one (``docs/RUNTIME.md``). The **Ledger**
-(:mod:`~aurora.runtime.ledger_service`) drives the policy core with real events and the wall
+(:mod:`~aurora.runtime.ledger`) drives the policy core with real events and the wall
 clock, logging each event before acting on it, so a restarted Ledger replays to the same state;
 the **Trainer** (:mod:`~aurora.runtime.trainer`) trains on each admitted batch and publishes
 ``D_v``; a **relay** (:mod:`~aurora.runtime.relay`) serves its region; an **Actor**

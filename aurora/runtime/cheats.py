@@ -130,13 +130,9 @@ def parse(mode: str) -> tuple[str, float]:
 
 
 def _vocab_size(spec: JobSpec) -> int:
-    if spec.model == "tiny":
-        from aurora.models import TinyQwen3Config
+    from aurora.runtime.rlbackend import load_model
 
-        return int(TinyQwen3Config().hf_config().vocab_size)
-    from transformers import AutoConfig
-
-    return int(AutoConfig.from_pretrained(spec.model).vocab_size)
+    return int(load_model(spec, "config").config.vocab_size)
 
 
 def _other_model(spec: JobSpec) -> Any:

@@ -252,7 +252,8 @@ def _ledger(args: argparse.Namespace) -> int:
     async def main() -> int:
         from aurora.keys import IdentityFile
         from aurora.runtime.job import unverified_warning
-        from aurora.runtime.ledger_service import LedgerService, channel_limits
+        from aurora.runtime.ledger.config import channel_limits
+        from aurora.runtime.ledger.service import LedgerService
         from aurora.runtime.trainer import ledger_config
 
         spec = _load_job(args)
@@ -269,7 +270,7 @@ def _ledger(args: argparse.Namespace) -> int:
             )
         warning = unverified_warning(spec)
         if warning is not None:
-            logging.getLogger("aurora.runtime.ledger_service").warning("ledger: %s", warning)
+            logging.getLogger("aurora.runtime.ledger").warning("ledger: %s", warning)
         service = LedgerService(ledger_config(spec, args.db), public_key=_public_key(args))
         service.replay()
         port = await service.start(
@@ -280,7 +281,7 @@ def _ledger(args: argparse.Namespace) -> int:
             unix_path=str(Path(args.db).with_suffix(".sock")),
             limits=channel_limits(spec),
         )
-        logging.getLogger("aurora.runtime.ledger_service").info(
+        logging.getLogger("aurora.runtime.ledger").info(
             "ledger: serving on %s:%d (log %s)", args.host, port, args.db
         )
         if args.metrics_port is not None:  # docs/OBSERVABILITY.md

@@ -23,7 +23,7 @@ from aurora.policy.core import LedgerCore
 from aurora.policy.events import event_from_record, to_record
 from aurora.policy.ledger import LedgerConfig
 from aurora.runtime.hopreport import REPORTS
-from aurora.runtime.ledger_service import Job, job_pacing
+from aurora.runtime.ledger.config import Job, job_pacing
 from aurora.store.files import write_csv
 from aurora.store.ledgerlog import LedgerLog
 

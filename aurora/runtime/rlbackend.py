@@ -7,7 +7,8 @@ The runtime's two compute interfaces (:mod:`aurora.runtime.compute`) mapped onto
 
 * the model is ``tiny`` (the built-in tiny Qwen3, warm-started on the task and cached as the v0
   snapshot: :func:`aurora.rl.warmstart.warm_start`), a local Hugging Face directory, or a hub id
-  (:func:`aurora.models.load_pinned`); every side keeps the manifest of the model files it
+  (:func:`aurora.models.load_pinned`), told apart in one place (:func:`load_model`, which
+  gives each role the part it needs); every side keeps the manifest of the model files it
   loaded (``model_files``), which the Trainer signs with its snapshots and everyone else checks
   against them (:mod:`aurora.store.manifest`);
 * prompts travel as ids: a lease names ``b{k}-{i}``, the Actor and the Trainer rebuild the text
@@ -27,7 +28,8 @@ import hashlib
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import msgpack
 import numpy as np
@@ -59,23 +61,131 @@ def _task(spec: JobSpec) -> Any:
     return ArithmeticTask(ArithmeticConfig(seed=spec.seed, heldout_size=spec.eval_prompts))
 
 
-def _model(
-    spec: JobSpec, *, cache: str | None = None
-) -> tuple[Any, Any, str | None, dict[str, str]]:
-    """(fp32 model, tokenizer, h(v0) or None, manifest of its files) of the job's model."""
-    name = spec.model
-    if name == "tiny":
-        from aurora.models import tiny_manifest
+TINY = "tiny"
+"""The job spec's name of the built-in tiny Qwen3; any other name is a local model directory or
+a hub id."""
+
+ModelUse = Literal["trainer", "architecture", "config", "directory", "served"]
+"""What a caller of :func:`load_model` needs of the job's model."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobModel:
+    """The job's model as one use needs it (:func:`load_model`); what that use does not need
+    is None."""
+
+    model: Any = None
+    """``trainer``: the fp32 model to train; ``architecture``: the model a snapshot's weights
+    replace (the tiny one at its random init, a real one in bf16)."""
+    tokenizer: Any = None
+    """Its tokenizer (``trainer``, ``architecture``, ``served``)."""
+    config: Any = None
+    """Its Hugging Face configuration (``config``, ``served``)."""
+    directory: str | None = None
+    """A directory holding it, for vLLM to load (``directory``)."""
+    files: dict[str, str] | None = None
+    """The manifest of the files it was loaded from (:mod:`aurora.store.manifest`); None for
+    ``config``, which reads no more than the configuration."""
+    weights_hash: str | None = None
+    """h(v0) of the tiny model warm-started for the Trainer (its cached snapshot), else None."""
+    generation_eos: list[int] = field(default_factory=list)
+    """End ids of the model directory's generation config (``served``; none for the tiny one)."""
+
+    def manifest(self) -> dict[str, str]:
+        """:attr:`files`; ValueError for a use that read only the configuration."""
+        if self.files is None:
+            raise ValueError("only the model's configuration was read: it has no manifest")
+        return self.files
+
+    def path(self) -> str:
+        """:attr:`directory`; ValueError for a use that saved or copied none."""
+        if self.directory is None:
+            raise ValueError("the model was not saved or copied to a directory for this use")
+        return self.directory
+
+
+def load_model(spec: JobSpec, use: ModelUse, *, cache: str | None = None) -> JobModel:
+    """The job's model as ``use`` needs it: the one place that tells the built-in tiny Qwen3
+    (built from its configuration, warm-started for the Trainer in ``cache``) from a real model
+    (a local directory or a hub id, read with ``from_pretrained`` from a private copy whose
+    files were hashed as they were copied: :func:`aurora.models.load_pinned`)."""
+    if spec.model == TINY:
+        return _tiny_model(use, cache=cache)
+    return _pretrained_model(spec.model, use)
+
+
+def _tiny_model(use: ModelUse, *, cache: str | None) -> JobModel:
+    from aurora.models import TinyQwen3Config, arithmetic_tokenizer, tiny_manifest
+
+    if use == "trainer":
         from aurora.rl.warmstart import warm_start
 
         ws = warm_start(cache_dir=cache)
-        return ws.model, ws.tokenizer, ws.weights_hash, tiny_manifest()
-    import torch
+        return JobModel(
+            model=ws.model,
+            tokenizer=ws.tokenizer,
+            weights_hash=ws.weights_hash,
+            files=tiny_manifest(),
+        )
+    if use == "config":
+        return JobModel(config=TinyQwen3Config().hf_config())
+    if use == "served":
+        return JobModel(
+            config=TinyQwen3Config().hf_config(),
+            tokenizer=arithmetic_tokenizer(),
+            files=tiny_manifest(),
+        )
+    from aurora.models import build_default, save_pretrained
 
-    from aurora.models import load_pinned
+    model, tokenizer = build_default()  # the architecture; weights come from the snapshot
+    if use == "directory":  # vLLM loads a directory: the architecture's, saved
+        import tempfile
 
-    model, tokenizer, files = load_pinned(name, dtype=torch.float32)
-    return model, tokenizer, None, files
+        directory = str(
+            save_pretrained(model, tokenizer, f"{tempfile.mkdtemp(prefix='aurora-')}/m")
+        )
+        return JobModel(directory=directory, files=tiny_manifest())
+    return JobModel(model=model, tokenizer=tokenizer, files=tiny_manifest())
+
+
+def _pretrained_model(name: str, use: ModelUse) -> JobModel:
+    if use == "config":
+        from transformers import AutoConfig
+
+        if name.startswith(("/", "./", "../", "~")) and not os.path.isdir(os.path.expanduser(name)):
+            raise ValueError(f"real.model: no such model directory {name!r}")
+        try:
+            config = AutoConfig.from_pretrained(name)
+        except (OSError, ValueError) as exc:
+            raise ValueError(
+                f"real.model: cannot read the configuration of {name!r}: {exc}"
+            ) from None
+        return JobModel(config=config)
+    if use in ("trainer", "architecture"):
+        import torch
+
+        from aurora.models import load_pinned
+
+        dtype = torch.float32 if use == "trainer" else torch.bfloat16
+        model, tokenizer, files = load_pinned(name, dtype=dtype)
+        return JobModel(model=model, tokenizer=tokenizer, files=files)
+    # vLLM reads the files it was pinned by: a private copy, hashed as it was made
+    from aurora.models import local_dir
+    from aurora.store.manifest import pinned_copy
+
+    copy_dir, files = pinned_copy(local_dir(name))
+    if use == "directory":
+        return JobModel(directory=str(copy_dir), files=files)
+    from transformers import AutoConfig, AutoTokenizer
+
+    from aurora.engines.vllm import generation_eos_ids
+
+    return JobModel(
+        config=AutoConfig.from_pretrained(copy_dir),
+        tokenizer=AutoTokenizer.from_pretrained(copy_dir),
+        files=files,
+        generation_eos=generation_eos_ids(copy_dir),
+    )
 
 
 def check_compute(
@@ -158,24 +268,7 @@ def model_dense_bytes(spec: JobSpec) -> int:
     ``aurora real`` computes it before starting any process, so it first refuses a job this
     host cannot run (:func:`check_compute`)."""
     check_compute(device=spec.device, engine=spec.engine)
-    name = spec.model
-    if name == "tiny":
-        from aurora.models import TinyQwen3Config
-
-        config = TinyQwen3Config().hf_config()
-    else:
-        import os
-
-        from transformers import AutoConfig
-
-        if name.startswith(("/", "./", "../", "~")) and not os.path.isdir(os.path.expanduser(name)):
-            raise ValueError(f"real.model: no such model directory {name!r}")
-        try:
-            config = AutoConfig.from_pretrained(name)
-        except (OSError, ValueError) as exc:
-            raise ValueError(
-                f"real.model: cannot read the configuration of {name!r}: {exc}"
-            ) from None
+    config = load_model(spec, "config").config
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -207,7 +300,9 @@ class RLTrainer:
         check_compute(device=spec.device)  # the Trainer needs no engine
         self.spec = spec
         self.task = _task(spec)
-        model, self.tokenizer, h0, self.model_files = _model(spec)
+        loaded = load_model(spec, "trainer")
+        model, self.tokenizer, h0 = loaded.model, loaded.tokenizer, loaded.weights_hash
+        self.model_files = loaded.manifest()
         self._template = copy.deepcopy(model)  # the architecture, for evaluation and export
         self.device = spec.device or "cpu"
         """The Trainer's device: on ``cuda`` it runs bf16 autocast over its fp32 master and
@@ -490,26 +585,15 @@ def _vllm_engine(spec: JobSpec) -> RLEngine:
     """An Actor's engine on vLLM (``aurora.engines.vllm``), on a GPU or on vLLM's CPU build;
     refused in one line where vLLM cannot run (:func:`check_compute`)."""
     check_compute(engine="vllm")
-    import tempfile
 
     import torch
 
     from aurora.engines.vllm import VLLMEngine
 
     _threads(spec)
-    name = spec.model
-    if name == "tiny":  # vLLM loads a directory: the architecture; weights come from the snapshot
-        from aurora.models import build_default, save_pretrained, tiny_manifest
-
-        model, tokenizer = build_default()
-        name = str(save_pretrained(model, tokenizer, f"{tempfile.mkdtemp(prefix='aurora-')}/m"))
-        files = tiny_manifest()
-    else:  # vLLM reads the files it was pinned by: a private copy, hashed as it was made
-        from aurora.models import local_dir
-        from aurora.store.manifest import pinned_copy
-
-        copy_dir, files = pinned_copy(local_dir(name))
-        name = str(copy_dir)
+    # vLLM loads a directory: the tiny architecture saved (weights come from the snapshot), or
+    # the private copy of a real model's files, hashed as it was made
+    loaded = load_model(spec, "directory")
     extra: dict[str, Any] = {}
     if not torch.cuda.is_available():  # vLLM's CPU build (check_compute made sure)
         # Several Actors share the host's cores: let the OS place each Actor's worker threads
@@ -517,37 +601,21 @@ def _vllm_engine(spec: JobSpec) -> RLEngine:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         extra = {"enforce_eager": True, "kv_cache_memory_bytes": VLLM_CPU_KV_BYTES}
     engine = VLLMEngine.launch(
-        name,
+        loaded.path(),
         seed=spec.seed,
         gpu_memory_utilization=spec.vllm_gpu_memory_utilization or VLLM_GPU_MEMORY,
         **extra,
     )
-    return RLEngine(spec, engine, _task(spec), model_files=files)
+    return RLEngine(spec, engine, _task(spec), model_files=loaded.manifest())
 
 
 def _served_engine(spec: JobSpec, url: str) -> RLEngine:
     """An Actor's engine on a running ``vllm serve`` (:mod:`aurora.engines.vllm_server`): the
     job's model gives the tokenizer and the tensor layout, the server does the rest."""
-    from aurora.engines.vllm import generation_eos_ids
     from aurora.engines.vllm_server import VLLMServerEngine
 
-    name = spec.model
-    if name == "tiny":
-        from aurora.models import TinyQwen3Config, arithmetic_tokenizer, tiny_manifest
-
-        config, tokenizer = TinyQwen3Config().hf_config(), arithmetic_tokenizer()
-        files = tiny_manifest()
-        generation: list[int] = []
-    else:
-        from transformers import AutoConfig, AutoTokenizer
-
-        from aurora.models import local_dir
-        from aurora.store.manifest import pinned_copy
-
-        copy_dir, files = pinned_copy(local_dir(name))
-        config = AutoConfig.from_pretrained(copy_dir)
-        tokenizer = AutoTokenizer.from_pretrained(copy_dir)
-        generation = generation_eos_ids(copy_dir)
+    loaded = load_model(spec, "served")
+    config, tokenizer, generation = loaded.config, loaded.tokenizer, loaded.generation_eos
     # The end ids the other engines and the Trainer use (aurora.engines.base.end_ids): the
     # generation config's, or the model config's when the directory has none (transformers'
     # own fallback). Before, the model config's alone: a server Actor of a model whose
@@ -558,7 +626,7 @@ def _served_engine(spec: JobSpec, url: str) -> RLEngine:
         spec,
         VLLMServerEngine.connect(url, config, tokenizer, eos_ids=eos_ids),
         _task(spec),
-        model_files=files,
+        model_files=loaded.manifest(),
     )
 
 
@@ -577,21 +645,9 @@ def make_rl_engine(
     from aurora.engines.transformers import TransformersEngine
 
     warm_up()  # compile the apply kernels now, not inside the first activation (~1 s)
-    name = spec.model
-    if name == "tiny":
-        from aurora.models import build_default, tiny_manifest
-
-        model, tokenizer = build_default()  # the architecture; weights come from the snapshot
-        files = tiny_manifest()
-    else:
-        import torch
-
-        from aurora.models import load_pinned
-
-        model, tokenizer, files = load_pinned(name, dtype=torch.bfloat16)
-    return RLEngine(
-        spec, TransformersEngine(model, tokenizer, seed=spec.seed), _task(spec), model_files=files
-    )
+    loaded = load_model(spec, "architecture")  # the tiny one's weights come from the snapshot
+    built = TransformersEngine(loaded.model, loaded.tokenizer, seed=spec.seed)
+    return RLEngine(spec, built, _task(spec), model_files=loaded.manifest())
 
 
 def export_state(
@@ -605,14 +661,10 @@ def export_state(
     directory that stock ``from_pretrained`` loads, with the config, tokenizer and chat template
     of the job's model, refused (:class:`aurora.store.manifest.ModelMismatchError`, nothing
     written) unless their files are the ``signed`` ones (None: not checked)."""
-    from aurora.models import build_default, load_pinned, save_pretrained, tiny_manifest
+    from aurora.models import save_pretrained
     from aurora.store import manifest
 
-    name = spec.model
-    if name == "tiny":
-        (model, tokenizer), files = build_default(), tiny_manifest()
-    else:
-        model, tokenizer, files = load_pinned(name)
+    loaded = load_model(spec, "architecture")
     if signed is not None:
-        manifest.check(files, signed, where=name)
-    save_pretrained(model, tokenizer, out, state=state)
+        manifest.check(loaded.manifest(), signed, where=spec.model)
+    save_pretrained(loaded.model, loaded.tokenizer, out, state=state)

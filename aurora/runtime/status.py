@@ -34,7 +34,7 @@ def from_folder(run: Path) -> dict[str, Any]:
     """The snapshot of a run from its folder's Ledger log (replayed on a copy)."""
     from aurora.jobspec import JobSpec
     from aurora.observe.status import snapshot
-    from aurora.runtime.ledger_service import LedgerService
+    from aurora.runtime.ledger.service import LedgerService
     from aurora.runtime.trainer import ledger_config
     from aurora.store.ledgerlog import LedgerLog
 

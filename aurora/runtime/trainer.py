@@ -56,7 +56,8 @@ from aurora.runtime.job import (
     unverified_warning,
     verification_config,
 )
-from aurora.runtime.ledger_service import LedgerService, LedgerServiceConfig, channel_limits
+from aurora.runtime.ledger.config import LedgerServiceConfig, channel_limits
+from aurora.runtime.ledger.service import LedgerService
 from aurora.runtime.memprobe import MemoryProbe
 from aurora.runtime.messages import (
     MAX_ID,

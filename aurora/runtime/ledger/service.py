@@ -1,37 +1,16 @@
-"""The Job Ledger process: ``decide`` with real events and the wall clock, durable in SQLite.
+"""The Ledger process's server: one authenticated session per peer, by the role it proved.
 
 Theory of operation
 -------------------
-The Ledger is the control plane's hub. Every Actor, relay and the Trainer keeps one
-authenticated connection to it (:mod:`aurora.runtime.channel`); what arrives becomes an event of
-:mod:`aurora.policy.ledger` (``ActorJoined``, ``DeltaStaged``, ``ResultArrived`` ...), and each
-event goes through the same three steps:
-
-1. it is appended to the SQLite log (:class:`~aurora.store.ledgerlog.LedgerLog`), with the
-   result payload it carries, and committed;
-2. :func:`aurora.policy.ledger.decide` turns it into actions at ``now`` (the wall clock, read in
-   one place, :attr:`LedgerService.clock`);
-3. the actions are carried out: sent to the Actor they name (``Assign``, ``Commit``,
-   ``CatchUp``, ``Route``...), counted toward their batch (``Accepted``), or recorded.
-
-Every decision is the policy core's (:class:`aurora.policy.core.LedgerCore`, the same object the
-simulator drives): ``decide``, the pacer (when batch ``k`` starts and on which version, the start
-barrier, when a batch is complete: :mod:`aurora.policy.pacer`), staged reports that arrive
-before their version is announced and what a (re)connecting Actor's hello means
-(:mod:`aurora.policy.reports`), and lease-expiry ticks (:mod:`aurora.policy.timers`). This
-module keeps the log, the connections and the timers, polls the pacer after every event (with
-that event's time) and when a timer it asked for fires, and carries out the actions. When a
-batch completes (``BatchCompleted``) the Trainer is told and fetches the results. Who may
-connect is settled before any of this: the Ledger shows every peer its own certificate (role
-``ledger``, the job it serves), and refuses a peer revoked by the job's signed list (logged as
-it arrives from the Trainer) or excluded by the policy at the identity step, with no session.
-
-Restart: :meth:`LedgerService.replay` feeds the log back through ``decide`` with the recorded
-times, which rebuilds the state exactly (the lease book, versions, estimates, the orchestrator's
-counters). Connections are not state: Actors and the Trainer reconnect, and an Actor the Ledger
-still counts as live is re-sent its live leases and pending commit instead of joining again. A
-peer whose connection drops and does not come back within ``reconnect_grace_s`` is lost
-(``ActorLost``, ``RelayLost``): its leases expire back to the pool and survivors pick them up.
+The Ledger is the control plane's hub: every Actor, relay and the Trainer keeps one connection
+to it (:mod:`aurora.runtime.channel`). Who may connect is settled before any session: the Ledger
+shows every peer its own certificate (role ``ledger``, the job it serves) and refuses a peer
+revoked by the job's signed list or excluded by the policy. What a session receives becomes an
+event fed to the core (:mod:`~aurora.runtime.ledger.driver`) or a driver record
+(:mod:`~aurora.runtime.ledger.durable`); the Trainer's ``published`` is believed only with an
+announcement the job key signed. Connections are not state: a peer whose connection drops and
+does not come back within ``reconnect_grace_s`` is lost (its leases return to the pool), and a
+reconnecting Actor the Ledger still counts as live is re-sent its leases and pending commit.
 """
 
 from __future__ import annotations
@@ -43,7 +22,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +31,6 @@ from aurora.delta.announce import (
     VersionAnnouncement,
     verify,
 )
-from aurora.jobspec import JobSpec
 from aurora.keys import Identity, KeyFileError, Revocations
 from aurora.observe.ledger import LedgerMetrics
 from aurora.observe.status import SnapshotCache
@@ -61,61 +38,33 @@ from aurora.policy import allocation
 from aurora.policy.core import LedgerCore
 from aurora.policy.events import (
     Accepted,
-    Action,
     ActorLeft,
     ActorLost,
-    Assign,
-    BatchCompleted,
-    CatchUp,
     CaughtUp,
-    Commit,
     DeltaPublished,
-    Event,
-    Evicted,
-    Exclude,
-    Expired,
-    FallBack,
     PreemptionNotice,
-    Refused,
     RelayJoined,
     RelayLost,
-    Released,
     ResultArrived,
     ResultMalformed,
     ResultRefused,
     ResultVerified,
-    Route,
     ThroughputObserved,
-    Tick,
     VersionActivated,
-    event_from_record,
-    to_record,
 )
-from aurora.policy.ledger import LedgerConfig, changes_nothing
 from aurora.policy.membership import TRAINER
-from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
 from aurora.policy.reports import classify_hello
 from aurora.policy.timers import TickTimers
 from aurora.runtime import messages
 from aurora.runtime.channel import Channel, ChannelClosed, ChannelLimits, ControlServer, serve
+from aurora.runtime.ledger.config import Job, LedgerServiceConfig
+from aurora.runtime.ledger.counts import Counters, LatencyHistogram
+from aurora.runtime.ledger.driver import TICK_SLACK_S
+from aurora.runtime.ledger.durable import ANNOUNCEMENTS_KEPT, DurableLedger
 from aurora.runtime.messages import Direction, MessageError, decode_result_payload, task_index
 from aurora.store.ledgerlog import LedgerLog
 
-log = logging.getLogger("aurora.runtime.ledger_service")
-
-ANNOUNCEMENTS_KEPT = 16
-"""Newest signed announcements the Ledger keeps to hand to a (re)joining peer."""
-
-PUBLISHED_KEPT = 64
-"""Newest versions whose announced record (h(v), content digest) the Ledger keeps in memory;
-an older one is read back from the log when an activation or a catch-up names it."""
-
-TICK_SLACK_S = 0.05
-"""A lease is checked this long after its expiry (s), so the check never runs just before it."""
-
-
-PROMPT_PREFIX = "b"
-"""The runtime's prompt ids are ``b{batch}-{index}``."""
+log = logging.getLogger("aurora.runtime.ledger")
 
 RELAY_OPS = frozenset({"data", "heartbeat", "span"})
 """What a relay may tell the Ledger (it holds no leases and stages nothing the Ledger counts)."""
@@ -125,23 +74,10 @@ SPANS_MAX_BYTES = 64 << 20
 bounded :class:`~aurora.runtime.messages.Span`, ~150 bytes: 400,000 of them); past this they
 are counted and dropped, so a flood of spans cannot fill the disk."""
 
-QUIET_ROWS = 16
-"""Rows of one Actor's results that change nothing (:func:`aurora.policy.ledger.changes_nothing`:
-for a lease it does not hold or that has ended, or from an id the Ledger does not know) the log
-takes in any case; beyond them, one per :data:`QUIET_ROWS_PER_ADMITTED` of its admitted
-results. Past that such results are still decided and answered, not logged. An honest Actor
-sends a few (a result re-sent after a reconnect is a DUPLICATE); a flood of them wrote ~1.1 KB
-of log each, 2.2 MB/s at the per-connection message rate, without end: now it adds at most a
-quarter of the rows the flooder's own admitted work added, plus 16 (~18 KB)."""
-
 RENEWAL_GRACE_S = 30.0
 """A peer whose session the Ledger closed because its certificate expired is lost only if it
 does not come back within this (s): a role whose identity was renewed meanwhile reconnects
 with it at once (it reads its file again), so a renewal costs a reconnect, never its leases."""
-
-QUIET_ROWS_PER_ADMITTED = 4
-"""One more logged row of results that change nothing per this many admitted results."""
-
 
 SPANS_PER_VERSION = 16
 """Spans one peer may have written per version the job has published, plus one version's worth
@@ -169,138 +105,7 @@ def hello_fields(hello: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def channel_limits(spec: JobSpec) -> ChannelLimits:
-    """The control server's limits for a job: the largest message is one result (``group_size``
-    completions of ``max_new_tokens`` tokens, each id and log-probability at most 14 bytes of
-    msgpack), with room for twice that and 64 KiB of framing, at least 1 MiB, at most the
-    channel's default (16 MiB)."""
-    group = spec.group_size or 16
-    tokens = spec.max_new_tokens or 4096
-    biggest = min(16 << 20, max(1 << 20, 2 * group * tokens * 14 + (64 << 10)))
-    return ChannelLimits(max_message=biggest, buffer_budget=max(16 << 20, biggest))
-
-
-def job_pacing(job: Job, *, staging_grace_s: float) -> PacerConfig:
-    """The pacer of a registered job."""
-    return PacerConfig(
-        steps=job.steps,
-        prompts_per_batch=job.prompts_per_batch,
-        staging_grace_s=staging_grace_s,
-        prompt_prefix=PROMPT_PREFIX,
-        start_actors=job.spec.start_actors,
-        start_wait_s=job.spec.start_wait_s,
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class LedgerServiceConfig:
-    """How the Ledger process runs (the policy itself is ``policy``)."""
-
-    policy: LedgerConfig
-    """The policy core's parameters (lag bound, relays, lease lengths, EMA)."""
-    log_path: str
-    """SQLite file of the durable event log (created if missing, replayed if present)."""
-    staging_grace_s: float = 10.0
-    """How long a batch waits for Actors still staging its version (s); ``inf`` waits for all
-    (the PrimeRL baselines, whose orchestrator waits for the weights)."""
-    reconnect_grace_s: float = 0.0
-    """A peer whose connection drops is lost unless it reconnects within this (s). 0 (the
-    default): lost at once, so no prompt is leased to a dead machine meanwhile (each such lease
-    would cost the batch another lease length); an Actor that was only cut off comes back
-    through the join path as a returning Actor."""
-    stats_path: str | None = None
-    """Where :meth:`LedgerService.close` writes its counts and latencies (JSON); None: beside
-    the log (``ledger.stats.json``)."""
-
-    def __post_init__(self) -> None:
-        if not self.staging_grace_s >= 0 or not self.reconnect_grace_s >= 0:
-            raise ValueError("staging_grace_s and reconnect_grace_s must be >= 0")
-
-
-class LatencyHistogram:
-    """Count, sum and quantiles of a stream of durations (s) in fixed memory.
-
-    The Ledger times every event it handles (tens a step, millions over a long job); keeping the
-    samples grew its process by ~3 KB a step (two floats in a deque per event, bounded only at
-    2^18 each: 16 MiB). Log-spaced buckets, ``2^(1/64)`` apart, hold counts instead: a quantile
-    is exact to within 1.1% of its value, at most a few hundred buckets are ever occupied
-    (1 ns .. 100 s spans ~2,400), and the count and sum stay exact."""
-
-    PER_OCTAVE = 64
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0.0
-        self.min = math.inf
-        self.max = -math.inf
-        self._buckets: dict[int, int] = {}
-
-    def __len__(self) -> int:
-        return self.count
-
-    def add(self, seconds: float) -> None:
-        self.count += 1
-        self.total += seconds
-        self.min = min(self.min, seconds)
-        self.max = max(self.max, seconds)
-        key = math.floor(math.log2(seconds) * self.PER_OCTAVE) if seconds > 0 else -(1 << 30)
-        self._buckets[key] = self._buckets.get(key, 0) + 1
-
-    def quantile(self, q: float) -> float | None:
-        """The value of rank ``round(q * (count - 1))`` in sorted order (within 1.1%), clamped
-        to the smallest and largest value seen; None when empty."""
-        if not self.count:
-            return None
-        rank = min(self.count - 1, round(q * (self.count - 1)))
-        seen = 0
-        for key in sorted(self._buckets):
-            seen += self._buckets[key]
-            if seen > rank:
-                if key == -(1 << 30):
-                    return max(0.0, self.min)
-                mid = float(2.0 ** ((key + 0.5) / self.PER_OCTAVE))
-                return min(self.max, max(self.min, mid))
-        return self.max
-
-
-@dataclass
-class Job:
-    """What the Trainer registered: the run's shape and what every Actor needs to take part."""
-
-    steps: int
-    prompts_per_batch: int
-    spec: JobSpec
-    """Model, task, sampling, store URL, strategy, job id: sent to each Actor and relay."""
-
-    @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> Job:
-        """The job of a ``Job`` driver record (the Trainer's registration, as logged)."""
-        return cls(
-            steps=int(rec["steps"]),
-            prompts_per_batch=int(rec["prompts_per_batch"]),
-            spec=JobSpec.decode(rec["spec"]),
-        )
-
-
-@dataclass
-class Counters:
-    """Totals over the run, for the summary and the live line."""
-
-    refused: dict[str, int] = field(default_factory=dict)
-    expired: int = 0
-    released: int = 0
-    accepted: int = 0
-    hash_mismatches: int = 0
-    digest_mismatches: int = 0
-    activations: int = 0
-    verified: int = 0
-    """Results the Trainer recomputed (verified rollouts)."""
-    evicted: dict[str, str] = field(default_factory=dict)
-    """Actor -> why it was excluded for good (a failed verification's reason, or
-    ``REFUSED``: its refused results)."""
-
-
-class LedgerService:
+class LedgerService(DurableLedger):
     """One job's Ledger (see the module docstring)."""
 
     def __init__(
@@ -366,308 +171,6 @@ class LedgerService:
         self.metrics = LedgerMetrics(self)
         """What ``/metrics`` and ``aurora status`` read (:mod:`aurora.observe`)."""
         self.status = SnapshotCache(self)
-
-    @property
-    def pacer(self) -> Pacer | None:
-        """The core's pacer: None until the Trainer registers the job."""
-        return self.core.pacer
-
-    @property
-    def next_batch(self) -> int:
-        return 1 if self.core.pacer is None else self.core.pacer.next_batch
-
-    @property
-    def batch_done(self) -> set[int]:
-        return set() if self.core.pacer is None else set(self.core.pacer.done)
-
-    # -- durable log ------------------------------------------------------------------------
-
-    def replay(self) -> int:
-        """Rebuild the state from the log (a restarted Ledger); returns the events replayed."""
-        n = 0
-        for row in self.log.events():  # LogCorrupt (one line) at the first altered row
-            if row.kind == "driver":
-                self._apply_driver(row.record)
-            elif row.kind == "policy":
-                try:
-                    event = event_from_record(row.record)
-                    actions = self.core.feed(event, now=row.now)
-                except (ValueError, TypeError, ArithmeticError) as exc:
-                    # Only events that decided were logged as policy rows: this log is not
-                    # what this Ledger wrote (or another policy reads it). Stop, never guess.
-                    raise ValueError(
-                        f"{self.config.log_path}: row {row.seq}, event "
-                        f"{str(row.record.get('type'))[:40]}, does not decide on replay: {exc}"
-                    ) from None
-                self._after(event, actions, replaying=True)
-                self.metrics.after(event, actions, row.now)
-            n += 1
-        self.replayed = n
-        if n:
-            log.info("ledger: replayed %d events from %s", n, self.config.log_path)
-            self._schedule_next_expiry()
-        return n
-
-    def note(self, record: dict[str, Any]) -> None:
-        """Log a driver record (something the runtime around ``decide`` must rebuild)."""
-        self.log.append(self.clock(), "driver", record)
-        self._apply_driver(record)
-
-    def _apply_driver(self, rec: dict[str, Any]) -> None:
-        kind = rec.get("type")
-        if kind == "Job" and self.job is None:
-            self.job = Job.from_record(rec)
-            self.core.start_pacing(
-                job_pacing(self.job, staging_grace_s=self.config.staging_grace_s)
-            )
-        elif kind == "Published":
-            # Only what later checks read: a long run keeps one small record per version (the
-            # full record, stats included, is in the log). Batch v's results were trained into
-            # v, and the Trainer checkpoints v before announcing it, so no one asks for them
-            # again: their index goes (the payloads stay in the log).
-            v = int(rec["version"])
-            self.published[v] = {
-                "weights_hash": rec.get("weights_hash"),
-                "digest": rec.get("digest"),
-                "announcement": rec.get("announcement"),
-            }
-            old = self.published.get(v - ANNOUNCEMENTS_KEPT)
-            if old is not None:
-                old["announcement"] = None
-            # Older records leave memory (~300 B each, every step of the job): the log has them
-            # all, and :meth:`_announced` reads one back when an old version is named.
-            self.published.pop(v - PUBLISHED_KEPT, None)
-        elif kind == "Activation":
-            self._check_activation(rec)
-        elif kind == "Revoked":
-            # Verified before it was logged (:meth:`_on_revocations`).
-            self.revoked.update(str(i) for i in rec["ids"])
-        elif kind == "Finished":
-            self.finished = True
-        self.metrics.driver(rec)
-
-    def _announced(self, v: int) -> dict[str, Any] | None:
-        """What the Trainer announced for version ``v`` (h(v), content digest): from memory for
-        the newest :data:`PUBLISHED_KEPT` versions, else from the log."""
-        rec = self.published.get(v)
-        if rec is None and self.state.latest is not None and v <= self.state.latest:
-            rec = self.log.published(v)
-        return rec
-
-    def _check_activation(self, rec: dict[str, Any]) -> None:
-        self.counters.activations += 1
-        v = int(rec["version"])
-        announced = self._announced(v)
-        if announced is None:
-            return
-        if rec.get("weights_hash") != announced.get("weights_hash"):
-            self.counters.hash_mismatches += 1
-        if rec.get("digest") and announced.get("digest") and rec["digest"] != announced["digest"]:
-            self.counters.digest_mismatches += 1
-
-    # -- events ------------------------------------------------------------------------------
-
-    def feed(
-        self,
-        event: Event,
-        *,
-        payload: tuple[str, str, bytes] | None = None,
-        now: float | None = None,
-    ) -> list[Action]:
-        """Log ``event``, decide, carry out the actions, poll the pacer (all at one ``now``:
-        the clock, unless the pacer's request was made at ``now``). An event the policy
-        refuses as impossible (a ``ValueError``: e.g. a result from an unknown Actor) is
-        logged and dropped without changing the state."""
-        if now is None:
-            now = self.clock()
-        record = to_record(event)
-        # A result that changes nothing (a lease the sender does not hold or that has ended)
-        # is the one thing a peer can send without end, at ~1.1 KB of log a row: past its
-        # allowance (QUIET_ROWS), such events are decided but not logged (replay without them
-        # reaches the same state) and counted in ``unlogged``.
-        logged = True
-        if changes_nothing(self.core.state, event):
-            who = event.actor  # type: ignore[union-attr]
-            n = self._quiet.get(who, 0) + 1
-            self._quiet[who] = n  # one entry per identity the job certified
-            if n > self._quiet_allowed(who):
-                logged = False
-                self.unlogged += 1
-        t0 = time.perf_counter()
-        try:
-            actions = self.core.feed(event, now=now)
-        except ValueError as exc:
-            # Kept for the record as an invalid row (replay skips it: it changed nothing).
-            if logged:
-                log.warning("ledger: %s refused: %s", type(event).__name__, exc)
-                self.log.append(
-                    now, "invalid", record, actions=[{"type": "Invalid", "reason": str(exc)[:300]}]
-                )
-            return []
-        t1 = time.perf_counter()
-        # The payload is kept only when its result was admitted (plain INSERT: never over an
-        # admitted one), in the transaction that logs the event and what was decided.
-        admitted = payload is not None and any(type(a) is Accepted for a in actions)
-        if logged:
-            self.log.append(
-                now,
-                "policy",
-                record,
-                payload=payload if admitted else None,
-                actions=[to_record(a) for a in actions],
-            )
-        self.timings["decide"].add(t1 - t0)
-        self.timings["log"].add(time.perf_counter() - t1)
-        self._after(event, actions, replaying=False)
-        self.metrics.after(event, actions, now)
-        for action in actions:
-            self._carry_out(action, now)
-        self._try_request(now)
-        return actions
-
-    def _after(self, event: Event, actions: list[Action], *, replaying: bool) -> None:
-        """Counting shared by live events and replay (never sends anything but the news of a
-        completed batch, live)."""
-        for action in actions:
-            if isinstance(action, Accepted):
-                self.counters.accepted += 1
-                self._admitted[action.actor] = self._admitted.get(action.actor, 0) + 1
-            elif isinstance(action, BatchCompleted):
-                if not replaying:
-                    self._tell_trainer({"op": "batch_done", "batch": action.batch})
-                    self._tell_observers({"op": "batch_done", "batch": action.batch})
-            elif isinstance(action, Refused):
-                name = action.reason.name
-                self.counters.refused[name] = self.counters.refused.get(name, 0) + 1
-            elif isinstance(action, Expired):
-                self.counters.expired += 1
-            elif isinstance(action, Released):
-                self.counters.released += 1
-            elif isinstance(action, Evicted):
-                self.counters.evicted[action.actor] = action.reason
-        if isinstance(event, ResultVerified):
-            self.counters.verified += 1
-
-    def _quiet_allowed(self, actor: str) -> int:
-        """How many of ``actor``'s results that change nothing the log takes (QUIET_ROWS)."""
-        return QUIET_ROWS + self._admitted.get(actor, 0) // QUIET_ROWS_PER_ADMITTED
-
-    def _carry_out(self, action: Action, now: float) -> None:
-        if isinstance(action, Assign):
-            self._send(
-                action.actor,
-                {
-                    "op": "assign",
-                    "version": action.version,
-                    "leases": [list(p) for p in zip(action.leases, action.prompts, strict=True)],
-                    "expiry_in": max(0.0, action.expiry - now),
-                },
-            )
-            self._schedule_tick(action.expiry)
-        elif isinstance(action, Commit):
-            self._send(action.actor, {"op": "commit", "version": action.version})
-        elif isinstance(action, Exclude):
-            self._send(action.actor, {"op": "exclude", "version": action.version})
-        elif isinstance(action, CatchUp):
-            plan = action.plan
-            msg: dict[str, Any] = {
-                "op": "catch_up",
-                "target": plan.target,
-                "snapshot": plan.snapshot,
-                "deltas": list(plan.deltas),
-            }
-            if plan.snapshot is not None:
-                # A snapshot's file names its content hash; the chain hash h(v) the deltas after
-                # it build on (and leases check) comes from what the Trainer published.
-                info = self.state.versions[plan.snapshot]
-                msg["snapshot_hash"] = info.weights_hash
-                msg["snapshot_digest"] = (self._announced(plan.snapshot) or {}).get("digest")
-            self._send(action.actor, msg)
-        elif isinstance(action, Route | FallBack):
-            self._send_route(action.actor, action.source)
-        elif isinstance(action, Evicted):
-            # Excluded for good: told to stop, and disconnected (a reconnect's join is refused
-            # by the policy, and its results are refused as from an Actor no longer counted).
-            why = "refused results" if action.reason == "REFUSED" else "failed verification"
-            log.warning("ledger: %s excluded for good (%s: %s)", action.actor, why, action.reason)
-            channel = self.channels.pop(action.actor, None)
-            if channel is not None:
-                channel.send_nowait({"op": "stop"})
-                asyncio.get_running_loop().call_later(0.5, channel.close)
-
-    def _send_route(self, actor: str, source: str) -> None:
-        self._send(actor, {"op": "route", "source": source, "addr": self._address(source)})
-
-    def _address(self, peer: str) -> str | None:
-        if peer == TRAINER:
-            return self.job.spec.trainer_data if self.job is not None else None
-        hello = self.roles.get(peer)
-        return None if hello is None else hello.get("data")
-
-    def _send(self, peer: str, msg: dict[str, Any]) -> None:
-        channel = self.channels.get(peer)
-        if channel is not None:
-            channel.send_nowait(msg)
-
-    def _tell_trainer(self, msg: dict[str, Any]) -> None:
-        if self.trainer is not None:
-            self.trainer.send_nowait(msg)
-
-    def _tell_observers(self, msg: dict[str, Any]) -> None:
-        for obs in list(self.observers):
-            obs.send_nowait(msg)
-
-    # -- leases and time ---------------------------------------------------------------------
-
-    def _schedule_tick(self, expiry: float) -> None:
-        delay = self._tick_timers.arm(expiry, self.clock())
-        if delay is None:
-            return
-
-        def tick() -> None:
-            self._tick_timers.fired(expiry)
-            self._ticks.pop(expiry, None)
-            if not self.finished:
-                self.feed(Tick())
-
-        self._ticks[expiry] = asyncio.get_running_loop().call_later(delay, tick)
-
-    def _schedule_next_expiry(self) -> None:
-        """After a replay: a tick for every lease still live (their timers died with the
-        previous process)."""
-        with contextlib.suppress(RuntimeError):  # no running loop: replay outside a server
-            asyncio.get_running_loop()
-            for actor in list(self.state.book.by_actor):
-                for lease in self.state.book.live(actor):
-                    self._schedule_tick(lease.expiry)
-
-    # -- the orchestrator: when each batch starts --------------------------------------------
-
-    def _try_request(self, now: float | None = None) -> None:
-        """Ask the pacer whether to request the next batch (at ``now``, the time of the event
-        just decided, or the clock); request it, or set the timer it asks for."""
-        if self.job is None or self.finished:
-            return
-        if now is None:
-            now = self.clock()
-        got = self.core.poll(now)
-        if got is None:
-            return
-        if isinstance(got, WakeAt):
-            pacer = self.core.pacer
-            assert pacer is not None
-
-            def wake() -> None:
-                pacer.woke(got)
-                self._try_request()
-
-            self._pacer_timers.append(
-                asyncio.get_running_loop().call_later(max(0.0, got.at - now), wake)
-            )
-            return
-        k = self.next_batch
-        self.feed(got, now=now)
-        self._tell_observers({"op": "batch_requested", "batch": k, "version": got.version})
 
     # -- connections -------------------------------------------------------------------------
 
