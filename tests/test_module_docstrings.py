@@ -24,8 +24,6 @@ PENDING = {
     "aurora/policy/reports.py",
     "aurora/policy/staging.py",
     "aurora/policy/versions.py",
-    "aurora/runtime/ledger_service.py",
-    "aurora/runtime/rlbackend.py",
     "benchmarks/settle_layout.py",
     "sim/actors.py",
     "sim/cohorts.py",

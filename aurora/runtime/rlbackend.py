@@ -1,24 +1,17 @@
 """The ``rl`` compute backend: real models, the GRPO Trainer, the transformers and vLLM engines.
 
-Theory of operation
--------------------
 The runtime's two compute interfaces (:mod:`aurora.runtime.compute`) mapped onto
 :mod:`aurora.rl` and :mod:`aurora.engines`, nothing more:
 
-* the model is ``tiny`` (the built-in tiny Qwen3, warm-started on the task and cached as the v0
-  snapshot: :func:`aurora.rl.warmstart.warm_start`), a local Hugging Face directory, or a hub id
-  (:func:`aurora.models.load_pinned`), told apart in one place (:func:`load_model`, which
-  gives each role the part it needs); every side keeps the manifest of the model files it
-  loaded (``model_files``), which the Trainer signs with its snapshots and everyone else checks
-  against them (:mod:`aurora.store.manifest`);
-* prompts travel as ids: a lease names ``b{k}-{i}``, the Actor and the Trainer rebuild the text
-  from the task's seeded stream (:meth:`aurora.rl.tasks.ArithmeticTask.prompt`), so an Actor
-  cannot change what it was asked;
-* an Actor's result is its completions' token ids and behaviour log-probs; the Trainer decodes
-  them with its own tokenizer and scores them itself (:meth:`aurora.rl.trainer.Trainer.step`);
-* the learning rate is the regime's: ``learn`` trains at :data:`LEARN_LR` (dense deltas, the
-  model improves in minutes), ``transfer`` at :data:`TRANSFER_LR` (deltas as sparse as the
-  paper's 1-3%, no learning expected); ``learning_rate`` in the ``real:`` section overrides it.
+* the model (``tiny``, a local Hugging Face directory, or a hub id) is told apart in one place,
+  :func:`load_model`, which gives each role the part it needs; every side keeps the manifest of
+  the model files it loaded, which the Trainer signs and everyone else checks;
+* prompts travel as ids (``b{k}-{i}``), rebuilt from the task's seeded stream on both sides, so
+  an Actor cannot change what it was asked;
+* an Actor's result is token ids and behaviour log-probs; the Trainer decodes and scores them
+  itself (:meth:`aurora.rl.trainer.Trainer.step`);
+* the learning rate is the regime's (:data:`LEARN_LR`, :data:`TRANSFER_LR`), unless the
+  ``real:`` section sets ``learning_rate``.
 """
 
 from __future__ import annotations
