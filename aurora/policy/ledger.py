@@ -339,10 +339,11 @@ def _route_joiner(state: LedgerState, rec: ActorRecord, out: list[Action]) -> bo
         current = state.actors.get(relay) if relay is not None else None
         if current is None or not current.schedulable or current.id == rec.id:
             return False
-        mine = rec.versions.active if rec.versions.active is not None else -1
-        theirs = current.versions.active if current.versions.active is not None else -1
-        if (-mine, rec.id) < (-theirs, current.id):
-            return False  # the joiner would be elected
+        # The current relay won the election among the others: it stays unless it loses to
+        # the joiner.
+        pair = [(current.id, current.versions.active), (rec.id, rec.versions.active)]
+        if elect_relay((), pair) != current.id:
+            return False
     peers = (
         [rid for rid, reg in state.relays.items() if reg != region]
         if cfg.peer_relay_fallback
@@ -674,16 +675,15 @@ def _candidates(
 def _estimates(state: LedgerState, actors: list[ActorRecord]) -> dict[str, float]:
     """Each of ``actors``' throughput estimate (tokens/s): its own, or the prior
     (:func:`aurora.policy.allocation.prior` over every live Actor's estimate) if it has none."""
-    estimates = {rec.id: rec.estimate for rec in actors}
-    if None in estimates.values():
+    prior = 0.0  # unused when every one of them has an estimate
+    if any(rec.estimate is None for rec in actors):
         known = {
             rec.id: rec.estimate
             for rec in state.actors.values()
             if rec.live and rec.estimate is not None
         }
         prior = allocation.prior(known, state.config.prior_tokens_per_s)
-        estimates = {actor: prior if e is None else e for actor, e in estimates.items()}
-    return estimates  # type: ignore[return-value]
+    return {rec.id: rec.estimate if rec.estimate is not None else prior for rec in actors}
 
 
 def _wants(
