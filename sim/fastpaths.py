@@ -1,5 +1,5 @@
 """The simulator's fast paths: cheaper ways to do what calling the policy core does, for the
-per-Actor work of cohort mode (:mod:`sim.cohorts`) at 10^4-10^5 Actors.
+per-Actor work of a run (cohort mode, :mod:`sim.cohorts`, at 10^4-10^5 Actors above all).
 
 Theory of operation
 -------------------
@@ -19,7 +19,8 @@ inputs (same inputs, same objects or decisions); nothing in the core depends on 
   :class:`~aurora.policy.core.LedgerCore` does not read (staged, activated) with
   :func:`aurora.policy.ledger.decide` on the core's state: :meth:`LedgerCore.feed` passes
   these to ``decide`` and returns its actions unchanged, so the layer is skipped.
-* :func:`feed_results` is ``LedgerCore.feed`` of a member's ``ResultsArrived`` for its usual
+* :func:`feed_results` is ``LedgerCore.feed`` of an Actor's ``ResultsArrived`` (a cohort
+  member's, or an exact process's when nothing records, holds or delays it) for its usual
   case: the pool is empty (the batch is all leased) and the acceptance predicate admits the
   leases from the first on. The core settles them one after another, each through
   :meth:`LeaseBook.settle <aurora.policy.leases.LeaseBook.settle>` (a ``Verdict``, the lease

@@ -356,7 +356,11 @@ class LedgerDriver:
                     self._held.setdefault(region, ([], []))[1].append(event)
                     return
         now = self.env.now
-        self._carry_out(now, event, self.core.feed(event, now=now))
+        if type(event) is ResultsArrived:  # (split above when recorded, held or delayed)
+            actions = fastpaths.feed_results(self.core, event, now=now)
+        else:
+            actions = self.core.feed(event, now=now)
+        self._carry_out(now, event, actions)
 
     def direct(self) -> bool:
         """True when an Actor's report can be decided at once (:meth:`report_next`): nothing
