@@ -67,6 +67,8 @@ class ActorVersions:
     @property
     def staged(self) -> int | None:
         """The lowest staged version above the active one (the next one it could activate)."""
+        if not self._deltas:
+            return None
         staged = [v for v, s in self._deltas.items() if s is DeltaState.STAGED]
         return min(staged, default=None)
 
