@@ -1,7 +1,7 @@
 """The policy core alone, per Actor per step: what the simulator's cohort mode asks of it.
 
 ``N`` Actors in one region on one version; each step the Trainer publishes the next version,
-every Actor stages and activates it (``feed_each``, as a cohort reports), the pacer is polled,
+every Actor stages and activates it (one ``feed`` each, as a cohort reports), the pacer is polled,
 the batch (one prompt per Actor) is requested and dispatched, and every Actor returns its
 result (``ResultsArrived``) and its throughput (``ThroughputObserved``). Prints one JSON line:
 microseconds per Actor per step by entry point (process time), and a digest of every action
@@ -95,9 +95,9 @@ def run(actors: int, steps: int) -> dict[str, object]:
         staged = [core.staged(a, step) for a in ids]
         note("staged", t, staged)
         t = clock()
-        acts = core.feed_each([e for e in staged if isinstance(e, DeltaStaged)], now=now)
-        acts += core.feed_each([VersionActivated(actor=a, version=step) for a in ids], now=now)
-        note("feed_each", t, acts)
+        acts = [core.feed(e, now=now) for e in staged if isinstance(e, DeltaStaged)]
+        acts += [core.feed(VersionActivated(actor=a, version=step), now=now) for a in ids]
+        note("staged+activated", t, acts)
     per = {k: round(v / actors / steps * 1e6, 3) for k, v in spent.items()}
     return {
         "actors": actors,

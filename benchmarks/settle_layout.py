@@ -3,8 +3,8 @@ next step of the simulator's 10^5-Actor target (docs/journal/simulator-speed.md,
 
 A result settles its lease: the lease is looked up and checked, marked settled, its prompt
 moves from leased to done, the holder's live set and recent completion times are updated
-(what ``LeaseBook.settle_run``'s one-lease path touches, written out here without the rest of
-the Ledger). Two layouts are timed on ``N`` Actors holding one lease each, results arriving in
+(what ``LeaseBook.settle`` touches for an admitted result, written out here without the rest
+of the Ledger). Two layouts are timed on ``N`` Actors holding one lease each, results arriving in
 random order (as they do in the simulator: each Actor finishes at its own time):
 
 * ``dicts``: the book's layout today (maps keyed by lease id and prompt strings, a set and a

@@ -35,8 +35,8 @@ pytestmark = pytest.mark.benchmark(group="sim")
 
 
 def time_the_core() -> dict[str, list[float]]:
-    """Wrap the entry points of ``LedgerCore`` the simulator calls (``feed``, ``feed_each``,
-    ``poll``, ``staged``, ``early``) to add up the process time spent in them: ``{name:
+    """Wrap the entry points of ``LedgerCore`` the simulator calls (``feed``, ``poll``,
+    ``staged``, ``early``) to add up the process time spent in them: ``{name:
     [calls, seconds]}``, ``feed`` per event type (the policy core's share of a run)."""
     from aurora.policy.core import LedgerCore
 
@@ -58,7 +58,7 @@ def time_the_core() -> dict[str, list[float]]:
 
         setattr(LedgerCore, name, timed)
 
-    for name in ("feed", "feed_each", "poll", "staged", "early"):
+    for name in ("feed", "poll", "staged", "early"):
         wrap(name)
     return spent
 

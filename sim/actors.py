@@ -33,7 +33,7 @@ from simpy.events import URGENT
 
 from aurora.faults import Fault
 from aurora.policy import actor as actor_policy
-from aurora.policy.actor import Activate, ApplyPlan, Decision, Drop, Generate, Wait, Work
+from aurora.policy.actor import Activate, ApplyPlan, Decision, Drop, Generate, Wait
 from aurora.policy.events import (
     ActorJoined,
     Assign,
@@ -43,9 +43,9 @@ from aurora.policy.events import (
     ThroughputObserved,
     VersionActivated,
 )
-from aurora.policy.makers import maker
 from aurora.policy.membership import TRAINER
 from aurora.policy.versions import CatchUpPlan
+from sim import fastpaths
 from sim.cohorts import Cohort, Cohorts
 from sim.network import Flow, Resource
 from sim.nodes import ActorNode
@@ -57,9 +57,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 GBPS = 1e9 / 8
 """Bytes/s in one Gbit/s."""
-_work = maker(Work)
-"""``Work(version, leases, expiry)``, positionally (:mod:`aurora.policy.makers`): one per
-assignment."""
 
 
 class Actors:
@@ -159,7 +156,7 @@ class Actors:
 
     def assign(self, action: Assign) -> None:
         actor = self.nodes[action.actor]
-        actor.queue.append(_work(action.version, action.leases, action.expiry))
+        actor.queue.append(fastpaths.work(action.version, action.leases, action.expiry))
         rec = self.sim.recorder
         if rec.on:  # the message costs more than the rest of an assignment at 10^5 Actors
             rec.log(action.actor, f"assign {len(action.leases)} on v{action.version}")

@@ -46,18 +46,14 @@ import simpy
 from simpy.events import URGENT
 
 from aurora.policy.actor import Activate, Decision, Generate, Wait, Work
-from aurora.policy.events import ResultsArrived, ThroughputObserved, VersionActivated
-from aurora.policy.makers import maker
+from aurora.policy.events import VersionActivated
+from sim import fastpaths
 from sim.finishes import FinishQueue
 from sim.nodes import ActorNode
 from sim.trainer import weights_hash
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from sim.actors import Actors
-
-_results = maker(ResultsArrived)
-_throughput = maker(ThroughputObserved)
-"""A member's reports when it finishes, positionally (:mod:`aurora.policy.makers`)."""
 
 
 class Cohort:
@@ -279,9 +275,10 @@ class Cohorts:
             version = work.version
             if version != hashed:
                 hashed, h = version, weights_hash(version)
-            direct = driver.report_next(_results(actor.id, work.leases, version, h), now, direct)
+            results = fastpaths.results_arrived(actor.id, work.leases, version, h)
+            direct = driver.report_next(results, now, direct)
             if proportional:
-                ev = _throughput(actor.id, max(1, round(tokens)), seconds)
+                ev = fastpaths.throughput_observed(actor.id, max(1, round(tokens)), seconds)
                 direct = driver.report_next(ev, now, direct)
             if actor.cohort is not cohort:
                 continue

@@ -78,9 +78,9 @@ from aurora.policy.events import (
     VersionActivated,
 )
 from aurora.policy.ledger import LedgerConfig
-from aurora.policy.makers import maker
 from aurora.policy.pacer import PacerConfig, WakeAt
 from aurora.policy.timers import TickTimers
+from sim import fastpaths
 from sim.tcp import message_delay
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -97,8 +97,6 @@ _REPORTS = (ResultArrived, DeltaStaged, VersionActivated, CaughtUp, ThroughputOb
 """An Actor's messages that cross the WAN to the Ledger (``control_latency``)."""
 _STATE_REPORTS = (DeltaStaged, VersionActivated, CaughtUp)
 """Reports a batch waiting on the Actor's staging may start on."""
-_activated = maker(VersionActivated)
-"""``VersionActivated(actor, version)``, positionally (:mod:`aurora.policy.makers`)."""
 _SENT = (Assign, Commit, CatchUp)
 """The Ledger's messages that cross the WAN to an Actor (``control_latency``)."""
 
@@ -270,12 +268,14 @@ class LedgerDriver:
             return None
         return ReportRun(self)
 
-    def _feed_run(self, events: list[Event]) -> None:
-        """Decide ``events`` (reports at this instant, none held or delayed) in one call."""
+    def _feed_run(self, events: list[DeltaStaged | VersionActivated]) -> None:
+        """Decide ``events`` (staged and activated reports at this instant, none held or
+        delayed) one after another (:func:`sim.fastpaths.decide_reports`), then carry out
+        their actions."""
         now = self.env.now
-        carry_out = self._carry_out
-        for event, actions in zip(events, self.core.feed_each(events, now=now), strict=True):
-            carry_out(now, event, actions)
+        decided = fastpaths.decide_reports(self.core, events, now=now)
+        for event, actions in zip(events, decided, strict=True):
+            self._carry_out(now, event, actions)
 
     def published(self, v: int) -> None:
         """``v`` was just announced: report the Actors that staged it before (the core keeps
@@ -356,7 +356,11 @@ class LedgerDriver:
                     self._held.setdefault(region, ([], []))[1].append(event)
                     return
         now = self.env.now
-        self._carry_out(now, event, self.core.feed(event, now=now))
+        if type(event) is ResultsArrived:  # (split above when recorded, held or delayed)
+            actions = fastpaths.feed_results(self.core, event, now=now)
+        else:
+            actions = self.core.feed(event, now=now)
+        self._carry_out(now, event, actions)
 
     def direct(self) -> bool:
         """True when an Actor's report can be decided at once (:meth:`report_next`): nothing
@@ -373,7 +377,10 @@ class LedgerDriver:
         if not direct:
             self.feed(event)
             return self.direct()
-        actions = self.core.feed(event, now=now)
+        if type(event) is ResultsArrived:
+            actions = fastpaths.feed_results(self.core, event, now=now)
+        else:
+            actions = self.core.feed(event, now=now)
         for action in actions:
             if type(action) is not Accepted:
                 self._carry_out(now, event, actions)
@@ -484,7 +491,9 @@ class LedgerDriver:
 
 class ReportRun:
     """Reports of many Actors at one instant (a cohort staging or activating a version,
-    :mod:`sim.cohorts`), decided in runs by :meth:`~aurora.policy.core.LedgerCore.feed_each`.
+    :mod:`sim.cohorts`), decided together, in order, before any of their actions is carried
+    out (:func:`sim.fastpaths.decide_reports`: as :meth:`~aurora.policy.core.LedgerCore.feed`
+    decides each).
 
     Each report is added where the one-by-one driver would feed it, followed, as there, by the
     pacer's ``unblocked``; when that asks for a poll, the run is decided first and the poll
@@ -496,7 +505,7 @@ class ReportRun:
 
     def __init__(self, driver: LedgerDriver) -> None:
         self.driver = driver
-        self.run: list[Event] = []
+        self.run: list[DeltaStaged | VersionActivated] = []
         self._unblocked = driver.pacer.unblocked
 
     def staged(self, actor: str, v: int) -> None:
@@ -508,7 +517,7 @@ class ReportRun:
 
     def activated(self, actor: str, v: int) -> None:
         """As feeding ``VersionActivated`` then :meth:`LedgerDriver.no_longer_waited_for`."""
-        self.run.append(_activated(actor, v))
+        self.run.append(fastpaths.version_activated(actor, v))
         self._unblock(actor)
 
     def _unblock(self, actor: str) -> None:

@@ -661,29 +661,31 @@ def test_a_flood_of_results_that_change_nothing_logs_a_bounded_number_and_replay
 
 
 def test_a_result_that_changes_nothing_is_one_the_lease_book_refuses_untouched():
-    """LeaseBook.changes_nothing against judge and refuse_malformed: for every lease state and
+    """LeaseBook.changes_nothing against settle and refuse_malformed: for every lease state and
     sender, where it says nothing changes, neither call changes the book."""
     import copy
 
-    from aurora.policy.leases import LeaseBook, LeaseConfig
+    from aurora.policy.leases import Claim, LeaseBook, LeaseConfig
 
     book = LeaseBook(LeaseConfig())
     book.add([f"p{i}" for i in range(6)], 1)
-    held = book.claim("a", 4, version=1, weights_hash="h", now=0.0)
-    book.judge(held[0].id, "a", 1, "h", 1.0)  # settled
-    book.judge(held[1].id, "a", 2, "h", 1.0)  # released (wrong version)
+    held = book.claim([Claim("a", 4, 1, "h")], now=0.0)[0]
+    book.settle(held[0].id, actor="a", version=1, weights_hash="h", now=1.0)  # settled
+    book.settle(held[1].id, actor="a", version=2, weights_hash="h", now=1.0)  # released
     book.expire_due(10**6)  # held[2], held[3] expired
-    (fresh,) = book.claim("b", 1, version=1, weights_hash="h", now=10**6)  # claimed by b
+    (fresh,) = book.claim([Claim("b", 1, 1, "h")], now=10**6)[0]  # claimed by b
     for lid in [*(lease.id for lease in held), fresh.id, "made-up"]:
         for actor in ("a", "b"):
             if not book.changes_nothing(lid, actor):
                 assert (lid, actor) == (fresh.id, "b")
                 continue
             for call in (
-                lambda lid=lid, actor=actor: book.judge(lid, actor, 1, "h", 10**6 + 1.0),
+                lambda lid=lid, actor=actor: book.settle(
+                    lid, actor=actor, version=1, weights_hash="h", now=10**6 + 1.0
+                ),
                 lambda lid=lid, actor=actor: book.refuse_malformed(lid, actor),
             ):
                 before = copy.deepcopy(book.__dict__)
-                refusal, _, returned = call()
-                assert refusal is not None and not returned
+                verdict = call()
+                assert verdict.refusal is not None and not verdict.returned_to_pool
                 assert book.__dict__ == before

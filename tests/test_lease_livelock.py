@@ -13,7 +13,7 @@ from collections import deque
 import pytest
 
 from aurora.policy.actor import Drop, Generate, Wait, Work, next_action
-from aurora.policy.leases import LeaseBook, LeaseConfig, Refusal
+from aurora.policy.leases import Claim, LeaseBook, LeaseConfig, Refusal
 from aurora.policy.ledger import (
     Accepted,
     ActorJoined,
@@ -125,7 +125,7 @@ def test_where_no_lease_expires_every_lease_length_is_the_median_rules():
     book = LeaseBook(LeaseConfig(min_samples=2))
     book.add([f"p{i}" for i in range(6)], 0)
     for actor, took in (("a", 4.0), ("b", 0.5), ("b", 0.5)):
-        (lease,) = book.claim(actor, 1, version=0, weights_hash="h", now=0.0)
+        (lease,) = book.claim([Claim(actor, 1, 0, "h")], now=0.0)[0]
         assert book.settle(lease.id, actor=actor, version=0, weights_hash="h", now=took).admitted
     # The median is 0.5 s (L = max(1, 1.25)); "a" once needed 4 s, but none of its leases
     # expired, so its leases follow the median rule exactly as before.
@@ -135,10 +135,10 @@ def test_where_no_lease_expires_every_lease_length_is_the_median_rules():
 def test_an_expired_lease_grows_its_holders_next_leases_up_to_max_s_and_only_its_holders():
     book = LeaseBook(LeaseConfig(initial_s=10.0, max_s=25.0))
     book.add([f"p{i}" for i in range(8)], 0)
-    (lease,) = book.claim("a", 1, version=0, weights_hash="h", now=0.0)
+    (lease,) = book.claim([Claim("a", 1, 0, "h")], now=0.0)[0]
     book.expire_due(11.0)
     assert book.lease_length("a") == pytest.approx(20.0) and book.lease_length("b") == 10.0
-    (lease,) = book.claim("a", 1, version=0, weights_hash="h", now=11.0)
+    (lease,) = book.claim([Claim("a", 1, 0, "h")], now=11.0)[0]
     assert lease.expiry == pytest.approx(31.0)
     book.expire_due(32.0)
     assert book.lease_length("a") == pytest.approx(25.0)  # 40 s, capped at max_s
@@ -147,7 +147,7 @@ def test_an_expired_lease_grows_its_holders_next_leases_up_to_max_s_and_only_its
 def test_a_late_result_sets_its_holders_floor_to_what_it_measured():
     book = LeaseBook(LeaseConfig(initial_s=2.0, max_s=60.0))
     book.add(["p0", "p1"], 0)
-    (lease,) = book.claim("a", 1, version=0, weights_hash="h", now=0.0)
+    (lease,) = book.claim([Claim("a", 1, 0, "h")], now=0.0)[0]
     verdict = book.settle(lease.id, actor="a", version=0, weights_hash="h", now=7.0)
     assert verdict.refusal is Refusal.LATE
     assert book.lease_length("a") == pytest.approx(7.0)  # 2 x 2 s grown, 7 s measured
@@ -165,7 +165,7 @@ def test_by_default_expiries_grow_leases_no_longer_than_the_initial_length():
     no longer than before anything was known."""
     book = LeaseBook(LeaseConfig(initial_s=10.0))
     book.add(["p0", "p1"], 0)
-    book.claim("a", 1, version=0, weights_hash="h", now=0.0)
+    book.claim([Claim("a", 1, 0, "h")], now=0.0)
     book.expire_due(11.0)
     assert book.lease_length("a") == pytest.approx(10.0)  # 2 x 10 s, capped at initial_s
     with pytest.raises(ValueError, match="max_s"):

@@ -465,3 +465,40 @@ def test_the_book_forgets_settled_batches_past_the_lag_bound_and_keeps_everythin
         lease=lease, actor=actor, reason=Refusal.UNKNOWN_LEASE
     )
     assert ledger.book == before
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fanout_edges_are_every_edge_sorted(seed):
+    # _fanout_edges builds its edges by source from the Actors in id order; the reference is
+    # the set of edges sorted, as it was built before: relays, several regions, Actors gone.
+    import contextlib
+    import random
+
+    from aurora.policy.core import LedgerCore
+    from aurora.policy.events import ActorLeft, RelayJoined, RelayLost
+    from aurora.policy.ledger import SCHEDULABLE, TRAINER, _fanout_edges
+
+    rng = random.Random(seed)
+    for relays in (True, False):
+        c = LedgerCore(LedgerConfig(trainer_region="us", relays=relays))
+        c.feed(
+            DeltaPublished(version=0, weights_hash="h0", delta_bytes=None, snapshot_bytes=9), now=0
+        )
+        names = [f"n{i:03d}" for i in range(60)]
+        rng.shuffle(names)
+        for name in names:
+            r = rng.random()
+            with contextlib.suppress(ValueError):
+                if r < 0.1:
+                    c.feed(RelayJoined(relay="r" + name, region=rng.choice(("eu", "ap"))), now=1.0)
+                elif r < 0.15 and c.state.relays:
+                    c.feed(RelayLost(relay=rng.choice(sorted(c.state.relays))), now=1.0)
+                elif r < 0.25 and c.state.actors:
+                    c.feed(ActorLeft(actor=rng.choice(sorted(c.state.actors))), now=1.0)
+                else:
+                    region = rng.choice(("us", "eu", "ap"))
+                    c.feed(ActorJoined(actor=name, region=region, active=0), now=1.0)
+            state = c.state
+            edges = {(TRAINER, relay) for relay in state.relays} if relays else set()
+            edges |= {(r.source, r.id) for r in state.actors.values() if r.life in SCHEDULABLE}
+            assert _fanout_edges(state) == tuple(sorted(edges)), (seed, relays)

@@ -26,7 +26,7 @@ import pytest
 from aurora.delta import DeltaEncoder, weights_hash
 from aurora.delta.announce import public_key_of
 from aurora.policy.events import ActorJoined
-from aurora.policy.leases import LeaseBook, LeaseConfig
+from aurora.policy.leases import Claim, LeaseBook, LeaseConfig
 from aurora.policy.ledger import LedgerConfig
 from aurora.runtime.ledger.config import LedgerServiceConfig
 from aurora.runtime.ledger.counts import LatencyHistogram
@@ -210,7 +210,7 @@ def test_a_returned_prompt_is_leased_before_newer_ones_after_settled_batches_are
     book = LeaseBook(LeaseConfig(initial_s=10.0))
     book.add([f"b1-{i}" for i in range(4)], 0)
     book.add([f"b2-{i}" for i in range(4)], 1)
-    leases = book.claim("a", 8, version=1, weights_hash="h1", now=0.0)
+    leases = book.claim([Claim("a", 8, 1, "h1")], now=0.0)[0]
     for le in leases[:4]:  # batch 1 settles; batch 2 expires back to the pool
         assert book.settle(le.id, actor="a", version=1, weights_hash="h1", now=1.0).admitted
     assert len(book.expire_due(20.0)) == 4

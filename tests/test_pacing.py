@@ -1,8 +1,5 @@
 """When and on which version batches are requested; dispatch holds shares for late stagers."""
 
-from hypothesis import given
-from hypothesis import strategies as st
-
 from aurora.policy import pacer as pacing
 from aurora.policy.events import (
     ActorJoined,
@@ -12,9 +9,7 @@ from aurora.policy.events import (
     DeltaStaged,
     Tick,
 )
-from aurora.policy.ledger import LedgerConfig, _eligibility, decide, initial_state
-from aurora.policy.staging import ActorVersions
-from aurora.policy.versions import eligibility
+from aurora.policy.ledger import LedgerConfig, decide, initial_state
 
 
 def _ledger(max_lag=1, actors=("a", "b")):
@@ -72,20 +67,3 @@ def test_held_shares_go_to_the_eligible_actors_once_the_hold_ends():
     # a's own 5 leases expired at 603 too (a never answered): all 10 go to a, b still staging.
     assert [(a.actor, len(a.leases)) for a in out if isinstance(a, Assign)] == [("a", 10)]
     assert state.book.pool_size == 0
-
-
-@given(
-    active=st.integers(0, 6),
-    staged=st.one_of(st.none(), st.integers(0, 7)),
-    target=st.integers(0, 6),
-    latest=st.integers(0, 7),
-)
-def test_the_ledgers_fast_predicate_equals_the_documented_one(active, staged, target, latest):
-    from aurora.policy.ledger import ActorRecord
-    from aurora.policy.membership import ActorLife
-
-    versions = ActorVersions(active)
-    if staged is not None and staged > active:
-        versions.stage(staged)
-    rec = ActorRecord(id="a", region="us", life=ActorLife.READY, versions=versions)
-    assert _eligibility(rec, target, latest) is eligibility(active, versions.staged, target, latest)

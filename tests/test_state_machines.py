@@ -6,7 +6,7 @@ import pytest
 
 from aurora.policy import IllegalTransition
 from aurora.policy.leases import TRANSITIONS as LEASE_TABLE
-from aurora.policy.leases import LeaseBook, LeaseState
+from aurora.policy.leases import Claim, LeaseBook, LeaseState
 from aurora.policy.membership import ActorLife, advance
 from aurora.policy.staging import ActorVersions, DeltaState
 
@@ -80,7 +80,7 @@ def test_lease_table_ends_each_lease_exactly_once():
 def test_expiring_a_settled_lease_is_illegal_and_changes_nothing():
     book = LeaseBook()
     book.add(["p"], 1)
-    (lease,) = book.claim("a", 1, version=1, weights_hash="h", now=0.0)
+    (lease,) = book.claim([Claim("a", 1, 1, "h")], now=0.0)[0]
     book.settle(lease.id, actor="a", version=1, weights_hash="h", now=1.0)
     before = copy.deepcopy(book)
     with pytest.raises(IllegalTransition, match="'expire' from state SETTLED"):

@@ -20,10 +20,15 @@ def test_an_actor_two_behind_is_excluded_even_with_something_staged():
     assert eligibility(3, 5, 5) is Eligibility.EXCLUDED
 
 
-@pytest.mark.parametrize("args", [(-1, None, 3), (1, None, -3), (1.0, None, 2), (1, "2", 2)])
-def test_eligibility_rejects_bad_versions(args):
-    with pytest.raises(ValueError):
-        eligibility(*args)
+def test_an_actor_without_weights_is_excluded():
+    assert eligibility(None, None, 0) is Eligibility.EXCLUDED
+    assert eligibility(None, 1, 1) is Eligibility.EXCLUDED
+
+
+def test_an_actor_on_a_newer_published_version_is_eligible_and_one_beyond_latest_is_not():
+    assert eligibility(6, None, 5, latest=6) is Eligibility.ELIGIBLE
+    assert eligibility(6, None, 5) is Eligibility.EXCLUDED  # latest not known
+    assert eligibility(7, None, 5, latest=6) is Eligibility.EXCLUDED
 
 
 def test_catch_up_replays_the_chain_when_that_is_cheapest():

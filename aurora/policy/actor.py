@@ -39,8 +39,8 @@ them the same way, so they live here and both call them:
   again, since the Ledger forgets staged versions across a catch-up.
 * :func:`takes_catch_up` - whether a ``CatchUp`` plan may be taken at all: only one that moves
   the Actor forwards. A plan to an older (or the same) version would load a signed but stale
-  snapshot over newer weights (an injected ``catch_up`` to v0 was loaded by an Actor at v2,
-  issue 26); ``Commit`` cannot move it backwards either, since only ``active + 1`` activates.
+  snapshot over newer weights (an injected ``catch_up`` to v0 was loaded by an Actor at v2);
+  ``Commit`` cannot move it backwards either, since only ``active + 1`` activates.
 
 Nothing here reads a clock or does I/O: the caller passes ``now`` (seconds, on the clock the
 work's expiries are on); versions are plain ints and work items plain tuples.
@@ -51,7 +51,6 @@ from __future__ import annotations
 from collections.abc import Collection, Container, Iterable, Sequence
 from dataclasses import dataclass
 
-from aurora.policy.makers import maker
 from aurora.policy.versions import CatchUpPlan
 
 
@@ -109,12 +108,6 @@ class Wait:
 Decision = ApplyPlan | Generate | Activate | Drop | Wait
 
 
-_generate = maker(Generate)
-"""``Generate(work)``, positionally (:mod:`aurora.policy.makers`): asked per Actor per step."""
-_WAIT = Wait()
-"""The one ``Wait``: it has no fields, so every ``Wait()`` is equal to it."""
-
-
 def plan_ready(plan: CatchUpPlan, *, staged: Collection[int], snapshots: Collection[int]) -> bool:
     """Whether every piece of ``plan`` is held (verified) by the Actor."""
     return all(v in staged for v in plan.deltas) and (
@@ -152,7 +145,7 @@ def next_action(
             if why is not None:
                 return Drop(work, why)
         if active is not None and work.version == active:
-            return _generate(work)
+            return Generate(work)
         if active is not None and work.version == active + 1 and work.version in staged:
             return Activate(work.version)
         stale = active is not None and work.version < active
@@ -164,7 +157,7 @@ def next_action(
         and pending_commit in staged
     ):
         return Activate(pending_commit)
-    return _WAIT
+    return Wait()
 
 
 def not_worth_starting(

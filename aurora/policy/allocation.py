@@ -75,41 +75,27 @@ def split(batch: int, estimates: Mapping[str, float], eligible: Iterable[str]) -
     """
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
         raise ValueError(f"batch must be a non-negative int, got {batch!r}")
-    # The per-Actor check only when the quick one (every estimate a positive finite float:
-    # NaN fails ``0 < v``) does not pass: the Ledger splits over 10^5 Actors per batch.
-    if not all(type(v) is float and 0.0 < v < math.inf for v in estimates.values()):
-        for name, value in estimates.items():
-            _check_estimate(name, value)
-    actors = list(eligible)
-    if any(a >= b for a, b in zip(actors, actors[1:], strict=False)):  # unsorted or repeated
-        actors = sorted(set(actors))
+    for name, value in estimates.items():
+        _check_estimate(name, value)
+    actors = sorted(set(eligible))
     if not actors:
         return {}
-    # The prior (a median: a sort of every estimate) only if some eligible Actor lacks one.
-    fallback = prior(estimates) if not estimates.keys() >= set(actors) else 0.0
-    # Lists in ``actors``' order, not dicts keyed by Actor: one pass each over 10^5 Actors.
-    get = estimates.get
-    tau = [float(get(a, fallback)) for a in actors]
+    # The prior (a median of every known estimate) only if some eligible Actor lacks one.
+    fallback = prior(estimates) if any(a not in estimates for a in actors) else 0.0
+    tau = [float(estimates.get(a, fallback)) for a in actors]
     total = math.fsum(tau)
     exact = [batch * t / total for t in tau]
-    floors = list(map(math.floor, exact))
+    floors = [math.floor(e) for e in exact]
     left = batch - sum(floors)
     assert 0 <= left <= len(actors), (left, len(actors))
     shares = dict(zip(actors, floors, strict=True))
-    if left:
-        # Largest remainder first; ties to the faster Actor, then to the smaller id
-        # (deterministic). The ids are distinct, so sorting the key tuples themselves orders
-        # the Actors as sorting them by those keys does; and when no two remainders are equal
-        # (measured estimates: 10^5 distinct ones in the simulator) the remainder alone
-        # decides, so the Actors' indices are sorted by it, floats compared without tuples.
-        gaps = [-(e - f) for e, f in zip(exact, floors, strict=True)]
-        if len(set(gaps)) == len(gaps):
-            for i in sorted(range(len(actors)), key=gaps.__getitem__)[:left]:
-                shares[actors[i]] += 1
-        else:
-            order = sorted(zip(gaps, [-t for t in tau], actors, strict=True))
-            for _, _, a in order[:left]:
-                shares[a] += 1
+    # Largest remainder first; ties to the faster Actor, then to the smaller id (deterministic):
+    # sorted by the last key first, since each sort keeps the order of what it finds equal and
+    # ``actors`` is in id order.
+    order = sorted(range(len(actors)), key=[-t for t in tau].__getitem__)
+    order.sort(key=[f - e for e, f in zip(exact, floors, strict=True)].__getitem__)
+    for i in order[:left]:
+        shares[actors[i]] += 1
     return shares
 
 

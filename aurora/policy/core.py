@@ -22,32 +22,20 @@ registered the job) it is ``decide`` alone. Nothing here does I/O or reads a clo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from aurora.policy.events import (
     Accepted,
     Action,
     BatchCompleted,
     BatchRequested,
-    CaughtUp,
     DeltaPublished,
     DeltaStaged,
     Event,
     ResultArrived,
     ResultsArrived,
-    ThroughputObserved,
-    VersionActivated,
 )
-from aurora.policy.ledger import LedgerConfig, LedgerState, decide, decide_each, initial_state
+from aurora.policy.ledger import LedgerConfig, LedgerState, decide, initial_state
 from aurora.policy.pacer import Pacer, PacerConfig, WakeAt
 from aurora.policy.reports import StagedReports
-
-_RESULTS = (ResultArrived, ResultsArrived)
-"""The events whose actions may admit a result (the only way a batch completes)."""
-_UNPACED = frozenset((DeltaStaged, VersionActivated, CaughtUp, ThroughputObserved))
-"""Events :meth:`LedgerCore.feed` passes to ``decide`` and back with nothing of the pacer's
-(neither a request, a publication nor a result): :meth:`LedgerCore.feed_each` decides their
-runs with :func:`~aurora.policy.ledger.decide_each`."""
 
 
 class LedgerCore:
@@ -68,30 +56,22 @@ class LedgerCore:
     def feed(self, event: Event, *, now: float) -> list[Action]:
         """Decide ``event`` at ``now`` (s). A ``ValueError`` leaves everything unchanged."""
         pacer = self.pacer
-        kind = type(event)
         if pacer is None:
             return decide(self.state, event, now=now)[1]
-        if kind in _RESULTS:  # first: one or two per Actor per step
-            actions = decide(self.state, event, now=now)[1]
-            if len(actions) == 1 and type(actions[0]) is Accepted:
-                accepted: list[Accepted] = actions  # type: ignore[assignment]
-                # (the usual answer: the one result admitted)
-            else:
-                accepted = [a for a in actions if type(a) is Accepted]
-                if not accepted:
-                    return actions
-            completed = pacer.settle(accepted, now)
-            return self._completed(actions, accepted, completed, now) if completed else actions
-        if kind is BatchRequested:
-            pacer.check_request(event)  # type: ignore[arg-type]
+        if isinstance(event, BatchRequested):
+            pacer.check_request(event)
         actions = decide(self.state, event, now=now)[1]
-        if kind is BatchRequested:
-            pacer.requested(event)  # type: ignore[arg-type]
-            return actions
-        if kind is DeltaPublished:
-            pacer.published(event.version)  # type: ignore[union-attr]
+        if isinstance(event, ResultArrived | ResultsArrived):
+            accepted = [a for a in actions if isinstance(a, Accepted)]
+            completed = pacer.settle(accepted, now)
+            if completed:
+                return self._completed(actions, accepted, completed, now)
+        elif isinstance(event, BatchRequested):
+            pacer.requested(event)
+        elif isinstance(event, DeltaPublished):
+            pacer.published(event.version)
             pacer.observe(self.state, now)  # a version the next batch may use
-        return actions  # only a result is admitted (Accepted)
+        return actions
 
     def _completed(
         self,
@@ -114,27 +94,6 @@ class LedgerCore:
             k = after.get(id(a))
             if k is not None:
                 out.append(BatchCompleted(batch=k))
-        return out
-
-    def feed_each(self, events: Sequence[Event], *, now: float) -> list[list[Action]]:
-        """:meth:`feed` for each of ``events`` in order at ``now``: the same state and actions
-        as those calls one after another. Reports the pacer does not see (``DeltaStaged``,
-        ``VersionActivated``, ``CaughtUp``, ``ThroughputObserved``: :meth:`feed` returns what
-        ``decide`` returns for them) are decided by :func:`~aurora.policy.ledger.decide_each`
-        in runs; any other event goes through :meth:`feed`. For many Actors' reports at one
-        instant (the simulator's cohorts: 10^5 Actors stage and activate each version)."""
-        out: list[list[Action]] = []
-        run: list[Event] = []
-        for event in events:
-            if type(event) in _UNPACED:
-                run.append(event)
-                continue
-            if run:
-                out.extend(decide_each(self.state, run, now=now))
-                run = []
-            out.append(self.feed(event, now=now))
-        if run:
-            out.extend(decide_each(self.state, run, now=now))
         return out
 
     def poll(self, now: float) -> BatchRequested | WakeAt | None:

@@ -143,9 +143,8 @@ class ResultsArrived:
 
     Decided exactly as one :class:`ResultArrived` per lease, in that order, at the same time:
     the actions are theirs, concatenated (both go through one function, ``_settle_results``).
-    A driver that receives a whole assignment's results at one instant (the simulator) feeds
-    this to save an event, a ``decide`` call and its dispatch per result; the runtime, whose
-    results arrive one message each, feeds :class:`ResultArrived`."""
+    A driver that has a whole assignment's results at one instant (the simulator) may feed
+    this; the runtime, whose results arrive one message each, feeds :class:`ResultArrived`."""
 
     actor: str
     leases: tuple[str, ...]
@@ -301,8 +300,8 @@ class Fanout:
     edges: tuple[tuple[str, str], ...]
 
 
-@dataclass(kw_only=True, slots=True)
-class Accepted:  # not frozen: one is made per result, and frozen init costs ~1 us more
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Accepted:
     """The result for ``lease`` was admitted into training."""
 
     lease: str

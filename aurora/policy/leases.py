@@ -11,7 +11,7 @@ min_samples` completions exist, ``L`` is :attr:`LeaseConfig.initial_s`.
 **Leases that cannot livelock.** The median is over every Actor's completions, so a fast Actor
 can shrink ``L`` below what a slower one needs: when the fast one then leaves (or is preempted),
 every lease of the slow one expires before its result arrives, nothing is ever admitted, and
-the median never moves again (76 expiries and no admission in the attack of issue 26). So the
+the median never moves again (an attack made 76 expiries and no admission this way). So the
 length also adapts from expiries, per Actor (:meth:`LeaseBook.lease_length` with ``actor``):
 
 * an expired lease of length ``l`` makes its holder's next leases at least
@@ -81,10 +81,6 @@ TRANSITIONS: dict[LeaseState, dict[str, LeaseState]] = {
 """Legal moves of one lease: a lease ends exactly once."""
 
 MACHINE = "lease"
-_FROM_CLAIMED = TRANSITIONS[LeaseState.CLAIMED]
-"""The only state with moves, looked up by trigger alone: every result ends a lease, and hashing
-an ``Enum`` member runs Python code (~1 us) where hashing the trigger string does not."""
-_SETTLED = _FROM_CLAIMED["settle"]
 
 
 class Refusal(Enum):
@@ -102,11 +98,7 @@ class Refusal(Enum):
 
 
 class Lease(NamedTuple):
-    """One prompt leased to one Actor for one policy version.
-
-    A named tuple, not a frozen dataclass: one is made per prompt (3 x 10^5 in an 800-step run),
-    and a frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) costs ~2 us
-    against ~0.5 us for a tuple. Immutable all the same."""
+    """One prompt leased to one Actor for one policy version (immutable)."""
 
     id: str
     """Lease id, unique within a :class:`LeaseBook`."""
@@ -124,8 +116,21 @@ class Lease(NamedTuple):
     """Expiry time, seconds: a result after it is late."""
 
 
-@dataclass(kw_only=True, slots=True)
-class Verdict:  # not frozen: one is made per result, and frozen init costs ~1 us (10^5 results/s)
+class Claim(NamedTuple):
+    """A request to lease prompts to one Actor (:meth:`LeaseBook.claim`)."""
+
+    actor: str
+    """Who gets the leases."""
+    wanted: int
+    """How many prompts it takes at most (fewer when the pool runs out)."""
+    version: int
+    """Policy version v_j its rollouts must be generated on."""
+    weights_hash: str
+    """h(v_j)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Verdict:
     """Outcome of settling one result."""
 
     lease: str
@@ -214,18 +219,17 @@ class LeaseBook:
         self.batch_of: dict[str, int] = {}  # prompt -> version of the batch it came in
         self._order: dict[str, int] = {}  # prompt -> arrival number (pool priority)
         self._arrivals = 0  # arrival numbers handed out (never reused: see forget_settled)
-        # The pool in two parts, so that claiming compares ints, not (number, prompt) tuples
-        # (~0.5 us a prompt): prompts never leased, in arrival order (their numbers are
+        # The pool in two parts: prompts never leased, in arrival order (their numbers are
         # consecutive, ending at _arrivals), from index _fresh_head on; and returned prompts, a
-        # heap of arrival numbers with their prompts in _returned_prompt.
+        # heap of arrival numbers with their prompts in _returned_prompt. Claiming takes the
+        # lower number of the two heads, so the pool is leased in arrival order.
         self._fresh: list[str] = []
         self._fresh_head = 0
         self._returned: list[int] = []
         self._returned_prompt: dict[int, str] = {}
         self.pool_size = 0
         """Prompts in the pool (fresh from ``_fresh_head`` on, and returned): kept by
-        :meth:`add`, :meth:`_push` and :meth:`_take`, the only places the pool changes, so the
-        Ledger reads a plain attribute (it asks once per result and per Actor dispatched)."""
+        :meth:`add`, :meth:`_push` and :meth:`_take`, the only places the pool changes."""
         self.leased: dict[str, str] = {}  # prompt -> live lease id
         self.done: dict[str, str] = {}  # prompt -> settled lease id
         self.by_actor: dict[str, set[str]] = {}  # actor -> live lease ids
@@ -239,8 +243,8 @@ class LeaseBook:
         self._max_s = self.config.initial_s if self.config.max_s is None else self.config.max_s
         self._own: dict[str, list[float]] = {}
         """Per Actor, its last ``own_window`` admitted completion times (s), oldest first: a
-        list trimmed from the front, not a ``deque(maxlen=...)``, which takes 760 bytes where
-        this takes 184 (one per Actor: 10^5 in the simulator)."""
+        list trimmed from the front (a ``deque(maxlen=...)`` per Actor takes four times the
+        memory)."""
         self._grown: dict[str, float] = {}
         self._armed: set[str] = set()
         self._next_lease = 0
@@ -253,21 +257,17 @@ class LeaseBook:
     def add(self, prompts: Iterable[str], batch_version: int) -> None:
         """Put new prompts into the pool. Raises ValueError for a prompt id seen before."""
         prompts = list(prompts)
-        order = self._order
-        # Arrival numbers are never reused: forget_settled drops old prompts, and a number
-        # taken from the book's size could then sort a new batch before returned older prompts.
-        # The new entries, made once: a repeated prompt makes fewer of them than prompts (the
-        # duplicate check, without a set of its own).
-        numbers = range(self._arrivals, self._arrivals + len(prompts))
-        numbered = dict(zip(prompts, numbers, strict=True))
-        if len(numbered) != len(prompts) or not order.keys().isdisjoint(numbered):
-            seen = set()
-            for p in prompts:
-                if p in order or p in seen:
+        if len(set(prompts)) < len(prompts) or not self._order.keys().isdisjoint(prompts):
+            seen: set[str] = set()
+            for p in prompts:  # the first id seen before, for the message
+                if p in self._order or p in seen:
                     raise ValueError(f"prompt id {p!r} was already submitted")
                 seen.add(p)
+        # Arrival numbers are never reused: forget_settled drops old prompts, and a number
+        # taken from the book's size could then sort a new batch before returned older prompts.
+        first = self._arrivals
         self._arrivals += len(prompts)
-        order.update(numbered)
+        self._order.update(zip(prompts, range(first, self._arrivals), strict=True))
         self.batch_of.update(dict.fromkeys(prompts, batch_version))
         self._fresh.extend(prompts)
         self.pool_size += len(prompts)
@@ -350,149 +350,50 @@ class LeaseBook:
         self._grown[actor] = max(self._grown.get(actor, 0.0), min(grown, self._max_s))
 
     def _admitted(self, actor: str, times: Sequence[float]) -> None:
-        """``actor`` was admitted with these completion times (s): they become its floor, and
-        what its expiries grew is spent (it has shown what it needs)."""
-        own = self._own.get(actor)
-        if own is None:
-            own = self._own[actor] = []
+        """``actor`` was admitted with results that took these times (s, oldest first): they
+        join its floor, and what its expiries grew is spent (it has shown what it needs)."""
+        own = self._own.setdefault(actor, [])
         own.extend(times)
         window = self.config.own_window
         if len(own) > window:
             del own[:-window]
-        if self._grown:
-            self._grown.pop(actor, None)
+        self._grown.pop(actor, None)
 
     # -- transitions ----------------------------------------------------------------------
-    def claim(
-        self, actor: str, count: int, *, version: int, weights_hash: str, now: float
-    ) -> list[Lease]:
-        """Lease up to ``count`` prompts from the head of the pool to ``actor``."""
-        lids, _, _ = self.claim_ids(
-            actor, count, version=version, weights_hash=weights_hash, now=now
-        )
-        leases = self.leases
-        return [leases[lid] for lid in lids]
-
-    def claim_ids(
-        self, actor: str, count: int, *, version: int, weights_hash: str, now: float
-    ) -> tuple[list[str], list[str], float]:
-        """:meth:`claim`, returning ``(lease ids, prompts, expiry)`` instead of the leases (the
-        Ledger's dispatch, which sends ids and prompts, and runs once per assignment of up to a
-        whole batch: the per-prompt work is done a list at a time)."""
-        if count < 0:
-            raise ValueError(f"lease count must be >= 0, got {count}")
-        expiry = now + self.lease_length(actor)
-        size = self.pool_size
-        if not count or not size:
-            return [], [], expiry
-        taken = min(count, size)
-        prompts = self._take(taken)
+    def claim(self, claims: Sequence[Claim], *, now: float) -> list[list[Lease]]:
+        """Lease the head of the pool at ``now``: to each of ``claims`` in turn, up to its
+        ``wanted`` prompts for its ``version`` (whose weights hash is ``weights_hash``), each
+        expiring one :meth:`lease_length` of its Actor later. Returns each claim's leases (the
+        same as claiming for each on its own, one after another; a dispatch claims for every
+        Actor it leases to at once)."""
+        for claim in claims:
+            if claim.wanted < 0:
+                raise ValueError(f"lease count must be >= 0, got {claim.wanted}")
+        prompts = self._take(min(sum(claim.wanted for claim in claims), self.pool_size))
         first = self._next_lease + 1
-        self._next_lease = first + taken - 1
-        lids = [f"L{n}" for n in range(first, first + taken)]
-        new = tuple.__new__  # Lease(...) without its generated __new__'s extra frame
-        self.leases.update(
-            zip(
-                lids,
-                [
-                    new(Lease, (lid, p, actor, version, weights_hash, now, expiry))
-                    for lid, p in zip(lids, prompts, strict=True)
-                ],
-                strict=True,
-            )
-        )
-        self.states.update(dict.fromkeys(lids, LeaseState.CLAIMED))
-        self.leased.update(zip(prompts, lids, strict=True))
-        self.by_actor.setdefault(actor, set()).update(lids)
-        batch_of, batch_leases = self.batch_of, self._batch_leases
-        batches = list(map(batch_of.__getitem__, prompts))
-        if batches.count(batches[0]) == taken:  # a claim's prompts mostly come from one batch
-            batch_leases.setdefault(batches[0], []).extend(lids)
-        else:
-            for b, lid in zip(batches, lids, strict=True):
-                batch_leases.setdefault(b, []).append(lid)
-        return lids, prompts, expiry
-
-    def claim_many(
-        self, claims: Sequence[tuple[str, int, int, str]], now: float
-    ) -> list[tuple[tuple[str, ...], tuple[str, ...], float]]:
-        """:meth:`claim_ids` for each ``(actor, count, version, weights_hash)`` of ``claims``
-        in order, at ``now``: the same leases, book and answers (as tuples) as those calls one
-        after another (``tests/test_leasebook_fast_paths.py`` holds the two to each other).
-        The Ledger's dispatch of a batch to 10^5 Actors: the pool is taken, the lease ids made
-        and the book's indexes updated once for all claims, not once per Actor (~5 us each)."""
-        counts = [claim[1] for claim in claims]
-        if counts and min(counts) < 0:
-            bad = next(count for count in counts if count < 0)
-            raise ValueError(f"lease count must be >= 0, got {bad}")
-        size = self.pool_size
-        # Claims take the pool's head one after another: the first ``total`` prompts, in order.
-        total = min(sum(counts), size)
-        prompts = self._take(total) if total else []
-        first = self._next_lease + 1
-        self._next_lease = first + total - 1
-        lids = [f"L{n}" for n in range(first, first + total)]
-        length = self.lease_length  # per Actor: its floor once one of its leases expired
-        armed = self._armed
-        base = length()
-        by_actor = self.by_actor
-        new = tuple.__new__  # Lease(...) without its generated __new__'s extra frame
-        made: list[Lease] = []
-        add = made.append
-        out: list[tuple[tuple[str, ...], tuple[str, ...], float]] = []
-        pos = 0
-        base_expiry = now + base
-        for actor, count, version, weights_hash in claims:
-            expiry = now + length(actor) if armed and actor in armed else base_expiry
-            rest = total - pos
-            taken = count if count < rest else rest
-            if taken == 1:  # one lease per Actor per step: the common claim, without slices
-                lid, p = lids[pos], prompts[pos]
-                pos += 1
-                add(new(Lease, (lid, p, actor, version, weights_hash, now, expiry)))
-                held = by_actor.get(actor)
-                if held is None:
-                    by_actor[actor] = {lid}
-                else:
-                    held.add(lid)
-                out.append(((lid,), (p,), expiry))
-                continue
-            if taken <= 0:
-                out.append(((), (), expiry))
-                continue
-            end = pos + taken
-            mine, ps = lids[pos:end], prompts[pos:end]
-            pos = end
-            made.extend(
-                [
-                    new(Lease, (lid, p, actor, version, weights_hash, now, expiry))
-                    for lid, p in zip(mine, ps, strict=True)
-                ]
-            )
-            held = by_actor.get(actor)
-            if held is None:
-                by_actor[actor] = set(mine)
-            else:
-                held.update(mine)
-            out.append((tuple(mine), tuple(ps), expiry))
-        if total:
-            self.leases.update(zip(lids, made, strict=True))
-            self.states.update(dict.fromkeys(lids, LeaseState.CLAIMED))
-            self.leased.update(zip(prompts, lids, strict=True))
-            batch_of, batch_leases = self.batch_of, self._batch_leases
-            batches = list(map(batch_of.__getitem__, prompts))
-            if batches.count(batches[0]) == total:  # a batch's dispatch: all from one batch
-                batch_leases.setdefault(batches[0], []).extend(lids)
-            else:
-                for b, lid in zip(batches, lids, strict=True):
-                    batch_leases.setdefault(b, []).append(lid)
+        self._next_lease += len(prompts)
+        ids = [f"L{n}" for n in range(first, self._next_lease + 1)]
+        out: list[list[Lease]] = []
+        start = 0
+        for actor, wanted, version, weights_hash in claims:
+            expiry = now + self.lease_length(actor)
+            end = min(start + wanted, len(prompts))
+            made: list[Lease] = []
+            for i in range(start, end):
+                lease = Lease(ids[i], prompts[i], actor, version, weights_hash, now, expiry)
+                self.leases[lease.id] = lease
+                self.by_actor.setdefault(actor, set()).add(lease.id)
+                made.append(lease)
+            out.append(made)
+            start = end
+        self.states.update(dict.fromkeys(ids, LeaseState.CLAIMED))
+        self.leased.update(zip(prompts, ids, strict=True))
+        for prompt, lease_id in zip(prompts, ids, strict=True):
+            self._batch_leases.setdefault(self.batch_of[prompt], []).append(lease_id)
         return out
 
     def _end(self, lease_id: str, trigger: str) -> Lease:
-        old = self.states[lease_id]
-        new = _FROM_CLAIMED.get(trigger) if old is LeaseState.CLAIMED else None
-        if new is None:
-            new = step(MACHINE, TRANSITIONS, old, trigger)  # raises IllegalTransition
+        new = step(MACHINE, TRANSITIONS, self.states[lease_id], trigger)  # or IllegalTransition
         lease = self.leases[lease_id]
         self.states[lease_id] = new
         del self.leased[lease.prompt]
@@ -529,29 +430,62 @@ class LeaseBook:
     def settle(
         self, lease_id: str, *, actor: str, version: int, weights_hash: str, now: float
     ) -> Verdict:
-        """Apply the acceptance predicate to a result and end the lease accordingly."""
-        refusal, prompt, returned = self.judge(lease_id, actor, version, weights_hash, now)
-        return Verdict(lease=lease_id, refusal=refusal, prompt=prompt, returned_to_pool=returned)
+        """``actor``'s result for ``lease_id``, generated on ``version`` with ``weights_hash``,
+        arrived at ``now``: the acceptance predicate (:func:`admits`) ends the lease. Admitted,
+        it is settled; late, it expires; on another version or weights, it is released (the
+        prompt goes back to the pool either way). A result for a lease ``actor`` does not hold
+        claimed is refused with the book untouched (:meth:`changes_nothing`)."""
+        untouched = self._untouched(lease_id, actor)
+        if untouched is not None:
+            return Verdict(lease=lease_id, refusal=untouched[0], prompt=untouched[1])
+        lease = self.leases[lease_id]
+        refusal = admits(lease, t_r=now, v_r=version, h_r=weights_hash)
+        if refusal is None:
+            self._end(lease_id, "settle")
+            took = now - lease.claimed_at
+            self._completions.append(took)
+            self._length = None
+            self._admitted(actor, (took,))
+            return Verdict(lease=lease_id, refusal=None, prompt=lease.prompt)
+        if refusal is Refusal.LATE:
+            self._end(lease_id, "expire")
+            # The late result measured what this Actor needed: its next leases are at least that.
+            self._expired(lease, measured=now - lease.claimed_at)
+        else:
+            self._end(lease_id, "release")
+        return Verdict(lease=lease_id, refusal=refusal, prompt=lease.prompt, returned_to_pool=True)
+
+    def refuse_malformed(self, lease_id: str, actor: str) -> Verdict:
+        """A result of ``actor`` for ``lease_id`` whose payload does not decode. The holder's
+        claimed lease is released with ``BAD_PAYLOAD`` (its prompt goes back to the pool: the
+        payload will not get better by waiting); anyone else's result, or one for a lease no
+        longer claimed, is refused as :meth:`settle` refuses it, lease untouched."""
+        untouched = self._untouched(lease_id, actor)
+        if untouched is not None:
+            return Verdict(lease=lease_id, refusal=untouched[0], prompt=untouched[1])
+        lease = self._end(lease_id, "release")
+        return Verdict(
+            lease=lease_id, refusal=Refusal.BAD_PAYLOAD, prompt=lease.prompt, returned_to_pool=True
+        )
 
     def changes_nothing(self, lease_id: str, actor: str) -> bool:
         """Would a result of ``actor`` for ``lease_id`` be refused with the book untouched,
         whatever its version, hash, time or payload? So when the lease is unknown, another
-        Actor's, or no longer claimed (settled, expired or released): :meth:`judge`,
-        :meth:`settle_run` and :meth:`refuse_malformed` return before any change for these
-        (``UNKNOWN_LEASE``, ``WRONG_ACTOR``, ``DUPLICATE``, ``LATE`` on an ended lease). The
-        only results a sender can repeat without end are of this kind: the Ledger bounds how
-        many of them it logs (``aurora.runtime.ledger.driver``)."""
+        Actor's, or no longer claimed (settled, expired or released): :meth:`settle` and
+        :meth:`refuse_malformed` return before any change for these (``UNKNOWN_LEASE``,
+        ``WRONG_ACTOR``, ``DUPLICATE``, ``LATE`` on an ended lease). The only results a sender
+        can repeat without end are of this kind: the Ledger bounds how many of them it logs
+        (``aurora.runtime.ledger.driver``)."""
         return self._untouched(lease_id, actor) is not None
 
     def _untouched(self, lease_id: str, actor: str) -> tuple[Refusal, str | None] | None:
         """The refusal and prompt of a result for a lease ``actor`` does not hold claimed (the
-        book left as it is), or None for the holder's claimed lease. :meth:`judge` makes the
-        same four checks written out (its per-result path saves the call);
-        ``tests/test_control_identity.py`` holds the two to each other."""
+        book left as it is), or None for the holder's claimed lease."""
         lease = self.leases.get(lease_id)
         if lease is None:
             return Refusal.UNKNOWN_LEASE, None
         if actor != lease.actor:
+            # Not the holder: refuse, and leave the holder's lease alone.
             return Refusal.WRONG_ACTOR, lease.prompt
         state = self.states[lease_id]
         if state is LeaseState.SETTLED:
@@ -559,132 +493,6 @@ class LeaseBook:
         if state is not LeaseState.CLAIMED:
             return Refusal.LATE, lease.prompt
         return None
-
-    def judge(
-        self, lease_id: str, actor: str, version: int, weights_hash: str, now: float
-    ) -> tuple[Refusal | None, str | None, bool]:
-        """:meth:`settle` without building a :class:`Verdict` (the Ledger's per-result path):
-        ``(refusal, prompt, returned_to_pool)``."""
-        lease = self.leases.get(lease_id)
-        if lease is None:
-            return Refusal.UNKNOWN_LEASE, None, False
-        if actor != lease.actor:
-            # Not the holder: refuse, and leave the holder's lease alone.
-            return Refusal.WRONG_ACTOR, lease.prompt, False
-        state = self.states[lease_id]
-        if state is LeaseState.SETTLED:
-            return Refusal.DUPLICATE, lease.prompt, False
-        if state is not LeaseState.CLAIMED:
-            return Refusal.LATE, lease.prompt, False
-        refusal = admits(lease, t_r=now, v_r=version, h_r=weights_hash)
-        if refusal is Refusal.LATE:
-            self._end(lease_id, "expire")
-            # The late result measured what this Actor needed: its next leases are at least that.
-            self._expired(lease, measured=now - lease.claimed_at)
-            return refusal, lease.prompt, True
-        if refusal is not None:
-            self._end(lease_id, "release")
-            return refusal, lease.prompt, True
-        # _end(lease_id, "settle") written out (CLAIMED -> SETTLED, checked above): this line
-        # runs once per admitted result.
-        prompt = lease.prompt
-        self.states[lease_id] = _SETTLED
-        del self.leased[prompt]
-        self.by_actor[actor].discard(lease_id)
-        self.done[prompt] = lease_id
-        took = now - lease.claimed_at
-        self._completions.append(took)
-        self._length = None
-        self._admitted(actor, [took])
-        return None, prompt, False
-
-    def refuse_malformed(self, lease_id: str, actor: str) -> tuple[Refusal, str | None, bool]:
-        """A result of ``actor`` for ``lease_id`` whose payload does not decode: ``(refusal,
-        prompt, returned_to_pool)``. The holder's claimed lease is released (its prompt goes
-        back to the pool: the payload will not get better by waiting); anyone else's result,
-        or one for a lease no longer claimed, is refused as :meth:`judge` would, lease
-        untouched."""
-        untouched = self._untouched(lease_id, actor)
-        if untouched is not None:
-            return untouched[0], untouched[1], False
-        self._end(lease_id, "release")
-        return Refusal.BAD_PAYLOAD, self.leases[lease_id].prompt, True
-
-    def settle_run(
-        self,
-        lease_ids: tuple[str, ...],
-        start: int,
-        actor: str,
-        version: int,
-        weights_hash: str,
-        now: float,
-    ) -> list[str]:
-        """Settle ``lease_ids[start:]`` one after another while the acceptance predicate admits
-        each, as :meth:`judge` does; stop before the first it would not admit (left untouched,
-        for :meth:`judge`). Returns the prompts of the settled leases, in order: the Ledger's
-        path for a whole assignment's results, with the per-result lookups hoisted."""
-        leases, states = self.leases, self.states
-        if len(lease_ids) == start + 1:
-            # One lease left (at 10^5 Actors each holds one prompt a step): the loop below for
-            # one lease, without its lists, slice and range.
-            lid = lease_ids[start]
-            lease = leases.get(lid)
-            if lease is None:
-                return []
-            _, prompt, holder, v_j, h_j, t_claim, expiry = lease
-            if (
-                holder != actor
-                or states[lid] is not LeaseState.CLAIMED
-                or now > expiry
-                or v_j != version
-                or h_j != weights_hash
-            ):
-                return []
-            states[lid] = _SETTLED
-            del self.leased[prompt]
-            self.done[prompt] = lid
-            self.by_actor[actor].discard(lid)
-            seconds = now - t_claim
-            self._completions.append(seconds)
-            self._length = None
-            self._admitted(actor, (seconds,))
-            return [prompt]
-        leased, done = self.leased, self.done
-        claimed, settled = LeaseState.CLAIMED, _SETTLED
-        prompts: list[str] = []
-        claimed_at: list[float] = []
-        stop = start
-        for i in range(start, len(lease_ids)):
-            lid = lease_ids[i]
-            lease = leases.get(lid)
-            if lease is None:
-                break
-            # One unpacking instead of six attribute look-ups. The condition below is the
-            # holder check plus ``admits(lease, ...) is None`` written out; a property test
-            # (tests/test_leasebook_fast_paths.py) holds it to judge() result by result.
-            _, prompt, holder, v_j, h_j, t_claim, expiry = lease
-            if (
-                holder != actor
-                or states[lid] is not claimed
-                or now > expiry
-                or v_j != version
-                or h_j != weights_hash
-            ):
-                break
-            states[lid] = settled
-            del leased[prompt]
-            done[prompt] = lid
-            claimed_at.append(t_claim)
-            prompts.append(prompt)
-            stop = i + 1
-        if prompts:
-            # A settled lease's holder had it in its set (claim put it there).
-            self.by_actor[actor].difference_update(lease_ids[start:stop])
-            took = [now - t for t in claimed_at]
-            self._completions.extend(took)
-            self._length = None
-            self._admitted(actor, took)
-        return prompts
 
     def forget_settled(self, before_version: int) -> int:
         """Forget every settled prompt of a batch generated on a version below

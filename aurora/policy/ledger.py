@@ -7,10 +7,9 @@ simulator calls it with ``env.now``; the runtime calls it with its wall clock; n
 decision of its own. An event says what happened (an Actor joined, a delta was published or
 staged, a result arrived, time passed); the returned actions say what the drivers must do
 (commit a version on an Actor, hand it leases, exclude it, make it catch up, re-route it, fan a
-delta out). ``state`` is owned by the caller and updated in place for speed (the simulator runs
-10^4 Actors); :func:`decide` validates an event completely before it changes anything, so an
-event that raises ``ValueError`` (or its subclass ``IllegalTransition``) leaves the state exactly
-as it was.
+delta out). ``state`` is owned by the caller and updated in place; :func:`decide` validates an
+event completely before it changes anything, so an event that raises ``ValueError`` (or its
+subclass ``IllegalTransition``) leaves the state exactly as it was.
 
 A step, as in algorithm 1 of the paper:
 
@@ -37,7 +36,6 @@ the pacer that requests batches and counts them complete is :mod:`aurora.policy.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,19 +76,13 @@ from aurora.policy.events import (
     Tick,
     VersionActivated,
 )
-from aurora.policy.leases import LeaseBook, LeaseConfig, Refusal
-from aurora.policy.makers import maker
+from aurora.policy.leases import Claim, LeaseBook, LeaseConfig, Refusal
 from aurora.policy.membership import TRAINER, ActorLife, advance, elect_relay, source_for
 from aurora.policy.refusals import DEFAULT_MAX_REFUSALS, StrikeBook
 from aurora.policy.sampling import RankStats
 from aurora.policy.staging import ActorVersions
 from aurora.policy.verification import Measures, TrustBook, VerificationConfig
-from aurora.policy.versions import Eligibility, plan_catch_up
-
-_assign = maker(Assign)
-_commit = maker(Commit)
-_accepted = maker(Accepted)
-"""The actions made per Actor per step, built positionally (:mod:`aurora.policy.makers`)."""
+from aurora.policy.versions import Eligibility, eligibility, plan_catch_up
 
 # ------------------------------------------------------------------------------------------
 # Configuration
@@ -160,8 +152,7 @@ class LedgerConfig:
 
 
 LIVE = (ActorLife.CATCHING_UP, ActorLife.READY, ActorLife.DRAINING)
-"""Lives of a live Actor (:attr:`ActorRecord.live`), for loops over every Actor to test
-``rec.life in LIVE`` without a property call per Actor."""
+"""Lives of a live Actor (:attr:`ActorRecord.live`)."""
 SCHEDULABLE = (ActorLife.CATCHING_UP, ActorLife.READY)
 """Lives of an Actor that may be given work (:attr:`ActorRecord.schedulable`)."""
 
@@ -262,7 +253,7 @@ def initial_state(config: LedgerConfig) -> LedgerState:
 
 def decide(state: LedgerState, event: Event, *, now: float) -> tuple[LedgerState, list[Action]]:
     """Apply one event at time ``now`` (seconds); return the state and the actions to carry out."""
-    if not (type(now) is float or isinstance(now, int | float)) or not math.isfinite(now):
+    if not isinstance(now, (int, float)) or not math.isfinite(now):
         raise ValueError(f"now must be a finite number of seconds, got {now!r}")
     handler = _HANDLERS.get(type(event))
     if handler is None:
@@ -272,32 +263,11 @@ def decide(state: LedgerState, event: Event, *, now: float) -> tuple[LedgerState
     return state, actions
 
 
-def decide_each(state: LedgerState, events: Sequence[Event], *, now: float) -> list[list[Action]]:
-    """:func:`decide` for each of ``events`` in order at ``now``: the actions of each, and the
-    state, are those of the calls one after another (each is its handler, called as
-    :func:`decide` calls it; ``now`` is checked once). A ``ValueError`` from an event leaves
-    the events before it decided and it and those after it not: as the loop of calls would.
-    For many Actors' reports at one instant (a cohort of the simulator staging or activating a
-    version together), where the per-call overhead is a third of the cost."""
-    if not (type(now) is float or isinstance(now, int | float)) or not math.isfinite(now):
-        raise ValueError(f"now must be a finite number of seconds, got {now!r}")
-    handlers = _HANDLERS
-    out: list[list[Action]] = []
-    for event in events:
-        handler = handlers.get(type(event))
-        if handler is None:
-            raise ValueError(f"unknown event type {type(event).__name__}")
-        actions: list[Action] = []
-        handler(state, event, now, actions)
-        out.append(actions)
-    return out
-
-
 def _by_id(state: LedgerState) -> list[ActorRecord]:
     """Every Actor record in id order (the order dispatch and exclusion visit them). The sorted
     ids are kept while no id is added: an id never leaves ``actors`` (a departed Actor's record
     stays, not live), so an unchanged count means unchanged ids; the records are looked up
-    fresh, since a rejoin replaces its id's record. Sorting 10^5 ids per batch cost ~0.1 s."""
+    fresh, since a rejoin replaces its id's record."""
     actors = state.actors
     ids = state._ids
     if len(ids) != len(actors):
@@ -354,8 +324,8 @@ def _on_joined(state: LedgerState, ev: ActorJoined, now: float, out: list[Action
 
 def _route_joiner(state: LedgerState, rec: ActorRecord, out: list[Action]) -> bool:
     """Route a joining Actor when its region's relay stays the same, without visiting the
-    region's other Actors (joins of 10^4 Actors stay linear). False when a re-election may be
-    needed; :func:`_reroute` then decides."""
+    region's other Actors (a join costs the same however many Actors the region has). False
+    when a re-election may be needed; :func:`_reroute` then decides."""
     cfg = state.config
     region = rec.region
     if region == cfg.trainer_region or not cfg.relays:
@@ -369,10 +339,11 @@ def _route_joiner(state: LedgerState, rec: ActorRecord, out: list[Action]) -> bo
         current = state.actors.get(relay) if relay is not None else None
         if current is None or not current.schedulable or current.id == rec.id:
             return False
-        mine = rec.versions.active if rec.versions.active is not None else -1
-        theirs = current.versions.active if current.versions.active is not None else -1
-        if (-mine, rec.id) < (-theirs, current.id):
-            return False  # the joiner would be elected
+        # The current relay won the election among the others: it stays unless it loses to
+        # the joiner.
+        pair = [(current.id, current.versions.active), (rec.id, rec.versions.active)]
+        if elect_relay((), pair) != current.id:
+            return False
     peers = (
         [rid for rid, reg in state.relays.items() if reg != region]
         if cfg.peer_relay_fallback
@@ -530,11 +501,10 @@ def _fanout_edges(state: LedgerState) -> tuple[tuple[str, str], ...]:
     """Every edge ``(source, node)`` of a delta's fanout, sorted: the Trainer to each standalone
     relay (with relays on), and each schedulable Actor's source to it. Built by source from the
     Actors in id order (no edge repeats: relay and Actor ids are disjoint), so only the sources
-    and the Trainer's few relays are sorted, not 10^5 edges a version."""
+    and the Trainer's few relays are sorted, not every edge."""
     by_source: dict[str, list[str]] = {}
-    schedulable = SCHEDULABLE
     for rec in _by_id(state):
-        if rec.life in schedulable:
+        if rec.schedulable:
             nodes = by_source.get(rec.source)
             if nodes is None:
                 by_source[rec.source] = [rec.id]
@@ -549,14 +519,12 @@ def _fanout_edges(state: LedgerState) -> tuple[tuple[str, str], ...]:
 
 def _on_staged(state: LedgerState, ev: DeltaStaged, now: float, out: list[Action]) -> None:
     rec = _actor(state, ev.actor)
-    version = ev.version
-    if type(version) is not int or version < 0:  # the check below, called only when it may fail
-        _check_version_arg("DeltaStaged.version", version)
-    if version not in state.versions:
-        raise ValueError(f"Actor {ev.actor!r} staged unknown version {version}")
-    if rec.life not in LIVE:
+    _check_version_arg("DeltaStaged.version", ev.version)
+    if ev.version not in state.versions:
+        raise ValueError(f"Actor {ev.actor!r} staged unknown version {ev.version}")
+    if not rec.live:
         raise IllegalTransition("actor lifecycle", rec.life, "stage")
-    rec.versions.stage(version)
+    rec.versions.stage(ev.version)
     _dispatch_if_eligible(state, rec, now, out)
 
 
@@ -564,12 +532,12 @@ def _dispatch_if_eligible(
     state: LedgerState, rec: ActorRecord, now: float, out: list[Action]
 ) -> None:
     """Dispatch after ``rec`` changed version: only ``rec``'s eligibility changed, so only when
-    it can now take work (keeps 10^4 Actors staging one after another linear, not quadratic)."""
+    it can now take work (Actors staging one after another do not each dispatch the pool)."""
     target = state.target
     if (
         target is not None
         and state.book.pool_size
-        and rec.life in SCHEDULABLE
+        and rec.schedulable
         and _eligibility(rec, target, state.latest) is not Eligibility.EXCLUDED
     ):
         _dispatch(state, now, out)
@@ -577,12 +545,10 @@ def _dispatch_if_eligible(
 
 def _on_activated(state: LedgerState, ev: VersionActivated, now: float, out: list[Action]) -> None:
     rec = _actor(state, ev.actor)
-    version = ev.version
-    if type(version) is not int or version < 0:  # the check below, called only when it may fail
-        _check_version_arg("VersionActivated.version", version)
-    if rec.life not in LIVE:
+    _check_version_arg("VersionActivated.version", ev.version)
+    if not rec.live:
         raise IllegalTransition("actor lifecycle", rec.life, "activate")
-    rec.versions.activate(version)
+    rec.versions.activate(ev.version)
     _after_version_change(state, rec, now, out)
 
 
@@ -633,17 +599,8 @@ def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Acti
     state.book.forget_settled(ev.version - lag - RETAIN_BATCHES)
     state.target = ev.version
     state.hold_until = now + state.book.lease_length()
-    schedulable, target = SCHEDULABLE, ev.version
     for rec in _by_id(state):
-        if rec.life not in schedulable:
-            continue
-        # _eligibility(...) is EXCLUDED, its eligible case first: this visits every Actor.
-        active = rec.versions.active
-        if active is not None and (
-            active == target or (latest is not None and target < active <= latest)
-        ):
-            continue
-        if _eligibility(rec, target, latest) is Eligibility.EXCLUDED:
+        if rec.schedulable and _eligibility(rec, ev.version, latest) is Eligibility.EXCLUDED:
             out.append(Exclude(actor=rec.id, version=ev.version, active=rec.versions.active))
             if rec.estimate is not None:
                 rec.estimate = allocation.exclusion_decay(
@@ -656,16 +613,8 @@ def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Acti
 
 
 def _eligibility(rec: ActorRecord, target: int, latest: int | None) -> Eligibility:
-    """:func:`aurora.policy.versions.eligibility` without re-validating the Ledger's own state
-    (it runs for every Actor on every dispatch)."""
-    active = rec.versions.active
-    if active is None:
-        return Eligibility.EXCLUDED
-    if active == target or (latest is not None and target < active <= latest):
-        return Eligibility.ELIGIBLE
-    if active == target - 1 and rec.versions.is_staged(target):
-        return Eligibility.NEEDS_COMMIT
-    return Eligibility.EXCLUDED
+    """The version predicate (:func:`aurora.policy.versions.eligibility`) for ``rec``'s Actor."""
+    return eligibility(rec.versions.active, rec.versions.staged, target, latest)
 
 
 def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
@@ -673,116 +622,134 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
 
     Shares are computed over every *expected* Actor (eligible, or one version behind with the
     delta presumably on its way), and an eligible Actor takes only its share less what it
-    already holds. While the batch is young
-    (``now <= hold_until``) the shares of Actors still staging or catching up stay in the pool
-    for them, so the first Actor to finish staging does not take the whole batch; after that,
-    or when nobody is behind, dispatch is work-conserving and empties the pool.
+    already holds. While the batch is young (``now <= hold_until``) the shares of Actors still
+    staging or catching up stay in the pool for them, so the first Actor to finish staging does
+    not take the whole batch; after that, or when nobody is behind, dispatch is
+    work-conserving and empties the pool.
     """
     target = state.target
-    book = state.book
-    if target is None or book.pool_size == 0:
+    if target is None or state.book.pool_size == 0:
         return
-    expected: list[ActorRecord] = []
-    eligible: list[ActorRecord] = []
-    needs_commit: set[str] = set()
-    latest = state.latest
-    behind = target - 1
-    ready, catching_up = ActorLife.READY, ActorLife.CATCHING_UP
-    stalled = 0  # of the eligible
-    unestimated = False  # some expected Actor has no estimate
-    for rec in _by_id(state):
-        life = rec.life
-        if life is not ready and life is not catching_up:
-            continue  # not schedulable
-        # _eligibility written out: this loop visits every Actor (10^5) on every dispatch.
-        versions = rec.versions
-        active = versions.active
-        if active is None:
-            continue  # EXCLUDED, and not one version behind
-        if active == target or (latest is not None and target < active <= latest):
-            eligible.append(rec)
-            expected.append(rec)
-            stalled += rec.stalled
-            unestimated = unestimated or rec.estimate is None
-        elif active == behind:
-            expected.append(rec)
-            unestimated = unestimated or rec.estimate is None
-            if versions.is_staged(target):  # NEEDS_COMMIT
-                eligible.append(rec)
-                needs_commit.add(rec.id)
-                stalled += rec.stalled
-            # else one version behind: its delta is on the way, worth holding a share for.
-            # Actors further behind (a long catch-up, a fresh join) are not waited for.
+    eligible, expected, needs_commit = _candidates(state, target)
     if not eligible:
         return
-    if 0 < stalled < len(eligible):  # some eligible Actors stalled, not all
-        # Stragglers whose leases expired take nothing new while others can (see
-        # ActorRecord.stalled); they are not expected either, so nothing is held for them.
-        eligible = [r for r in eligible if not r.stalled]
-        expected = [r for r in expected if not r.stalled]
-        unestimated = any(r.estimate is None for r in expected)
-    # The prior (a median over every live estimate: a sort of 10^5) only for Actors without one.
-    prior = 0.0
-    if unestimated:
-        live = {
-            r.id: r.estimate
-            for r in state.actors.values()
-            if r.life in LIVE and r.estimate is not None
-        }
-        prior = allocation.prior(live, state.config.prior_tokens_per_s)
+    estimates = _estimates(state, expected)
+    holding = (
+        len(expected) > len(eligible) and state.hold_until is not None and now <= state.hold_until
+    )
+    wants = _wants(state.book, eligible, expected, estimates, holding=holding)
+    _assign(state, [rec for rec in eligible if wants[rec.id] > 0], wants, needs_commit, now, out)
+    assert holding or state.book.pool_size == 0
 
-    holding = len(expected) > len(eligible) and state.hold_until is not None
-    holding = holding and now <= state.hold_until  # type: ignore[operator]
-    est = {r.id: r.estimate if r.estimate is not None else prior for r in expected}
-    left = book.pool_size
-    wants: dict[str, int] = {}
-    if book.leased:
-        by_actor = book.by_actor
-        held = {r.id: len(by_actor.get(r.id, ())) for r in expected}
-        shares = allocation.split(left + sum(held.values()), est, est.keys())
-        for rec in eligible:
-            wants[rec.id] = n = min(max(shares[rec.id] - held[rec.id], 0), left)
-            left -= n
-    else:
-        # No live lease in the book (a batch requested after the last one completed): every
-        # Actor holds 0, and a share is never negative, so each wants its share (as above).
-        shares = allocation.split(left, est, est.keys())
-        for rec in eligible:
-            wants[rec.id] = n = min(shares[rec.id], left)
-            left -= n
-    if left and not holding:
-        # Nobody to hold for: the rest (shares of Actors that hold more than their share, or
-        # of Actors too late to wait for) goes to the eligible ones, in proportion.
-        est = {r.id: r.estimate if r.estimate is not None else prior for r in eligible}
-        for actor, n in allocation.split(left, est, est.keys()).items():
-            wants[actor] += n
-    # Every eligible Actor's claim in one call to the book (the same leases as one claim per
-    # Actor in this order), then each one's Commit and Assign in the same order.
-    versions_info = state.versions
-    target_hash = versions_info[target].weights_hash
-    claimants: list[ActorRecord] = []
-    claims: list[tuple[str, int, int, str]] = []
-    for rec in eligible:
-        n = wants[rec.id]
-        if n == 0:
+
+def _candidates(
+    state: LedgerState, target: int
+) -> tuple[list[ActorRecord], list[ActorRecord], set[str]]:
+    """``(eligible, expected, needs_commit)`` for ``target``, in id order: the schedulable
+    Actors the version predicate lets work on it (those of them that need a ``Commit`` first
+    in ``needs_commit``), and those with a share of the batch (the eligible ones, and those one
+    version behind: their delta is on the way, worth holding a share for; Actors further
+    behind, a long catch-up or a fresh join, are not waited for). Stragglers whose leases
+    expired (:attr:`ActorRecord.stalled`) take nothing new and are not expected while another
+    eligible Actor can take the work."""
+    eligible: list[ActorRecord] = []
+    expected: list[ActorRecord] = []
+    needs_commit: set[str] = set()
+    for rec in _by_id(state):
+        if not rec.schedulable:
             continue
-        # An Actor already past the target works on its own (newer) version (the target when
-        # it is on the target or behind it, or has no version: max(target, active or 0)).
-        active = rec.versions.active
-        claimants.append(rec)
-        if active is None or active <= target:
-            claims.append((rec.id, n, target, target_hash))
-        else:
-            claims.append((rec.id, n, active, versions_info[active].weights_hash))
-    claimed = book.claim_many(claims, now)
-    for rec, (actor, _, version, _), (lids, prompts, expiry) in zip(
-        claimants, claims, claimed, strict=True
-    ):
-        if needs_commit and actor in needs_commit and rec.commit_sent != target:
-            out.append(_commit(actor, target))
+        verdict = _eligibility(rec, target, state.latest)
+        if verdict is not Eligibility.EXCLUDED:
+            eligible.append(rec)
+            expected.append(rec)
+            if verdict is Eligibility.NEEDS_COMMIT:
+                needs_commit.add(rec.id)
+        elif rec.versions.active == target - 1:
+            expected.append(rec)
+    if any(rec.stalled for rec in eligible) and not all(rec.stalled for rec in eligible):
+        eligible = [rec for rec in eligible if not rec.stalled]
+        expected = [rec for rec in expected if not rec.stalled]
+    return eligible, expected, needs_commit
+
+
+def _estimates(state: LedgerState, actors: list[ActorRecord]) -> dict[str, float]:
+    """Each of ``actors``' throughput estimate (tokens/s): its own, or the prior
+    (:func:`aurora.policy.allocation.prior` over every live Actor's estimate) if it has none."""
+    prior = 0.0  # unused when every one of them has an estimate
+    if any(rec.estimate is None for rec in actors):
+        known = {
+            rec.id: rec.estimate
+            for rec in state.actors.values()
+            if rec.live and rec.estimate is not None
+        }
+        prior = allocation.prior(known, state.config.prior_tokens_per_s)
+    return {rec.id: rec.estimate if rec.estimate is not None else prior for rec in actors}
+
+
+def _wants(
+    book: LeaseBook,
+    eligible: list[ActorRecord],
+    expected: list[ActorRecord],
+    estimates: dict[str, float],
+    *,
+    holding: bool,
+) -> dict[str, int]:
+    """How many prompts of the pool each eligible Actor takes now: the pool and every expected
+    Actor's live leases split in proportion to ``estimates``, less what each holds already, in
+    id order while the pool lasts; unless ``holding`` (for Actors still staging), what is left
+    (shares of Actors that hold more than their share, or of Actors too late to wait for) is
+    split again over the eligible Actors alone."""
+    left = book.pool_size
+    held = {rec.id: len(book.by_actor.get(rec.id, ())) for rec in expected}
+    shares = allocation.split(left + sum(held.values()), estimates, held.keys())
+    wants: dict[str, int] = {}
+    for rec in eligible:
+        wants[rec.id] = n = min(max(shares[rec.id] - held[rec.id], 0), left)
+        left -= n
+    if left and not holding:
+        rest = allocation.split(left, estimates, [rec.id for rec in eligible])
+        for actor, n in rest.items():
+            wants[actor] += n
+    return wants
+
+
+def _assign(
+    state: LedgerState,
+    actors: list[ActorRecord],
+    wants: dict[str, int],
+    needs_commit: set[str],
+    now: float,
+    out: list[Action],
+) -> None:
+    """Lease each of ``actors``' Actors the prompts it ``wants``, in order, each after a
+    ``Commit(target)`` if it must switch to the target first (once per target). An Actor
+    already past the target works on its own, newer version; any other on the target."""
+    target = state.target
+    assert target is not None
+    versions = [
+        rec.versions.active
+        if rec.versions.active is not None and rec.versions.active > target
+        else target
+        for rec in actors
+    ]
+    claims = [
+        Claim(rec.id, wants[rec.id], version, state.versions[version].weights_hash)
+        for rec, version in zip(actors, versions, strict=True)
+    ]
+    claimed = state.book.claim(claims, now=now)
+    for rec, version, leases in zip(actors, versions, claimed, strict=True):
+        if rec.id in needs_commit and rec.commit_sent != target:
+            out.append(Commit(actor=rec.id, version=target))
             rec.commit_sent = target
-        out.append(_assign(actor, version, lids, prompts, expiry))
-    assert holding or book.pool_size == 0
+        out.append(
+            Assign(
+                actor=rec.id,
+                version=version,
+                leases=tuple([lease.id for lease in leases]),
+                prompts=tuple([lease.prompt for lease in leases]),
+                expiry=leases[0].expiry,
+            )
+        )
 
 
 def changes_nothing(state: LedgerState, event: Event) -> bool:
@@ -814,13 +781,15 @@ def _on_malformed(state: LedgerState, ev: ResultMalformed, now: float, out: list
     rec = _actor(state, ev.actor)
     if state.strikes.excluded(ev.actor):  # a refusal it cannot be counted for: nothing changes
         raise ValueError(f"Actor {ev.actor!r} was excluded for its refused results")
-    refusal, _, returned = state.book.refuse_malformed(ev.lease, ev.actor)
+    verdict = state.book.refuse_malformed(ev.lease, ev.actor)
+    refusal = verdict.refusal
+    assert refusal is not None
     if refusal is Refusal.BAD_PAYLOAD:
         rec.stalled = True  # its results are spoiled: others take the prompt back first
     out.append(Refused(lease=ev.lease, actor=ev.actor, reason=refusal))
     if refusal is Refusal.BAD_PAYLOAD and state.strikes.strike(ev.actor, ev.lease):
         _evict(state, rec, "REFUSED", now, out)  # dispatches the pool, the prompt included
-    elif returned:
+    elif verdict.returned_to_pool:
         _dispatch(state, now, out)
 
 
@@ -857,44 +826,22 @@ def _settle_results(
     """Results of ``rec``'s Actor for ``leases``, one after another: the acceptance predicate
     settles each lease (the one place a result is judged, whether it came alone or with
     others)."""
-    actor = rec.id
     book = state.book
-    judge, held = book.judge, book.by_actor
-    i, n = 0, len(leases)
-    while i < n:
-        if not book.pool_size:
-            # With the pool empty an admitted result dispatches nothing (and admitting returns
-            # nothing to the pool): settle the run of admitted results in one call.
-            prompts = book.settle_run(leases, i, actor, version, weights_hash, now)
-            if len(prompts) == 1:  # one prompt per Actor per step at 10^5 Actors
-                rec.stalled = False
-                out.append(_accepted(leases[i], actor, prompts[0], version))
-                i += 1
-                continue
-            if prompts:
-                rec.stalled = False
-                out.extend(
-                    [
-                        _accepted(lease, actor, prompt, version)
-                        for lease, prompt in zip(leases[i : i + len(prompts)], prompts, strict=True)
-                    ]
-                )
-                i += len(prompts)
-                continue
-        lease = leases[i]
-        i += 1
-        refusal, prompt, returned = judge(lease, actor, version, weights_hash, now)
-        if refusal is None:
+    for lease in leases:
+        verdict = book.settle(
+            lease, actor=rec.id, version=version, weights_hash=weights_hash, now=now
+        )
+        if verdict.refusal is None:
             rec.stalled = False  # it works: an admitted result shows it
-            assert prompt is not None
-            out.append(_accepted(lease, actor, prompt, version))
-            if book.pool_size and not held.get(actor):
+            assert verdict.prompt is not None
+            out.append(Accepted(lease=lease, actor=rec.id, prompt=verdict.prompt, version=version))
+            if book.pool_size and not book.by_actor.get(rec.id):
                 _dispatch(state, now, out)  # an idle Actor takes more of a held-back pool
             continue
-        if refusal is Refusal.WRONG_VERSION or refusal is Refusal.WRONG_HASH:
+        if verdict.refusal in (Refusal.WRONG_VERSION, Refusal.WRONG_HASH):
             rec.stalled = True  # its results are spoiled: others take the prompt back first
-        out.append(Refused(lease=lease, actor=actor, reason=refusal))
-        if returned:
+        out.append(Refused(lease=lease, actor=rec.id, reason=verdict.refusal))
+        if verdict.returned_to_pool:
             _dispatch(state, now, out)
 
 
@@ -962,16 +909,10 @@ def _on_throughput(
 ) -> None:
     rec = _actor(state, ev.actor)
     tokens, seconds = ev.tokens, ev.seconds
-    # Each check made only when the plain int / float test before it does not pass it already.
-    if (type(tokens) is not int or tokens <= 0) and (
-        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0
-    ):
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
         raise ValueError(f"ThroughputObserved.tokens must be a positive int, got {tokens!r}")
-    if not (type(seconds) is float and 0.0 < seconds < math.inf) and not (
-        math.isfinite(seconds) and seconds > 0
-    ):
+    if not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"ThroughputObserved.seconds must be > 0, got {seconds!r}")
-    # The EMA's rule lives in allocation alone (a copy written out here saved ~0.2 us a call).
     rec.estimate = allocation.ema_update(rec.estimate, tokens / seconds, state.config.ema_beta)
 
 

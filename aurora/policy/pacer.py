@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aurora.policy.events import Accepted, BatchRequested
-from aurora.policy.ledger import SCHEDULABLE, LedgerState
+from aurora.policy.ledger import LedgerState
 
 
 def lowest_allowed(step: int, max_lag: int) -> int:
@@ -58,9 +58,8 @@ def batch_version(state: LedgerState, step: int) -> int | None:
     # The newest version every schedulable Actor with weights from lowest-1 on can reach by
     # activating its staged deltas in order (ActorVersions.reachable: a walk, no sort).
     newest_all_hold: int | None = None
-    schedulable = SCHEDULABLE  # rec.schedulable without a property call per Actor (10^5)
     for rec in state.actors.values():
-        if rec.life not in schedulable:
+        if not rec.schedulable:
             continue
         versions = rec.versions
         active = versions.active
@@ -76,13 +75,11 @@ def batch_version(state: LedgerState, step: int) -> int | None:
 
 def waiting_on(state: LedgerState, version: int) -> list[str]:
     """Schedulable Actors one version behind ``version`` that have not staged it yet."""
-    behind = version - 1
-    schedulable = SCHEDULABLE
     return sorted(
         rec.id
         for rec in state.actors.values()
-        if rec.versions.active == behind
-        and rec.life in schedulable
+        if rec.schedulable
+        and rec.versions.active == version - 1
         and not rec.versions.is_staged(version)
     )
 
@@ -164,8 +161,8 @@ class Pacer:
         self._start_deadline: float | None = None
         self._started = False
         self._made: tuple[int, tuple[str, ...]] = (0, ())
-        """The last batch's prompt ids as :meth:`prompts` made them (10^4 strings a batch:
-        a request made here is checked by identity, not rebuilt)."""
+        """The last batch's prompt ids as :meth:`prompts` made them (polling, checking and
+        recording a request each ask for them)."""
 
     @property
     def requesting(self) -> int:
@@ -263,7 +260,7 @@ class Pacer:
         waiting = self.waiting
         if actor not in waiting:
             return False
-        waiting.discard(actor)  # in place: 10^4 Actors stage one after another
+        waiting.discard(actor)
         return not waiting
 
     def left(self, actor: str) -> bool:
@@ -278,9 +275,7 @@ class Pacer:
         """The batch ``event`` requests; raises ValueError (nothing changed) unless it is the
         next batch with its own prompt ids."""
         k = self.batch_of(event.prompts[0]) if event.prompts else -1
-        if k != self.next_batch or (
-            event.prompts is not self._made[1] and event.prompts != self.prompts(k)
-        ):
+        if k != self.next_batch or event.prompts != self.prompts(k):
             raise ValueError(
                 f"BatchRequested for batch {k} with {len(event.prompts)} prompts; the pacer "
                 f"expects batch {self.next_batch} with {self.config.prompts_per_batch}"
@@ -301,34 +296,13 @@ class Pacer:
     def settle(self, accepted: Sequence[Accepted], now: float) -> list[tuple[int, int]]:
         """Count admitted results (in order); returns ``(index in accepted, batch)`` for each
         result that completed its batch."""
-        batch_of = self._batch_of
-        results = self.results
-        n = self.config.prompts_per_batch
+        batch_of, results, size = self._batch_of, self.results, self.config.prompts_per_batch
         completed = []
-        if len(accepted) == 1:  # one result (an Actor's one prompt a step at 10^5 Actors)
-            a = accepted[0]
+        for i, a in enumerate(accepted):
             k = batch_of.pop(a.prompt)
             got = results[k]
             got.append(a)
-            if len(got) == n:
-                self.done[k] = now
-                completed.append((0, k))
-            return completed
-        batches = list(map(batch_of.pop, [a.prompt for a in accepted]))
-        k = batches[0] if batches else 0
-        if batches and batches.count(k) == len(batches):
-            # One batch (an Actor's finished assignment, the common case): counted at once.
-            got = results[k]
-            before = len(got)
-            got.extend(accepted)
-            if before < n <= len(got):
-                self.done[k] = now
-                completed.append((n - before - 1, k))
-            return completed
-        for i, (a, k) in enumerate(zip(accepted, batches, strict=True)):
-            got = results[k]
-            got.append(a)
-            if len(got) == n:
+            if len(got) == size:
                 self.done[k] = now
                 completed.append((i, k))
         return completed

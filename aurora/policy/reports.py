@@ -32,12 +32,7 @@ from dataclasses import dataclass
 
 from aurora.policy.events import ActorJoined, ActorLost, CaughtUp, DeltaStaged, Event
 from aurora.policy.ledger import LIVE, LedgerState
-from aurora.policy.makers import maker
 from aurora.policy.staging import DeltaState
-
-_staged = maker(DeltaStaged)
-"""``DeltaStaged(actor, version)``, positionally (:mod:`aurora.policy.makers`): one per Actor per
-version."""
 
 
 def early_horizon(state: LedgerState) -> int:
@@ -69,7 +64,7 @@ class StagedReports:
             DeltaState.ACTIVE,
         ):
             return None
-        return _staged(actor, version)
+        return DeltaStaged(actor=actor, version=version)
 
     def published(self, state: LedgerState, version: int) -> list[DeltaStaged]:
         """``DeltaPublished(version)`` was decided: the reports it held, to decide in order

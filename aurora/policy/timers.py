@@ -7,7 +7,7 @@ A lease is expired strictly after its expiry (:mod:`aurora.policy.leases`), so t
 a restarted Ledger replays its log, for every live lease) and answers the delay of a new timer,
 or None when one is already set for that expiry or it never expires. One timer per distinct
 expiry time: a batch's leases share theirs. ``slack_s`` is how long after the expiry the tick
-comes: the simulator's clock is exact (1 us), the runtime's timers fire a little early or late
+comes: the simulator's clock is exact (1e-6 s), the runtime's timers fire a little early or late
 (50 ms). Nothing here does I/O or reads a clock.
 """
 

@@ -9,7 +9,8 @@ Trainer computes ``target+1`` meanwhile). An Actor is
 * **eligible** when its active version is ``target``;
 * **needs commit** when it is active on ``target-1`` and has ``D_target`` staged (downloaded and
   verified): it receives ``Commit(target)``, activates at its end-of-batch safe point, then works;
-* **excluded** otherwise (more than one version behind, or on ``target-1`` without the delta).
+* **excluded** otherwise (no weights yet, more than one version behind, or on ``target-1``
+  without the delta).
 
 An excluded Actor catches up by replaying missed deltas, or, when fewer bytes, a full snapshot
 plus the tail of the chain. :func:`plan_catch_up` picks the cheapest plan in bytes, given what
@@ -40,18 +41,18 @@ def _check_version(name: str, value: int) -> None:
 
 
 def eligibility(
-    active: int, staged: int | None, target: int, latest: int | None = None
+    active: int | None, staged: int | None, target: int, latest: int | None = None
 ) -> Eligibility:
-    """The version predicate: may an Actor on ``active`` with ``staged`` work on ``target``?
+    """The version predicate: may an Actor on ``active`` (None: no weights loaded yet), whose
+    next staged delta is ``staged`` (None: none), work on ``target``?
 
     With a lag bound above one, a batch's target can trail the latest version; an Actor that
     already holds a newer published version (``target < active <= latest``, e.g. after catching
     up) is eligible and generates on its own version, which is fresher and so within the bound.
+    The versions are the Ledger's own, each checked when the event that brought it was decided.
     """
-    _check_version("active", active)
-    _check_version("target", target)
-    if staged is not None:
-        _check_version("staged", staged)
+    if active is None:
+        return Eligibility.EXCLUDED
     if active == target or (latest is not None and target < active <= latest):
         return Eligibility.ELIGIBLE
     if active == target - 1 and staged == target:
