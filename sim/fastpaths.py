@@ -1,34 +1,15 @@
 """The simulator's fast paths: cheaper ways to do what calling the policy core does, for the
 per-Actor work of a run (cohort mode, :mod:`sim.cohorts`, at 10^4-10^5 Actors above all).
 
-Theory of operation
--------------------
 The policy core (``aurora.policy``) is the specification: one entry point per operation,
 frozen events, each rule written once. What the simulator needs faster than that lives here,
 and ``tests/test_sim_fastpaths.py`` holds each path to the core's own operation on randomized
 inputs (same inputs, same objects or decisions); nothing in the core depends on this module.
 
-* **Builders** of the objects cohort mode makes per Actor per step (a member's
-  ``ResultsArrived``, ``ThroughputObserved`` and ``VersionActivated``, and the ``Work`` an
-  ``Assign`` queues). A frozen dataclass's ``__init__`` sets each field through
-  ``object.__setattr__`` after a keyword-argument call; a builder makes the same object (equal,
-  same hash, same slots) by ``object.__new__`` and each slot's own setter, about a third of the
-  cost. Only for slotted dataclasses without ``__post_init__`` (:func:`_setters` refuses
-  others, and the field names, listed here, must be the class's own in order).
-* :func:`decide_reports` decides Actors' reports that the pacer of
-  :class:`~aurora.policy.core.LedgerCore` does not read (staged, activated) with
-  :func:`aurora.policy.ledger.decide` on the core's state: :meth:`LedgerCore.feed` passes
-  these to ``decide`` and returns its actions unchanged, so the layer is skipped.
-* :func:`feed_results` is ``LedgerCore.feed`` of an Actor's ``ResultsArrived`` (a cohort
-  member's, or an exact process's when nothing records, holds or delays it) for its usual
-  case: the pool is empty (the batch is all leased) and the acceptance predicate admits the
-  leases from the first on. The core settles them one after another, each through
-  :meth:`LeaseBook.settle <aurora.policy.leases.LeaseBook.settle>` (a ``Verdict``, the lease
-  machine's step, the Actor's completion times) and the Ledger (an ``Accepted``, a dispatch
-  that an empty pool makes a no-op); here the run the predicate admits is settled in one pass
-  over the book's records, and whatever follows the first lease it does not admit is fed to
-  the core. It writes the book's and the pacer's state as the core does, so it depends on
-  their layout: the oracle test compares the whole state after each call.
+Three kinds: builders of the frozen events cohort mode makes per Actor per step
+(:func:`_setters`), :func:`decide_reports` for the reports the pacer does not read, and
+:func:`feed_results` for an Actor's results when the pool is empty. Each depends on the
+core's layout, which is why the oracle test compares the whole state after each call.
 """
 
 from __future__ import annotations
@@ -58,7 +39,15 @@ PASSED_THROUGH = (DeltaStaged, VersionActivated)
 
 
 def _setters(cls: type, *names: str) -> tuple[Callable[[Any, Any], None], ...]:
-    """Each named slot's setter of ``cls``; ``names`` must be its fields, in order."""
+    """Each named slot's setter of ``cls``; ``names`` must be its fields, in order.
+
+    The builders below make the objects cohort mode makes per Actor per step (a member's
+    ``ResultsArrived``, ``ThroughputObserved`` and ``VersionActivated``, and the ``Work`` an
+    ``Assign`` queues). A frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__`` after a keyword-argument call; a builder makes the same object (equal,
+    same hash, same slots) by ``object.__new__`` and each slot's own setter, about a third of the
+    cost. Only for slotted dataclasses without ``__post_init__`` (refused here otherwise), and
+    the field names must be the class's own in order."""
     if "__slots__" not in cls.__dict__ or hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__}: a builder needs a slotted dataclass, no __post_init__")
     if tuple(f.name for f in fields(cls)) != names:
@@ -127,8 +116,17 @@ def accepted(lease: str, actor: str, prompt: str, version: int) -> Accepted:
 
 
 def feed_results(core: LedgerCore, event: ResultsArrived, *, now: float) -> list[Action]:
-    """``core.feed(event, now=now)``: the same actions and the same state after it (module
-    docstring)."""
+    """``core.feed(event, now=now)``: the same actions and the same state after it.
+
+    For the usual case of an Actor's ``ResultsArrived`` (a cohort member's, or an exact
+    process's when nothing records, holds or delays it): the pool is empty (the batch is all
+    leased) and the acceptance predicate admits the leases from the first on. The core settles
+    them one after another, each through :meth:`LeaseBook.settle
+    <aurora.policy.leases.LeaseBook.settle>` (a ``Verdict``, the lease machine's step, the
+    Actor's completion times) and the Ledger (an ``Accepted``, a dispatch that an empty pool
+    makes a no-op); here the run the predicate admits is settled in one pass over the book's
+    records, and whatever follows the first lease it does not admit is fed to the core. It
+    writes the book's and the pacer's state as the core does, so it depends on their layout."""
     state, pacer = core.state, core.pacer
     book = state.book
     rec = state.actors.get(event.actor)
@@ -174,7 +172,12 @@ def decide_reports(
 ) -> list[list[Action]]:
     """The actions of ``core.feed(event, now=now)`` for each of ``events`` in order (each a
     :data:`PASSED_THROUGH` event), decided by ``decide`` itself. A ``ValueError`` leaves the
-    events before it decided and it and those after it not, as the loop of ``feed`` would."""
+    events before it decided and it and those after it not, as the loop of ``feed`` would.
+
+    These are the reports :class:`~aurora.policy.core.LedgerCore`'s pacer does not read
+    (staged, activated): :meth:`LedgerCore.feed` passes them to
+    :func:`aurora.policy.ledger.decide` and returns its actions unchanged, so that layer is
+    skipped."""
     state = core.state
     out: list[list[Action]] = []
     for event in events:
