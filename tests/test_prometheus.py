@@ -14,7 +14,9 @@ from __future__ import annotations
 import bisect
 import csv
 import json
+import random
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -129,6 +131,22 @@ class Log:
         return out
 
 
+def port_below_ephemeral(host: str) -> int:
+    """A free port below the kernel's ephemeral range. The run's roles hold ports picked by
+    binding port 0 (``free_port``) and bind them only as each starts; a server started meanwhile
+    on another port so picked can take one of theirs (a relay then fails with "address already
+    in use"). Ports below the range are never handed out by a bind to port 0."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for candidate in random.Random().sample(range(max(1024, low - 8000), low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind((host, candidate))
+            except OSError:
+                continue
+            return candidate
+    return free_port(host)
+
+
 def test_a_prometheus_server_scraping_aurora_real_answers_what_the_runs_files_say(tmp_path):
     topo = tmp_path / "prom.yaml"
     topo.write_text(TOPOLOGY)
@@ -164,7 +182,7 @@ def test_a_prometheus_server_scraping_aurora_real_answers_what_the_runs_files_sa
             time.sleep(0.05)
         config = tmp_path / "prometheus.yml"
         config.write_text(prometheus_config(targets.resolve(), interval="250ms"))
-        port = free_port("127.0.0.1")
+        port = port_below_ephemeral("127.0.0.1")
         base = f"http://127.0.0.1:{port}"
         server = subprocess.Popen(
             [
