@@ -599,17 +599,17 @@ def _on_batch(state: LedgerState, ev: BatchRequested, now: float, out: list[Acti
     state.book.forget_settled(ev.version - lag - RETAIN_BATCHES)
     state.target = ev.version
     state.hold_until = now + state.book.lease_length()
-    for rec in _by_id(state):
-        if rec.schedulable and _eligibility(rec, ev.version, latest) is Eligibility.EXCLUDED:
-            out.append(Exclude(actor=rec.id, version=ev.version, active=rec.versions.active))
-            if rec.estimate is not None:
-                rec.estimate = allocation.exclusion_decay(
-                    rec.estimate, state.config.exclusion_alpha
-                )
-            if rec.life is ActorLife.READY:
-                rec.life = advance(rec.life, "fall_behind")
-            _plan_or_ready(state, rec, out)
-    _dispatch(state, now, out)
+    # Excluding an Actor changes its estimate and life, never what the predicate says of it:
+    # the Actors are classified once, excluded, then leased to.
+    candidates = _candidates(state, ev.version)
+    for rec in candidates.excluded:
+        out.append(Exclude(actor=rec.id, version=ev.version, active=rec.versions.active))
+        if rec.estimate is not None:
+            rec.estimate = allocation.exclusion_decay(rec.estimate, state.config.exclusion_alpha)
+        if rec.life is ActorLife.READY:
+            rec.life = advance(rec.life, "fall_behind")
+        _plan_or_ready(state, rec, out)
+    _lease_out(state, candidates, now, out)
 
 
 def _eligibility(rec: ActorRecord, target: int, latest: int | None) -> Eligibility:
@@ -627,49 +627,67 @@ def _dispatch(state: LedgerState, now: float, out: list[Action]) -> None:
     not take the whole batch; after that, or when nobody is behind, dispatch is
     work-conserving and empties the pool.
     """
-    target = state.target
-    if target is None or state.book.pool_size == 0:
-        return
-    eligible, expected, needs_commit = _candidates(state, target)
-    if not eligible:
+    if state.target is not None and state.book.pool_size:
+        _lease_out(state, _candidates(state, state.target), now, out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """The schedulable Actors as the version predicate classes them for one target, each list
+    in id order (:func:`_candidates`)."""
+
+    eligible: list[ActorRecord]
+    """May work on the target (less the stalled ones, while another eligible one is not)."""
+    expected: list[ActorRecord]
+    """Have a share of the batch: the eligible ones, and those one version behind (their
+    delta is on the way, worth holding a share for; Actors further behind, a long catch-up or
+    a fresh join, are not waited for)."""
+    needs_commit: set[str]
+    """Those of the eligible ones that need a ``Commit`` to the target first."""
+    excluded: list[ActorRecord]
+    """Get no work on the target."""
+
+
+def _candidates(state: LedgerState, target: int) -> _Candidates:
+    """The schedulable Actors classed by the version predicate for ``target``. Stragglers whose
+    leases expired (:attr:`ActorRecord.stalled`) take nothing new and are not expected while
+    another eligible Actor can take the work."""
+    eligible: list[ActorRecord] = []
+    expected: list[ActorRecord] = []
+    needs_commit: set[str] = set()
+    excluded: list[ActorRecord] = []
+    for rec in _by_id(state):
+        if not rec.schedulable:
+            continue
+        verdict = _eligibility(rec, target, state.latest)
+        if verdict is Eligibility.EXCLUDED:
+            excluded.append(rec)
+            if rec.versions.active == target - 1:
+                expected.append(rec)
+            continue
+        eligible.append(rec)
+        expected.append(rec)
+        if verdict is Eligibility.NEEDS_COMMIT:
+            needs_commit.add(rec.id)
+    if any(rec.stalled for rec in eligible) and not all(rec.stalled for rec in eligible):
+        eligible = [rec for rec in eligible if not rec.stalled]
+        expected = [rec for rec in expected if not rec.stalled]
+    return _Candidates(eligible, expected, needs_commit, excluded)
+
+
+def _lease_out(state: LedgerState, candidates: _Candidates, now: float, out: list[Action]) -> None:
+    """:func:`_dispatch` once the Actors are classed: the shares, then the leases."""
+    eligible, expected = candidates.eligible, candidates.expected
+    if not eligible or not state.book.pool_size:
         return
     estimates = _estimates(state, expected)
     holding = (
         len(expected) > len(eligible) and state.hold_until is not None and now <= state.hold_until
     )
     wants = _wants(state.book, eligible, expected, estimates, holding=holding)
-    _assign(state, [rec for rec in eligible if wants[rec.id] > 0], wants, needs_commit, now, out)
+    leased = [rec for rec in eligible if wants[rec.id] > 0]
+    _assign(state, leased, wants, candidates.needs_commit, now, out)
     assert holding or state.book.pool_size == 0
-
-
-def _candidates(
-    state: LedgerState, target: int
-) -> tuple[list[ActorRecord], list[ActorRecord], set[str]]:
-    """``(eligible, expected, needs_commit)`` for ``target``, in id order: the schedulable
-    Actors the version predicate lets work on it (those of them that need a ``Commit`` first
-    in ``needs_commit``), and those with a share of the batch (the eligible ones, and those one
-    version behind: their delta is on the way, worth holding a share for; Actors further
-    behind, a long catch-up or a fresh join, are not waited for). Stragglers whose leases
-    expired (:attr:`ActorRecord.stalled`) take nothing new and are not expected while another
-    eligible Actor can take the work."""
-    eligible: list[ActorRecord] = []
-    expected: list[ActorRecord] = []
-    needs_commit: set[str] = set()
-    for rec in _by_id(state):
-        if not rec.schedulable:
-            continue
-        verdict = _eligibility(rec, target, state.latest)
-        if verdict is not Eligibility.EXCLUDED:
-            eligible.append(rec)
-            expected.append(rec)
-            if verdict is Eligibility.NEEDS_COMMIT:
-                needs_commit.add(rec.id)
-        elif rec.versions.active == target - 1:
-            expected.append(rec)
-    if any(rec.stalled for rec in eligible) and not all(rec.stalled for rec in eligible):
-        eligible = [rec for rec in eligible if not rec.stalled]
-        expected = [rec for rec in expected if not rec.stalled]
-    return eligible, expected, needs_commit
 
 
 def _estimates(state: LedgerState, actors: list[ActorRecord]) -> dict[str, float]:
